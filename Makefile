@@ -1,0 +1,46 @@
+# The two commands of the README: `make run` and `make test`. Everything else is theirs.
+# A fresh machine needs only Python >= 3.12 somewhere (python3.13, python3.12, pyenv) and,
+# for the harness tests, Node.js with npm.
+
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+ARGS ?=
+
+# The first interpreter >= 3.12 found; mitmproxy 12 needs it.
+PYTHON ?= $(shell for p in python3.13 python3.12 python3 \
+	$$HOME/.pyenv/versions/3.1[3-9]*/bin/python3 $$HOME/.pyenv/versions/3.12*/bin/python3 \
+	/usr/local/bin/python3.1[2-9] /usr/bin/python3.1[2-9]; do \
+	"$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
+
+.PHONY: run test venv test-deps bench clean
+
+$(STAMP): setup.cfg pyproject.toml
+	@test -n "$(PYTHON)" || { echo "error: no Python >= 3.12 found; install python3.12 or set PYTHON=/path/to/python3.12" >&2; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	@touch $@
+
+venv: $(STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+test-deps: $(TEST_STAMP)
+
+# Set up and start the proxy on its embedded default (one session, printed at start).
+run: venv
+	$(VENV)/bin/mitmdump -s addons/interception.py $(ARGS)
+
+# Set up and run the whole test suite.
+test: test-deps
+	$(PY) -m pytest $(ARGS)
+
+bench: test-deps
+	$(PY) bench/overhead.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) *.egg-info

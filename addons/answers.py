@@ -1,0 +1,31 @@
+"""Answers the proxy gives itself, in the shape the harness's SDK expects.
+
+Every such answer that a retry cannot fix carries ``x-should-retry: false``: the Anthropic
+and OpenAI SDKs honour it, and Claude Code otherwise retries a 401 for minutes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mitmproxy import http
+
+from interceptor.dialects.base import error_body
+
+
+def json_response(status: int, body: Any, *, retry: bool = False, headers: dict[str, str] | None = None) -> http.Response:
+    h = {"content-type": "application/json", "x-should-retry": "true" if retry else "false"}
+    if headers:
+        h.update(headers)
+    return http.Response.make(status, json.dumps(body).encode(), h)
+
+
+def error_response(provider: str, status: int, message: str, *, type: str | None = None, retry: bool = False) -> http.Response:
+    """An error in the provider's own shape (OpenAI ``{"error": ...}``, Anthropic
+    ``{"type": "error", ...}``). ``message`` must never contain a secret or key."""
+    return json_response(status, error_body(provider, status, message, type), retry=retry)
+
+
+def provider_for_host(host: str) -> str:
+    return "anthropic" if "anthropic" in host else "openai"

@@ -1,0 +1,104 @@
+"""Claim: every request to a provider host belongs to a session, or it never leaves the proxy.
+
+The secret is where the harness puts its API key (``x-api-key``, ``Authorization: Bearer``)
+or in the proxy URL (``HTTPS_PROXY=http://rollout:<secret>@host:port``, which arrives as the
+CONNECT's ``Proxy-Authorization``). Paths on a provider host that are not model routes
+(telemetry, settings, plugin lists) are answered locally: no egress, no key.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+
+from mitmproxy import connection, http
+
+from interceptor.addons.answers import error_response, provider_for_host
+from interceptor.addons.exchange import KEY, Exchange
+from interceptor.addons.session import Registry
+from interceptor.addons.settings import Settings
+from interceptor.dialects import resolve
+
+log = logging.getLogger(__name__)
+
+
+def _proxy_auth_secret(value: str) -> str | None:
+    scheme, _, rest = value.partition(" ")
+    if scheme.lower() == "basic":
+        try:
+            user_pass = base64.b64decode(rest.strip(), validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        return user_pass.partition(":")[2] or None
+    if scheme.lower() == "bearer":
+        return rest.strip() or None
+    return None
+
+
+def request_secret(headers: http.Headers) -> str | None:
+    key = headers.get("x-api-key", "").strip()
+    if key:
+        return key
+    auth = headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip() or None
+    return None
+
+
+class Claim:
+    def __init__(self, registry: Registry, settings: Settings) -> None:
+        self.registry = registry
+        self.settings = settings
+        self._tunnel_secrets: dict[str, str] = {}
+
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        value = flow.request.headers.pop("proxy-authorization", None)
+        if value:
+            secret = _proxy_auth_secret(value)
+            if secret:
+                self._tunnel_secrets[flow.client_conn.id] = secret
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        self._tunnel_secrets.pop(client.id, None)
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.error or not flow.live or flow.metadata.get("interceptor_control"):
+            return
+        host = flow.request.host.lower()
+        if host not in self.settings.hosts:
+            return  # not a provider: pass through untouched
+        provider = provider_for_host(host)
+        route = resolve(flow.request.method, flow.request.path, provider=provider)
+        if route is None:
+            flow.response = error_response(
+                provider, 404,
+                f"{flow.request.method} {flow.request.path.split('?')[0]} is not a model route; "
+                "the interceptor answers it locally and forwards nothing",
+            )
+            flow.metadata["interceptor_local"] = True
+            return
+        provider = route.dialect.provider
+        secret = (
+            self._tunnel_secrets.get(flow.client_conn.id)
+            or _proxy_auth_secret(flow.request.headers.get("proxy-authorization", ""))
+            or request_secret(flow.request.headers)
+        )
+        if not secret:
+            flow.response = error_response(
+                provider, 401,
+                "no session secret: set the harness's API key variable to the session's model secret",
+            )
+            return
+        session = self.registry.by_model_secret(secret)
+        if session is None:
+            if self.registry.by_state_secret(secret) is not None:
+                message = "a state secret cannot be used on a model route; use the session's model secret"
+            else:
+                message = "unknown session secret: it matches no session of this proxy"
+            flow.response = error_response(provider, 401, message)
+            return
+        if session.sealed:
+            flow.response = error_response(provider, 401, f"session {session.id!r} is sealed; start a new one")
+            return
+        flow.metadata[KEY] = Exchange(session=session, route=route)

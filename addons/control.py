@@ -1,0 +1,103 @@
+"""The proxy's own HTTP API under ``/_interceptor/``, for requests sent straight to its port.
+
+An orchestrator creates a session per rollout, hands the returned environment to the
+harness, and deletes the session when the rollout ends (which seals the trace). Everything
+but ``health`` needs ``Authorization: Bearer <admin token>``; a wrong token changes nothing.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+
+from mitmproxy import ctx, http
+from pydantic import ValidationError
+
+from interceptor.addons.answers import json_response
+from interceptor.addons.session import Registry, SessionConfig
+from interceptor.addons.settings import Settings, format_validation_error
+
+log = logging.getLogger(__name__)
+PREFIX = "/_interceptor/"
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def is_control(flow: http.HTTPFlow) -> bool:
+    """A request addressed to the proxy itself (not tunnelled, not for another host)."""
+    req = flow.request
+    if not req.path.startswith(PREFIX) or req.scheme != "http":
+        return False
+    listen_host = ctx.options.listen_host
+    return req.port == ctx.options.listen_port and (req.host in _LOOPBACK or req.host == listen_host)
+
+
+def _error(status: int, message: str) -> http.Response:
+    return json_response(status, {"error": {"message": message, "status": status}})
+
+
+class Control:
+    def __init__(self, registry: Registry, settings: Settings) -> None:
+        self.registry = registry
+        self.settings = settings
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if is_control(flow):
+            flow.metadata["interceptor_control"] = True
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.error or not flow.live or not flow.metadata.get("interceptor_control"):
+            return
+        flow.response = self._handle(flow)
+
+    def _authorized(self, flow: http.HTTPFlow) -> bool:
+        auth = flow.request.headers.get("authorization", "")
+        token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        expected = self.settings.admin_token or ""
+        return bool(token) and bool(expected) and hmac.compare_digest(token.encode(), expected.encode())
+
+    def _handle(self, flow: http.HTTPFlow) -> http.Response:
+        req = flow.request
+        parts = req.path.split("?", 1)[0][len(PREFIX):].strip("/").split("/")
+        if parts == ["health"] and req.method == "GET":
+            return json_response(200, {"ok": True, "sessions": len(self.registry.all())})
+        if not self._authorized(flow):
+            return _error(401, "missing or wrong admin token: send Authorization: Bearer <token from <confdir>/interceptor-admin-token>")
+        if parts[0] != "sessions" or len(parts) > 2:
+            return _error(404, f"no such endpoint: {req.method} {req.path}")
+        if len(parts) == 1:
+            if req.method == "POST":
+                return self._create(req)
+            if req.method == "GET":
+                return json_response(200, {"sessions": [s.summary() for s in self.registry.all()]})
+            return _error(405, "use POST to create a session, GET to list them")
+        session = self.registry.get(parts[1])
+        if session is None:
+            return _error(404, f"no session {parts[1]!r}")
+        if req.method == "GET":
+            return json_response(200, session.summary())
+        if req.method == "DELETE":
+            session.recorder.seal("deleted")
+            return json_response(200, session.summary())
+        return _error(405, "use GET or DELETE on a session")
+
+    def _create(self, req: http.Request) -> http.Response:
+        try:
+            raw = json.loads(req.content or b"{}")
+            config = SessionConfig.model_validate(raw)
+        except ValidationError as e:
+            return _error(400, f"bad session config: {format_validation_error(e)}")
+        except ValueError as e:
+            return _error(400, f"session config is not JSON: {e}")
+        try:
+            session = self.registry.create(config, self.settings.trace_dir, self.settings.fsync)
+        except ValueError as e:
+            return _error(409, str(e))
+        log.info(f"interceptor: session {session.id!r} created")
+        return json_response(201, {
+            "id": session.id,
+            "model_secret": session.model_secret,
+            "state_secret": session.state_secret,
+            "trace_path": str(session.trace_path),
+            "env": self.settings.harness_env(session),
+        })

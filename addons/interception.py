@@ -1,0 +1,26 @@
+"""The script mitmdump loads: ``mitmdump -s addons/interception.py``.
+
+It only wires the addons together, in the order a request travels through them (mitmproxy
+calls each hook in list order): Settings (options, sessions), Control (the proxy's own API),
+Claim (which session), Rewrite (model, sampling, key, upstream), Tee (stream back, record).
+The code lives in ``interceptor.addons.*``; mitmproxy puts this folder on ``sys.path`` while
+loading the script, which is why nothing here may share a name with a module it imports.
+"""
+
+from interceptor.addons.claim import Claim
+from interceptor.addons.control import Control
+from interceptor.addons.rewrite import Rewrite
+from interceptor.addons.session import Registry
+from interceptor.addons.settings import Settings
+from interceptor.addons.tee import Tee
+
+registry = Registry()
+settings = Settings(registry)
+
+addons = [
+    settings,
+    Control(registry, settings),
+    Claim(registry, settings),
+    Rewrite(),
+    Tee(),
+]

@@ -1,0 +1,118 @@
+"""Rewrite: the session's model, sampling, credential and upstream, imposed on a claimed flow.
+
+The body is parsed once here and kept on the exchange; the session is authoritative (the
+dialect drops the harness's sampling keys and applies the session's, reconciled with what
+the provider accepts). A body that needs no change is forwarded byte for byte. The harness's
+credential (its session secret) is removed and the real key, read from the proxy's own
+environment, is set; neither ever reaches a record or a log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from urllib.parse import urlsplit
+
+from mitmproxy import http
+
+from interceptor.addons.answers import error_response
+from interceptor.addons.exchange import Exchange, exchange_of
+from interceptor.dialects.base import Override
+from interceptor.trace.messages import Sampling
+
+log = logging.getLogger(__name__)
+
+CREDENTIAL_HEADERS = ("authorization", "x-api-key", "proxy-authorization", "api-key")
+# What the tee can decode incrementally; anything else the harness offers is dropped so the
+# provider never answers in an encoding the assembler cannot read.
+DECODABLE = ("gzip", "deflate", "br", "zstd", "identity")
+
+
+def accept_encoding(value: str) -> str:
+    keep = []
+    for token in value.split(","):
+        name = token.split(";")[0].strip().lower()
+        if name in DECODABLE:
+            keep.append(token.strip())
+    return ", ".join(keep) or "identity"
+
+
+def upstream_path(base_path: str, path: str) -> str:
+    """Join an SDK-style base URL path (``/v1``) with the harness's path (``/v1/messages?x``):
+    the harness's version prefix is replaced by the base URL's, as an SDK would build it."""
+    rest = path
+    if rest.startswith("/v1/") or rest == "/v1":
+        rest = rest[3:]
+    return base_path.rstrip("/") + rest
+
+
+class Rewrite:
+    def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.error or not flow.live:
+            return
+        ex = exchange_of(flow)
+        if ex is None:
+            return
+        if flow.request.method == "POST" and not self._rewrite_body(flow, ex):
+            return
+        self._swap_credential(flow, ex)
+        self._route(flow, ex)
+        if "accept-encoding" in flow.request.headers:
+            flow.request.headers["accept-encoding"] = accept_encoding(flow.request.headers["accept-encoding"])
+
+    def _rewrite_body(self, flow: http.HTTPFlow, ex: Exchange) -> bool:
+        dialect = ex.dialect
+        provider = dialect.provider
+        raw = flow.request.get_content(strict=False) or b""
+        ex.raw_body = raw
+        try:
+            body = json.loads(raw)
+        except ValueError as e:
+            flow.response = error_response(provider, 400, f"request body is not valid JSON: {e}")
+            return False
+        if not isinstance(body, dict):
+            flow.response = error_response(provider, 400, "request body must be a JSON object")
+            return False
+        ex.requested_model = body.get("model") if isinstance(body.get("model"), str) else None
+        config = ex.session.config
+        if ex.route.kind == "model":
+            ex.stream = dialect.is_stream(body)
+            try:
+                ex.request = dialect.parse_request(body)
+            except Exception as e:  # a shape the dialect does not know: refuse rather than record wrong
+                log.warning(f"interceptor: {dialect.name} request not understood: {type(e).__name__}: {e}")
+                flow.response = error_response(provider, 400, f"request not understood by the {dialect.name} dialect: {e}")
+                return False
+            ex.overrides = dialect.apply_overrides(body, config.model, config.sampling)
+        else:
+            # Side routes (token counting) get the session's model, nothing else.
+            ex.overrides = dialect.apply_overrides(body, config.model, Sampling()) if config.model else []
+        ex.body = body
+        if ex.overrides:
+            flow.request.content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        return True
+
+    def _swap_credential(self, flow: http.HTTPFlow, ex: Exchange) -> None:
+        for name in CREDENTIAL_HEADERS:
+            flow.request.headers.pop(name, None)
+        key = ex.session.upstream_key()
+        if key:
+            flow.request.headers.update(ex.dialect.auth_headers(key))
+
+    def _route(self, flow: http.HTTPFlow, ex: Exchange) -> None:
+        base = ex.session.config.upstream.base_url
+        if not base:
+            return
+        u = urlsplit(base)
+        scheme = u.scheme
+        port = u.port or (443 if scheme == "https" else 80)
+        flow.request.scheme = scheme
+        flow.request.host = u.hostname
+        flow.request.port = port
+        flow.request.path = upstream_path(u.path, flow.request.path)
+        default_port = (scheme == "https" and port == 443) or (scheme == "http" and port == 80)
+        flow.request.host_header = u.hostname if default_port else f"{u.hostname}:{port}"
+
+
+def overrides_record(overrides: list[Override]) -> list[dict]:
+    return [o.as_dict() for o in overrides]

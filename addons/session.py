@@ -1,0 +1,176 @@
+"""A session is one rollout: its secrets, model, sampling, upstream and trace.
+
+``SessionConfig`` is the boundary model (the sessions file, the control API); unknown
+fields are an error so a typo like ``temprature`` never silently samples at the default.
+``Session`` is the live object the addons share; the registry finds it by secret.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import re
+import secrets
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from interceptor.trace import Recorder, Store
+from interceptor.trace.messages import Sampling
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class UpstreamConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str | None = None
+    api_key_env: str | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {v!r}")
+        return v.rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError(f"api_key_env must be an environment variable name, got {v!r}")
+        return v
+
+
+class SessionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = None
+    model: str | None = None
+    sampling: Sampling = Field(default_factory=Sampling)
+    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    collect_tokens: bool = False
+    task: dict[str, Any] = Field(default_factory=dict)
+    agent: dict[str, Any] = Field(default_factory=dict)
+    info: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str | None) -> str | None:
+        # The id names the trace file, so it must be a safe file name.
+        if v is not None and not _ID.match(v):
+            raise ValueError(
+                "id must be 1-128 characters of letters, digits, '.', '_' or '-', "
+                f"starting with a letter or digit; got {v!r}"
+            )
+        return v
+
+
+def new_secret(kind: str) -> str:
+    return f"sk-ic-{kind}-{secrets.token_urlsafe(24)}"
+
+
+@dataclass(eq=False)
+class Session:
+    id: str
+    config: SessionConfig
+    model_secret: str
+    state_secret: str
+    recorder: Recorder
+    created_at: float = field(default_factory=time.time)
+
+    @property
+    def trace_path(self) -> Path:
+        return self.recorder.path
+
+    @property
+    def sealed(self) -> bool:
+        return self.recorder.sealed
+
+    def upstream_key(self) -> str | None:
+        """The real provider key, read from the proxy's environment at each use (so a key
+        rotated in the environment of a long-running proxy is not the point here; what
+        matters is that it is never copied into the session config or a record)."""
+        name = self.config.upstream.api_key_env
+        return os.environ.get(name) if name else None
+
+    def summary(self) -> dict[str, Any]:
+        s = self.recorder.summary()
+        s["id"] = self.id
+        s["trace_path"] = str(self.trace_path)
+        return s
+
+
+class Registry:
+    """All live sessions, found by model secret, state secret or id.
+
+    Lookups happen on every request from the event loop; writes (create, seal) come from the
+    control API on the same loop. The lock only guards the rare case of a sessions file being
+    loaded from another thread.
+    """
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, Session] = {}
+        self._by_model_secret: dict[str, Session] = {}
+        self._by_state_secret: dict[str, Session] = {}
+        self._lock = threading.Lock()
+        self.store: Store = Store()
+
+    def create(self, config: SessionConfig, trace_dir: Path, fsync: str) -> Session:
+        sid = config.id or uuid.uuid4().hex[:16]
+        with self._lock:
+            if sid in self._by_id:
+                raise ValueError(f"session {sid!r} exists already")
+            trace_dir.mkdir(parents=True, exist_ok=True)
+            path = trace_dir / f"{sid}.msgpack"
+            header = {
+                "session": sid,
+                "model": config.model,
+                "sampling": config.sampling.set_fields(),
+                "upstream": {"base_url": config.upstream.base_url, "api_key_env": config.upstream.api_key_env},
+                "collect_tokens": config.collect_tokens,
+                "task": config.task,
+                "agent": config.agent,
+                "info": config.info,
+            }
+            recorder = Recorder(path, header, store=self.store, fsync=fsync)
+            session = Session(sid, config, new_secret("m"), new_secret("s"), recorder)
+            self._by_id[sid] = session
+            self._by_model_secret[session.model_secret] = session
+            self._by_state_secret[session.state_secret] = session
+            return session
+
+    def get(self, sid: str) -> Session | None:
+        return self._by_id.get(sid)
+
+    def by_model_secret(self, secret: str) -> Session | None:
+        return _lookup(self._by_model_secret, secret)
+
+    def by_state_secret(self, secret: str) -> Session | None:
+        return _lookup(self._by_state_secret, secret)
+
+    def all(self) -> list[Session]:
+        return list(self._by_id.values())
+
+    def seal_all(self, stop_condition: str) -> None:
+        for s in self.all():
+            s.recorder.seal(stop_condition)
+        self.store.flush(timeout=10)
+
+
+def _lookup(table: dict[str, Session], secret: str) -> Session | None:
+    session = table.get(secret)
+    # The dict lookup is by hash; a constant-time compare of the hit keeps the final
+    # comparison from leaking how much of a guessed secret was right.
+    if session is not None and any(hmac.compare_digest(k, secret) for k in (session.model_secret, session.state_secret)):
+        return session
+    return None

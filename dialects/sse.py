@@ -1,0 +1,122 @@
+"""Server-sent events framing, incremental in both directions.
+
+The tee feeds whatever chunk the network produced; an event may be split anywhere, even
+inside a multi-byte UTF-8 character or between the CR and LF of a line ending. The decoder
+keeps only the unfinished line and the unfinished event, so each ``feed`` costs O(chunk),
+never O(stream): a 10 MB stream must not be re-scanned per chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class SSEEvent:
+    """One dispatched event. ``data`` is the lines joined by ``\\n``, decoded as UTF-8 with
+    replacement (a malformed byte must not stop the recording; the harness gets the bytes)."""
+
+    event: str | None = None
+    data: str = ""
+    id: str | None = None
+    retry: int | None = None
+
+    def encode(self) -> bytes:
+        out = []
+        if self.event is not None:
+            out.append(f"event: {self.event}\n")
+        for line in self.data.split("\n"):
+            out.append(f"data: {line}\n")
+        out.append("\n")
+        return "".join(out).encode()
+
+
+@dataclass(slots=True)
+class SSEDecoder:
+    """Incremental SSE parser following the WHATWG event-stream rules.
+
+    Lines end at CRLF, LF or CR; ``:`` lines are comments; an event dispatches on a blank
+    line; one leading space after the colon is stripped; events with no data are dropped.
+    """
+
+    _line: bytearray = field(default_factory=bytearray)
+    _pending_cr: bool = False
+    _event: str | None = None
+    _data: list[str] = field(default_factory=list)
+    _has_data: bool = False
+    _id: str | None = None
+    _retry: int | None = None
+    bytes_seen: int = 0
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        self.bytes_seen += len(chunk)
+        events: list[SSEEvent] = []
+        start = 0
+        n = len(chunk)
+        if self._pending_cr and n and chunk[0:1] == b"\n":
+            start = 1  # the LF of a CRLF split across chunks
+        self._pending_cr = False
+        i = start
+        while i < n:
+            # Find the next line terminator from i without rescanning earlier bytes.
+            lf = chunk.find(b"\n", i)
+            cr = chunk.find(b"\r", i)
+            if lf == -1 and cr == -1:
+                self._line += chunk[i:]
+                break
+            if cr == -1 or (lf != -1 and lf < cr):
+                end, nxt = lf, lf + 1
+            else:
+                end = cr
+                if cr + 1 < n:
+                    nxt = cr + 2 if chunk[cr + 1 : cr + 2] == b"\n" else cr + 1
+                else:
+                    nxt = n
+                    self._pending_cr = True
+            self._line += chunk[i:end]
+            ev = self._line_done(bytes(self._line))
+            self._line.clear()
+            if ev is not None:
+                events.append(ev)
+            i = nxt
+        return events
+
+    def flush(self) -> list[SSEEvent]:
+        """End of stream: a final event without its blank line is still dispatched, as
+        browsers do not but SDKs (httpx-sse, the OpenAI SDK) do."""
+        events = []
+        if self._line:
+            ev = self._line_done(bytes(self._line))
+            self._line.clear()
+            if ev is not None:
+                events.append(ev)
+        ev = self._line_done(b"")
+        if ev is not None:
+            events.append(ev)
+        return events
+
+    def _line_done(self, raw: bytes) -> SSEEvent | None:
+        if not raw:
+            if not self._has_data and self._event is None:
+                return None
+            ev = SSEEvent(self._event, "\n".join(self._data), self._id, self._retry)
+            self._event, self._data, self._has_data, self._retry = None, [], False, None
+            if not ev.data and ev.event is None:
+                return None
+            return ev
+        line = raw.decode("utf-8", errors="replace")
+        if line.startswith(":"):
+            return None
+        name, sep, value = line.partition(":")
+        if sep and value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+            self._has_data = True
+        elif name == "event":
+            self._event = value
+        elif name == "id":
+            self._id = value
+        elif name == "retry" and value.isdigit():
+            self._retry = int(value)
+        return None

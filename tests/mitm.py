@@ -1,0 +1,179 @@
+"""A real ``mitmdump`` process for tests and benchmarks.
+
+Started on a free port with its own confdir and trace dir, stopped by PID. The proxy under
+test is always the real entry script; only the provider is simulated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "addons" / "interception.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mitmdump_bin() -> str:
+    exe = Path(sys.executable).with_name("mitmdump")
+    return str(exe) if exe.exists() else "mitmdump"
+
+
+@dataclass
+class MitmProcess:
+    """``script=False`` runs bare mitmdump (for benchmarks' side-by-side baseline)."""
+
+    options: dict[str, Any] = field(default_factory=dict)
+    script: bool = True
+    env: dict[str, str] | None = None
+    workdir: Path | None = None
+    port: int = 0
+    proc: subprocess.Popen | None = None
+    _tmp: tempfile.TemporaryDirectory | None = None
+
+    def start(self, timeout: float = 30.0, expect_failure: bool = False) -> MitmProcess:
+        if self.workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="mitm-")
+            self.workdir = Path(self._tmp.name)
+        self.port = free_port()
+        self.confdir.mkdir(parents=True, exist_ok=True)
+        opts = {"confdir": str(self.confdir), "connection_strategy": "lazy", "listen_host": "127.0.0.1"}
+        if self.script:
+            opts["intercept_trace_dir"] = str(self.trace_dir)
+        opts.update(self.options)
+        cmd = [mitmdump_bin(), "--listen-port", str(self.port)]
+        if self.script:
+            cmd += ["-s", str(SCRIPT), "--set", "termlog_verbosity=info"]
+        else:
+            cmd += ["--set", "termlog_verbosity=warn"]
+        for k, v in opts.items():
+            if isinstance(v, (list, tuple)):
+                for item in v:
+                    cmd += ["--set", f"{k}={item}"]
+            else:
+                cmd += ["--set", f"{k}={v}"]
+        env = dict(os.environ)
+        for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+            env.pop(k, None)
+        env.update(self.env or {})
+        self.log_path = self.workdir / f"mitmdump-{self.port}.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                if expect_failure:
+                    return self
+                raise RuntimeError(f"mitmdump exited with {self.proc.returncode}:\n{self.log()}")
+            if self._ready():
+                if expect_failure:
+                    raise RuntimeError(f"mitmdump started but was expected to fail:\n{self.log()}")
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"mitmdump did not become ready in {timeout}s:\n{self.log()}")
+
+    def _ready(self) -> bool:
+        if not self.script:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return True
+            except OSError:
+                return False
+        try:
+            with urllib.request.urlopen(f"{self.url}/_interceptor/health", timeout=0.5) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait(self, timeout: float = 30.0) -> int:
+        assert self.proc
+        return self.proc.wait(timeout)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def cleanup(self) -> None:
+        self.stop()
+        if self._tmp:
+            self._tmp.cleanup()
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    # -- paths and the control API -------------------------------------------------------
+
+    @property
+    def confdir(self) -> Path:
+        assert self.workdir
+        return self.workdir / "conf"
+
+    @property
+    def trace_dir(self) -> Path:
+        assert self.workdir
+        return self.workdir / "traces"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ca_bundle(self) -> Path:
+        return self.confdir / "interceptor-ca-bundle.pem"
+
+    @property
+    def admin_token(self) -> str:
+        return (self.confdir / "interceptor-admin-token").read_text().strip()
+
+    def api(self, method: str, path: str, body: Any = None, token: str | None = "admin") -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"{self.url}/_interceptor/{path.lstrip('/')}", data=data, method=method)
+        if token == "admin":
+            token = self.admin_token
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    def create_session(self, **config: Any) -> dict[str, Any]:
+        status, body = self.api("POST", "sessions", config)
+        assert status == 201, (status, body)
+        return body
+
+    def __enter__(self) -> MitmProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.cleanup()

@@ -1,0 +1,220 @@
+"""Canonical messages, requests and responses: the one vocabulary every dialect speaks.
+
+Three wire formats (Chat Completions, Responses, Anthropic Messages) say the same things in
+different shapes. Each dialect translates its shape into these models and back, so the graph,
+the store and the retry logic never look at a wire format. Anything a dialect cannot map is
+kept in ``extra`` rather than dropped: the trace must say exactly what the model saw.
+
+These models cross the boundary to disk and to trainers, hence pydantic. Hashing is defined
+here too because "the same message" must mean the same thing to every dialect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Role = Literal["system", "user", "assistant", "tool"]
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "error"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class Part(_Model):
+    """One piece of message content.
+
+    Images and files are kept as references (a URL, or ``sha256:<hex>`` of inline data plus
+    its media type), never as the base64 payload: the trace is read by trainers that need to
+    know an image was there, and a 5 MB screenshot restated every turn would swamp the file.
+    """
+
+    type: Literal["text", "image", "file", "other"] = "text"
+    text: str | None = None
+    ref: str | None = None
+    media_type: str | None = None
+    data: dict[str, Any] | None = None  # the native block, for types we do not model
+
+
+class ToolCall(_Model):
+    """A call the model asked for. ``arguments`` is the raw string the model produced.
+
+    For hashing the arguments are canonicalised (parsed and re-dumped with sorted keys) so the
+    same call restated with different whitespace by another SDK still matches.
+    """
+
+    id: str
+    name: str
+    arguments: str = ""
+    type: Literal["function", "custom"] = "function"
+    namespace: str | None = None
+
+
+class Reasoning(_Model):
+    """Model reasoning and the opaque provider state that must travel back with it.
+
+    Anthropic ``thinking`` carries ``signature``; ``redacted_thinking`` carries only
+    ``encrypted``; Responses ``reasoning`` items carry ``summary`` text and
+    ``encrypted_content``. The harness must send these back unchanged, so the graph hashes
+    them: a harness that drops them has changed the conversation.
+    """
+
+    text: str = ""
+    signature: str | None = None
+    encrypted: str | None = None
+    redacted: bool = False
+    id: str | None = None
+
+
+class Message(_Model):
+    role: Role
+    content: str | list[Part] = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    reasoning: list[Reasoning] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+    refusal: str | None = None
+    is_error: bool = False  # a tool result the harness flagged as an error
+
+    def text(self) -> str:
+        """The message's plain text (text parts joined), for transcripts and token estimates."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text or "" for p in self.content if p.type == "text")
+
+
+class Tool(_Model):
+    """A tool the harness advertised: a JSON-schema function, a freeform tool, or a client
+    tool of the provider's (Anthropic ``bash_20250124`` etc., kept by ``type``)."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    type: str = "function"
+    namespace: str | None = None
+
+
+class Sampling(_Model):
+    """Effective decoding settings of one exchange, in canonical names.
+
+    Canonical names are the dialect-neutral ones; each dialect maps them to its own
+    (``max_tokens`` is Chat ``max_completion_tokens``, Responses ``max_output_tokens``,
+    Anthropic ``max_tokens``; ``reasoning_effort`` is Responses ``reasoning.effort`` and
+    Anthropic ``output_config.effort``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+    stop: list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    reasoning_effort: str | None = None
+    thinking: dict[str, Any] | None = None
+    tool_choice: Any = None
+    n: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    def set_fields(self) -> dict[str, Any]:
+        """Only the settings that were given, for records and override diffs."""
+        return self.model_dump(exclude_none=True)
+
+
+class Usage(_Model):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    estimated: bool = False  # counted locally (tiktoken) because the provider said nothing
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+class Request(_Model):
+    """What the harness asked, canonical. ``model`` and ``sampling`` are as sent."""
+
+    messages: list[Message] = Field(default_factory=list)
+    tools: list[Tool] = Field(default_factory=list)
+    model: str | None = None
+    sampling: Sampling = Field(default_factory=Sampling)
+    stream: bool = False
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class Choice(_Model):
+    """One sampled alternative (Chat ``n > 1``); the first is ``Response.message``."""
+
+    index: int
+    message: Message
+    finish_reason: FinishReason | None = None
+    native_finish_reason: str | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+
+
+class ResponseError(_Model):
+    type: str
+    message: str
+    status: int | None = None
+
+
+class Response(_Model):
+    """What the model answered, canonical; the JSON path and the stream assembler of a
+    dialect must produce equal instances for the same answer."""
+
+    id: str | None = None
+    model: str | None = None
+    message: Message = Field(default_factory=lambda: Message(role="assistant"))
+    finish_reason: FinishReason | None = None
+    native_finish_reason: str | None = None
+    usage: Usage | None = None
+    choices: list[Choice] = Field(default_factory=list)  # extra choices beyond the first
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    error: ResponseError | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+def canonical_json(value: Any) -> str:
+    """Stable JSON: sorted keys, no whitespace, non-ASCII kept. The basis of every hash."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def canonical_arguments(arguments: str) -> str:
+    """Tool-call arguments in canonical JSON when they parse, else the raw string."""
+    try:
+        return canonical_json(json.loads(arguments))
+    except (ValueError, TypeError):
+        return arguments
+
+
+def message_hash(message: Message) -> str:
+    """A stable identity for a message: equal for the same content however it was restated.
+
+    Covers role, content, tool calls (canonical arguments), tool call id, reasoning and opaque
+    provider state; excludes nothing the model saw. Used by the graph to reuse a prefix.
+    """
+    data = message.model_dump(exclude_defaults=True)
+    for call in data.get("tool_calls", []):
+        call["arguments"] = canonical_arguments(call.get("arguments", ""))
+    if isinstance(data.get("content"), list) and all(
+        p.get("type", "text") == "text" for p in data["content"]
+    ):
+        # A single text block and a plain string are the same message to the model.
+        data["content"] = "".join(p.get("text") or "" for p in data["content"])
+    if data.get("content") == "":
+        data.pop("content")
+    return hashlib.sha256(canonical_json(data).encode()).hexdigest()
