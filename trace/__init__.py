@@ -1,1 +1,45 @@
-"""x"""
+"""The Trace: canonical messages, the message graph, and its msgpack record stream.
+
+Imports nothing else of ours: dialects and addons depend on this package, never the reverse.
+"""
+
+from interceptor.trace.messages import (
+    Choice,
+    Message,
+    Part,
+    Reasoning,
+    Request,
+    Response,
+    ResponseError,
+    Sampling,
+    Tool,
+    ToolCall,
+    Usage,
+    canonical_json,
+    message_hash,
+)
+from interceptor.trace.model import (
+    MIN_SCHEMA_VERSION,
+    SCHEMA_VERSION,
+    Branch,
+    MessageNode,
+    ModelCall,
+    Trace,
+)
+from interceptor.trace.records import (
+    TornRecordWarning,
+    TraceFormatError,
+    TraceVersionError,
+    iter_records,
+    read_trace,
+)
+from interceptor.trace.recorder import Recorder
+from interceptor.trace.store import FSYNC_POLICIES, Store
+
+__all__ = [
+    "Branch", "Choice", "FSYNC_POLICIES", "MIN_SCHEMA_VERSION", "Message", "MessageNode",
+    "ModelCall", "Part", "Reasoning", "Recorder", "Request", "Response", "ResponseError",
+    "SCHEMA_VERSION", "Sampling", "Store", "Tool", "ToolCall", "TornRecordWarning", "Trace",
+    "TraceFormatError", "TraceVersionError", "Usage", "canonical_json", "iter_records",
+    "message_hash", "read_trace",
+]

@@ -1,0 +1,147 @@
+"""Grow a Trace's message graph one turn at a time.
+
+Harnesses restate the whole history on every request. Storing each request would make a
+300-turn rollout quadratic; instead each turn's prompt is walked from the roots by message
+hash, the matching prefix is reused, and only the new tail and the sampled reply become
+nodes. Where a prompt parts from every stored path (compaction, a sub-agent, an edited
+history) the new nodes hang off the last shared node, so the shared prefix exists once and
+the split shows as a second leaf.
+
+Token ids (when the upstream returns them) refine "matching": a stored node is reused only if
+its token ids are exactly the tokens the new prompt has at that position. If the chat template
+renders a past message differently now (retokenisation, e.g. a template that strips old
+reasoning), the turn branches at that node rather than inheriting tokens the model never saw.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from interceptor.trace.messages import Message, message_hash
+from interceptor.trace.model import MessageNode, Trace
+
+
+@dataclass
+class TurnNodes:
+    """What one turn added: ``sampled`` is the reply's node, ``added`` every new node index
+    in creation order (a reused reply is not in it), ``prompt_path`` the prompt's nodes."""
+
+    sampled: int
+    added: list[int] = field(default_factory=list)
+    prompt_path: list[int] = field(default_factory=list)
+    choices: list[int] = field(default_factory=list)
+
+
+class Graph:
+    """An index over ``trace.nodes`` keyed by (parent, message hash).
+
+    The index is rebuilt from the nodes, so a graph can be resumed from a folded file. Several
+    nodes may share a key (a retokenised copy, two different samples that happen to be equal
+    text but different tokens); they are kept in creation order.
+    """
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.hashes: list[str] = []
+        self.index: dict[tuple[int | None, str], list[int]] = {}
+        for i, node in enumerate(trace.nodes):
+            self._index(i, node)
+
+    def _index(self, i: int, node: MessageNode) -> None:
+        h = message_hash(node.message)
+        self.hashes.append(h)
+        self.index.setdefault((node.parent, h), []).append(i)
+
+    def _add(self, node: MessageNode, added: list[int]) -> int:
+        i = len(self.trace.nodes)
+        self.trace.nodes.append(node)
+        self._index(i, node)
+        added.append(i)
+        return i
+
+    def add_turn(
+        self,
+        prompt: list[Message],
+        reply: Message,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        token_ids: list[int] | None = None,
+        logprobs: list[float] | None = None,
+        choices: list[tuple[Message, list[int] | None, list[float] | None]] = (),
+        now: float | None = None,
+    ) -> TurnNodes:
+        """Add one turn; return the node indices it used and created.
+
+        Prompt tokens beyond the reused prefix go onto the last new prompt node (which thus
+        also holds the generation scaffold such as ``<|im_start|>assistant\\n``); earlier new
+        nodes of the same turn get ``[]``. Without a tokenizer the per-message boundaries are
+        unknown, and putting the whole tail on the last node keeps every path's concatenation
+        exact, which is what a trainer needs.
+        """
+        now = time.time() if now is None else now
+        nodes = self.trace.nodes
+        added: list[int] = []
+        path: list[int] = []
+        parent: int | None = None
+        consumed = 0  # prompt tokens covered by the reused prefix
+        hashes = [message_hash(m) for m in prompt]
+        k = 0
+        while k < len(prompt):
+            match = None
+            for cand in self.index.get((parent, hashes[k]), ()):
+                if prompt_token_ids is None:
+                    match = cand
+                    break
+                ids = nodes[cand].token_ids
+                if ids is not None and prompt_token_ids[consumed:consumed + len(ids)] == ids:
+                    match = cand
+                    break
+            if match is None:
+                break
+            path.append(match)
+            parent = match
+            if prompt_token_ids is not None:
+                consumed += len(nodes[match].token_ids)
+            k += 1
+
+        tail = prompt_token_ids[consumed:] if prompt_token_ids is not None else None
+        if tail and k == len(prompt) and path:
+            # The whole prompt matched yet tokens remain (the prompt ends at a stored reply,
+            # so the scaffold after it is new): re-create the last node to carry them.
+            last = path.pop()
+            k -= 1
+            parent = nodes[last].parent
+            consumed -= len(nodes[last].token_ids)
+            tail = prompt_token_ids[consumed:]
+
+        new = prompt[k:]
+        for j, message in enumerate(new):
+            ids = None
+            if tail is not None:
+                ids = tail if j == len(new) - 1 else []
+            node = MessageNode(
+                parent=parent, message=message, timestamp=now,
+                token_ids=ids, mask=[False] * len(ids) if ids is not None else None,
+            )
+            parent = self._add(node, added)
+            path.append(parent)
+
+        sampled = self._add_reply(parent, reply, token_ids, logprobs, now, added)
+        extra = [self._add_reply(parent, m, t, lp, now, added) for m, t, lp in choices]
+        return TurnNodes(sampled=sampled, added=added, prompt_path=path, choices=extra)
+
+    def _add_reply(self, parent, reply, token_ids, logprobs, now, added) -> int:
+        """The sampled node; an identical earlier sample (same text and tokens) is reused so
+        the tree keeps one node per distinct path."""
+        for cand in self.index.get((parent, message_hash(reply)), ()):
+            node = self.trace.nodes[cand]
+            if node.sampled and node.token_ids == token_ids and node.logprobs == logprobs:
+                return cand
+        node = MessageNode(
+            parent=parent, message=reply, sampled=True, timestamp=now,
+            token_ids=token_ids,
+            mask=[True] * len(token_ids) if token_ids is not None else None,
+            logprobs=logprobs,
+        )
+        return self._add(node, added)

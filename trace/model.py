@@ -1,0 +1,282 @@
+"""The Trace: what one session's model saw and produced, as a message graph plus one record
+per provider exchange.
+
+One object serves two readers. An evaluator reads ``calls`` (model, effective sampling,
+usage, finish reason, errors, timing); a trainer reads ``branches`` (each root-to-leaf path of
+the graph, with token ids, the sampled mask and logprobs aligned token by token). The graph
+exists because harnesses restate the whole history every turn: storing each prompt would
+grow quadratically, while the graph stores each distinct message once and shows compaction
+or sub-agents as extra leaves instead of duplicated prefixes.
+
+The models here are the in-memory and export shape; the on-disk record stream is in
+``store.py`` and ``recorder.py`` (append-only, one record per event).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from interceptor.trace.messages import (
+    FinishReason,
+    Message,
+    ResponseError,
+    Sampling,
+    Tool,
+    Usage,
+)
+
+SCHEMA_VERSION = 1
+# The oldest record format this reader still folds. Raise it only with a migration note in
+# the README: trainers keep old files for years.
+MIN_SCHEMA_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MessageNode(_Model):
+    """One message in the graph. Its position is its index in ``Trace.nodes``.
+
+    ``token_ids``/``mask``/``logprobs`` are set only when the upstream returned token ids
+    (vLLM, SGLang): prompt tokens of a turn go onto the nodes that turn added (mask False),
+    completion tokens onto the sampled node (mask True, logprobs aligned). ``None`` means
+    "not known", which is different from ``[]`` ("known to contribute no tokens").
+    """
+
+    parent: int | None = None
+    message: Message
+    sampled: bool = False  # True only for a reply the model produced
+    timestamp: float = 0.0
+    token_ids: list[int] | None = None
+    mask: list[bool] | None = None
+    logprobs: list[float] | None = None
+    advantages: list[float] | None = None  # None until a trainer sets it
+
+
+class ModelCall(_Model):
+    """One provider exchange as the proxy saw it, committed or not.
+
+    ``node`` is the sampled node the exchange committed; ``None`` for an exchange that added
+    nothing to the graph (an error, a refusal, a replayed retry). ``sampling`` is what the
+    upstream actually received, after the session's settings were imposed; ``overrides`` says
+    what was changed (each ``{key, old, new, reason}``, never a credential).
+    """
+
+    id: str
+    node: int | None = None
+    choice_nodes: list[int] = Field(default_factory=list)  # sibling samples of n > 1
+    dialect: str = ""
+    endpoint: str = ""
+    model: str | None = None
+    requested_model: str | None = None
+    stream: bool = False
+    sampling: Sampling = Field(default_factory=Sampling)
+    overrides: list[dict[str, Any]] = Field(default_factory=list)
+    status: int | None = None
+    finish_reason: FinishReason | None = None
+    native_finish_reason: str | None = None
+    usage: Usage | None = None
+    started_at: float = 0.0
+    first_byte_at: float | None = None
+    ended_at: float | None = None
+    error: ResponseError | None = None
+    replay_of: str | None = None
+
+    @property
+    def duration(self) -> float | None:
+        if self.ended_at is None or not self.started_at:
+            return None
+        return self.ended_at - self.started_at
+
+
+class Branch(_Model):
+    """One root-to-leaf path: a training sample.
+
+    ``token_ids`` is ``None`` unless every node on the path carries token ids; when set,
+    ``sampled_mask``, ``logprobs`` and ``advantages`` have the same length (logprobs and
+    advantages are 0.0 off the sampled tokens).
+    """
+
+    index: int
+    leaf: int
+    nodes: list[int]
+    messages: list[Message]
+    calls: list[str]  # ids of the calls whose sampled node lies on this path
+    token_ids: list[int] | None = None
+    sampled_mask: list[bool] | None = None
+    logprobs: list[float] | None = None
+    advantages: list[float] | None = None
+
+
+class Trace(_Model):
+    """A session's full account. Built incrementally by the recorder, folded back by
+    ``read_trace``; the derived views (branches, token totals) are computed, not stored."""
+
+    id: str
+    schema_version: int = SCHEMA_VERSION
+    producer: str = "llm-interceptor"
+    producer_version: str = ""
+    started_at: float = 0.0
+    ended_at: float | None = None
+    agent: dict[str, Any] = Field(default_factory=dict)
+    task: dict[str, Any] = Field(default_factory=dict)
+    info: dict[str, Any] = Field(default_factory=dict)
+    config: dict[str, Any] = Field(default_factory=dict)
+    tools: list[Tool] = Field(default_factory=list)  # the tools last advertised
+    nodes: list[MessageNode] = Field(default_factory=list)
+    calls: list[ModelCall] = Field(default_factory=list)
+    request_rewrites: list[dict[str, Any]] = Field(default_factory=list)
+    response_rewrites: list[dict[str, Any]] = Field(default_factory=list)
+    stop_condition: str | None = None
+    sealed: bool = False
+    reward: float | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+    # --- graph views -------------------------------------------------------------------
+
+    def children(self) -> dict[int | None, list[int]]:
+        kids: dict[int | None, list[int]] = {}
+        for i, node in enumerate(self.nodes):
+            kids.setdefault(node.parent, []).append(i)
+        return kids
+
+    def path(self, index: int) -> list[int]:
+        """Node indices from the root down to ``index``."""
+        out = []
+        seen = set()
+        cur: int | None = index
+        while cur is not None:
+            if cur in seen:  # a corrupt file must not hang the reader
+                raise ValueError(f"cycle in the message graph at node {cur}")
+            seen.add(cur)
+            out.append(cur)
+            cur = self.nodes[cur].parent
+        out.reverse()
+        return out
+
+    def leaves(self) -> list[int]:
+        has_child = {n.parent for n in self.nodes if n.parent is not None}
+        return [i for i in range(len(self.nodes)) if i not in has_child]
+
+    @property
+    def branches(self) -> list[Branch]:
+        """Every root-to-leaf path, in the order their leaves were created."""
+        node_calls: dict[int, list[str]] = {}
+        for call in self.calls:
+            for n in ([call.node] if call.node is not None else []) + call.choice_nodes:
+                node_calls.setdefault(n, []).append(call.id)
+        return [self._branch(k, leaf, node_calls) for k, leaf in enumerate(self.leaves())]
+
+    def _branch(self, index: int, leaf: int, node_calls: dict[int, list[str]]) -> Branch:
+        path = self.path(leaf)
+        nodes = [self.nodes[i] for i in path]
+        branch = Branch(
+            index=index,
+            leaf=leaf,
+            nodes=path,
+            messages=[n.message for n in nodes],
+            calls=[c for i in path for c in node_calls.get(i, [])],
+        )
+        if nodes and all(n.token_ids is not None for n in nodes):
+            ids, mask, lps, adv = [], [], [], []
+            for n in nodes:
+                k = len(n.token_ids)
+                ids += n.token_ids
+                m = n.mask if n.mask is not None else [n.sampled] * k
+                mask += m
+                lps += n.logprobs if n.logprobs is not None else [0.0] * k
+                adv += n.advantages if n.advantages is not None else [0.0] * k
+            branch.token_ids, branch.sampled_mask = ids, mask
+            branch.logprobs, branch.advantages = lps, adv
+        return branch
+
+    @property
+    def messages(self) -> list[Message]:
+        """The conversation as it stands: the path of the last committed reply (or the
+        newest leaf when nothing was committed)."""
+        last = next((c.node for c in reversed(self.calls) if c.node is not None), None)
+        if last is None:
+            leaves = self.leaves()
+            if not leaves:
+                return []
+            last = leaves[-1]
+        return [self.nodes[i].message for i in self.path(last)]
+
+    # --- totals ------------------------------------------------------------------------
+
+    @property
+    def committed_calls(self) -> list[ModelCall]:
+        return [c for c in self.calls if c.node is not None]
+
+    @property
+    def num_turns(self) -> int:
+        """Sampled replies committed (one per call that committed a node)."""
+        return len(self.committed_calls)
+
+    @property
+    def num_input_tokens(self) -> int:
+        """Fed-in tokens counted once: each call's input beyond the previous call's total on
+        its branch. A prefix shared by two branches is counted once because each call is
+        visited once; a compaction restarts the count on its new branch."""
+        by_node = {c.node: c for c in self.calls if c.node is not None}
+        total = 0
+        for call in self.calls:
+            if call.usage is None or call.node is None:
+                continue
+            prev = self._previous_call(call.node, by_node)
+            base = prev.usage.total_tokens if prev is not None and prev.usage else 0
+            total += max(0, call.usage.input_tokens - base)
+        return total
+
+    def _previous_call(self, node: int, by_node: dict[int, ModelCall]) -> ModelCall | None:
+        cur = self.nodes[node].parent
+        steps = 0
+        while cur is not None and steps <= len(self.nodes):
+            if cur in by_node:
+                return by_node[cur]
+            cur = self.nodes[cur].parent
+            steps += 1
+        return None
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(c.usage.output_tokens for c in self.calls if c.usage is not None)
+
+    @property
+    def num_total_tokens(self) -> int:
+        return self.num_input_tokens + self.num_output_tokens
+
+    @property
+    def usage(self) -> Usage:
+        """Provider usage summed over every call, as billed (restated prefixes counted each
+        time; ``estimated`` if any call's count was estimated locally)."""
+        total = Usage()
+        for c in self.calls:
+            if c.usage is None:
+                continue
+            for field in ("input_tokens", "output_tokens", "cached_input_tokens",
+                          "cache_creation_input_tokens", "reasoning_tokens"):
+                setattr(total, field, getattr(total, field) + getattr(c.usage, field))
+            total.estimated = total.estimated or c.usage.estimated
+        return total
+
+    @property
+    def errors(self) -> list[ResponseError]:
+        return [c.error for c in self.calls if c.error is not None]
+
+    # --- export ------------------------------------------------------------------------
+
+    def to_record(self) -> dict[str, Any]:
+        """A JSON-able dict of the whole trace plus its derived views, for export and
+        ``show --json``. Token arrays are plain lists of numbers."""
+        data = self.model_dump(mode="json")
+        data["branches"] = [b.model_dump(mode="json") for b in self.branches]
+        data["num_turns"] = self.num_turns
+        data["num_input_tokens"] = self.num_input_tokens
+        data["num_output_tokens"] = self.num_output_tokens
+        data["num_total_tokens"] = self.num_total_tokens
+        data["usage"] = self.usage.model_dump(mode="json")
+        return data

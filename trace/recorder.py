@@ -1,0 +1,208 @@
+"""One session's recorder: the in-memory Trace plus the records that mirror it on disk.
+
+Called on mitmproxy's event loop, so every method is cheap: a turn costs the hashing of its
+prompt (the dialect already parsed it) and the dump of the nodes it added; nothing here waits
+for a disk or re-serialises the history. The Store's writer thread does the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from interceptor.trace import tokens
+from interceptor.trace.graph import Graph
+from interceptor.trace.messages import Request, Response, Usage
+from interceptor.trace.model import SCHEMA_VERSION, ModelCall, Trace
+from interceptor.trace.records import HEADER_FIELDS, call_record, node_record
+from interceptor.trace.store import FSYNC_POLICIES, Store
+
+# Config keys that must never reach a trace, whatever the caller passes: traces are shared
+# with trainers and uploaded; a secret in one is a leaked secret.
+_SECRET_KEYS = {"secret", "model_secret", "state_secret", "api_key", "admin_token",
+                "authorization", "password", "x-api-key"}
+
+
+def _scrub(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _scrub(v) for k, v in value.items()
+                if not (isinstance(k, str) and (k.lower() in _SECRET_KEYS
+                                                or k.lower().endswith(("_secret", "_password"))))}
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    return value
+
+
+def producer_version() -> str:
+    try:
+        return metadata.version("llm-interceptor")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+class Recorder:
+    """Record one session to ``path`` through ``store``.
+
+    ``header`` holds the session's id (``id`` or ``session_id``), ``agent``, ``task``,
+    ``info``, ``config`` and optionally ``started_at``; other keys go into ``info``. Secrets
+    are scrubbed from it. ``fsync``: ``never``, ``turn`` (after every turn or call record) or
+    ``seal`` (only the footer).
+    """
+
+    def __init__(self, path: Path, header: dict, *, store: Store, fsync: str = "turn"):
+        if fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
+        self.path = Path(path)
+        self.store = store
+        self.fsync = fsync
+        header = _scrub(dict(header))
+        fields: dict[str, Any] = {"info": dict(header.get("info") or {})}
+        for key, value in header.items():
+            if key == "session_id":
+                key = "id"
+            if key == "started":
+                key = "started_at"
+            if key in HEADER_FIELDS:
+                fields[key] = value if key != "info" else fields["info"]
+            else:
+                fields["info"][key] = value
+        fields.setdefault("id", self.path.stem)
+        fields["id"] = str(fields["id"])
+        fields.setdefault("started_at", time.time())
+        fields.setdefault("producer_version", producer_version())
+        self._trace = Trace(**fields)
+        self._graph = Graph(self._trace)
+        self._estimates: dict[int, int] = {}
+        self._tools_estimate: int | None = None  # of trace.tools; reset when they change
+        record = {"kind": "header", "schema_version": SCHEMA_VERSION}
+        record.update(self._trace.model_dump(include=set(HEADER_FIELDS)))
+        self._append(record, sync=fsync == "turn", new=True)
+
+    # --- public API --------------------------------------------------------------------
+
+    @property
+    def trace(self) -> Trace:
+        return self._trace
+
+    def commit_turn(self, request: Request, response: Response, call: ModelCall) -> ModelCall:
+        """Add the turn's new nodes and its sampled reply, link ``call`` to the reply
+        (``call.node``), fill what the call lacks from the response, append and record."""
+        trace = self._trace
+        turn = self._graph.add_turn(
+            request.messages,
+            response.message,
+            prompt_token_ids=response.prompt_token_ids,
+            token_ids=response.token_ids,
+            logprobs=response.logprobs,
+            choices=[(c.message, c.token_ids, c.logprobs) for c in response.choices],
+            now=call.ended_at or time.time(),
+        )
+        call.node = turn.sampled
+        call.choice_nodes = turn.choices
+        record: dict[str, Any] = {"kind": "turn"}
+        if request.tools != trace.tools:
+            trace.tools = list(request.tools)
+            self._tools_estimate = None
+            record["tools"] = [t.model_dump(exclude_defaults=True) for t in request.tools]
+        self._fill(call, request, response, turn.prompt_path)
+        trace.calls.append(call)
+        record["nodes"] = [node_record(i, trace.nodes[i]) for i in turn.added]
+        record["call"] = call_record(call)
+        self._append(record, sync=self.fsync == "turn")
+        return call
+
+    def record_call(self, call: ModelCall) -> None:
+        """An exchange that committed no node: an error, a refusal, a replayed retry."""
+        call.node = None
+        self._trace.calls.append(call)
+        kind = "replay" if call.replay_of else "call"
+        self._append({"kind": kind, "call": call_record(call)}, sync=self.fsync == "turn")
+
+    def record_rewrite(self, rewrite: dict) -> None:
+        """What a boundary hook changed; ``rewrite["direction"]`` is ``request`` (default)
+        or ``response``. Stored as given (scrubbed of secrets)."""
+        rewrite = _scrub(dict(rewrite))
+        rewrite.setdefault("direction", "request")
+        if rewrite["direction"] == "response":
+            self._trace.response_rewrites.append(rewrite)
+        else:
+            self._trace.request_rewrites.append(rewrite)
+        self._append({"kind": "rewrite", "rewrite": rewrite})
+
+    def seal(self, stop_condition: str = "sealed", *, reward: float | None = None,
+             metrics: dict | None = None) -> None:
+        """Write the footer (stop condition, totals) and close the file. Idempotent: a second
+        seal changes nothing. Exchanges recorded after it are still appended (lossless over
+        tidy); the footer's totals then describe the trace as it was at the seal."""
+        trace = self._trace
+        if trace.sealed:
+            return
+        trace.sealed = True
+        trace.stop_condition = stop_condition
+        trace.ended_at = time.time()
+        if reward is not None:
+            trace.reward = reward
+        if metrics:
+            trace.metrics = dict(metrics)
+        footer = {"kind": "footer", "stop_condition": stop_condition,
+                  "ended_at": trace.ended_at, **self._totals()}
+        if reward is not None:
+            footer["reward"] = reward
+        if metrics:
+            footer["metrics"] = dict(metrics)
+        self._append(footer, sync=self.fsync != "never", close=True)
+
+    def summary(self) -> dict:
+        trace = self._trace
+        out = {"id": trace.id, **self._totals(), "stop_condition": trace.stop_condition,
+               "sealed": trace.sealed, "trace_path": str(self.path)}
+        error = self.store.errors.get(self.path)
+        if error:
+            out["store_error"] = error
+        return out
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _totals(self) -> dict[str, int]:
+        trace = self._trace
+        return {"turns": trace.num_turns, "input_tokens": trace.num_input_tokens,
+                "output_tokens": trace.num_output_tokens, "calls": len(trace.calls),
+                "errors": len(trace.errors)}
+
+    def _append(self, record: dict, *, sync: bool = False, close: bool = False,
+                new: bool = False) -> None:
+        self.store.append(self.path, record, sync=sync, close=close, new=new)
+
+    def _fill(self, call: ModelCall, request: Request, response: Response,
+              prompt_path: list[int]) -> None:
+        """The addon fills what it knows; the response supplies the rest, and usage is
+        estimated locally (marked so) when the provider reported none."""
+        if call.model is None:
+            call.model = response.model
+        if call.requested_model is None:
+            call.requested_model = request.model
+        if call.finish_reason is None:
+            call.finish_reason = response.finish_reason
+        if call.native_finish_reason is None:
+            call.native_finish_reason = response.native_finish_reason
+        if call.error is None:
+            call.error = response.error
+        if call.usage is None:
+            call.usage = response.usage or self._estimate(request, call, prompt_path)
+
+    def _estimate(self, request: Request, call: ModelCall, prompt_path: list[int]) -> Usage:
+        nodes = self._trace.nodes
+        est = self._estimates
+
+        def count(i: int) -> int:
+            if i not in est:  # each node is tokenised once, however often it is restated
+                est[i] = tokens.count_message(nodes[i].message)
+            return est[i]
+
+        if self._tools_estimate is None:
+            self._tools_estimate = tokens.count_tools(self._trace.tools)
+        output = count(call.node) + sum(count(i) for i in call.choice_nodes)
+        return Usage(input_tokens=sum(count(i) for i in prompt_path) + self._tools_estimate,
+                     output_tokens=output, estimated=True)

@@ -1,0 +1,175 @@
+"""The on-disk record format (schema version 1) and the fold that turns records into a Trace.
+
+A trace file is a plain concatenation of msgpack maps, each with a ``kind``:
+
+- ``header``  first record: schema_version, producer, producer_version, id, started_at,
+              agent, task, info, config (secrets removed)
+- ``turn``    nodes (the new nodes only, each with its index ``i``), call (the ModelCall),
+              tools (only when the advertised tools changed)
+- ``call``    call: an exchange that committed no node (an error, a refusal)
+- ``replay``  call: a flagged retry answered from the record (``replay_of`` set)
+- ``rewrite`` rewrite: what a boundary hook changed (``direction`` request or response)
+- ``footer``  stop_condition, ended_at and totals; written when the session is sealed
+
+Models are dumped with defaults left out, so a reader fills in the defaults of the schema
+version named in the header. Nodes omit ``mask`` when it is just ``sampled`` repeated.
+This module is the one place that knows the format; README "Trace file format" mirrors it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import msgpack
+
+from interceptor.trace.messages import Tool
+from interceptor.trace.model import (
+    MIN_SCHEMA_VERSION,
+    SCHEMA_VERSION,
+    MessageNode,
+    ModelCall,
+    Trace,
+)
+
+HEADER_FIELDS = ("id", "started_at", "agent", "task", "info", "config",
+                 "producer", "producer_version")
+
+
+class TraceFormatError(ValueError):
+    """The file is not a trace this reader can fold (no header, broken graph links)."""
+
+
+class TraceVersionError(TraceFormatError):
+    """The file was written by a newer schema than this reader knows."""
+
+
+class TornRecordWarning(UserWarning):
+    """The file ends in an incomplete record (a crash mid-write); it was skipped."""
+
+
+# --- encoding ------------------------------------------------------------------------------
+
+def node_record(index: int, node: MessageNode) -> dict[str, Any]:
+    data = node.model_dump(exclude_defaults=True)
+    if node.mask is not None and node.token_ids is not None \
+            and node.mask == [node.sampled] * len(node.token_ids):
+        data.pop("mask", None)
+    data["i"] = index
+    return data
+
+
+def call_record(call: ModelCall) -> dict[str, Any]:
+    return call.model_dump(exclude_defaults=True)
+
+
+# --- decoding ------------------------------------------------------------------------------
+
+def iter_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(byte offset, record)``; a torn or garbled tail is warned about once (with
+    its offset) and ends the iteration, so every complete record before it stands."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        f.seek(0)
+        unpacker = msgpack.Unpacker(f, raw=False, max_buffer_size=0, strict_map_key=False)
+        offset = 0
+        while True:
+            try:
+                record = unpacker.unpack()
+            except msgpack.OutOfData:
+                break
+            except (ValueError, msgpack.UnpackException, TypeError) as e:
+                warnings.warn(TornRecordWarning(
+                    f"{path}: unreadable record at byte {offset} of {size} ({e}); "
+                    f"skipped it and everything after it"), stacklevel=3)
+                return
+            yield offset, record
+            offset = unpacker.tell()
+        if offset < size:
+            warnings.warn(TornRecordWarning(
+                f"{path}: torn last record at byte {offset} of {size} "
+                f"({size - offset} bytes, a crash mid-write?); skipped, everything before "
+                f"it stands"), stacklevel=3)
+
+
+def _upgrade(record: dict[str, Any], version: int) -> dict[str, Any]:
+    """Bring a record of an older supported schema version to the current shape. Version 1
+    is current; a version 2 reader adds its migrations here."""
+    return record
+
+
+def fold(records: Iterator[tuple[int, dict[str, Any]]], source: str = "trace") -> Trace:
+    """Fold records into a Trace. Unknown kinds are skipped (forward compatible additions
+    within a version); a record before the header, a newer schema or a node out of
+    sequence is an error."""
+    trace: Trace | None = None
+    version = SCHEMA_VERSION
+    for offset, rec in records:
+        if not isinstance(rec, dict) or "kind" not in rec:
+            raise TraceFormatError(f"{source}: byte {offset}: not a trace record")
+        kind = rec["kind"]
+        if kind == "header":
+            if trace is not None:
+                raise TraceFormatError(
+                    f"{source}: byte {offset}: a second header; one file holds one trace")
+            version = rec.get("schema_version", 0)
+            if not isinstance(version, int) or version > SCHEMA_VERSION:
+                raise TraceVersionError(
+                    f"{source} was written with trace schema version {version}; this "
+                    f"llm-interceptor reads versions {MIN_SCHEMA_VERSION}..{SCHEMA_VERSION}. "
+                    f"Upgrade llm-interceptor to read it.")
+            if version < MIN_SCHEMA_VERSION:
+                raise TraceVersionError(
+                    f"{source} uses trace schema version {version}, older than the oldest "
+                    f"this reader supports ({MIN_SCHEMA_VERSION}); read it with an older "
+                    f"llm-interceptor and re-export.")
+            fields = {k: rec[k] for k in HEADER_FIELDS if k in rec}
+            trace = Trace(schema_version=version, **fields)
+            continue
+        if trace is None:
+            raise TraceFormatError(f"{source}: byte {offset}: {kind!r} record before the header")
+        rec = _upgrade(rec, version)
+        if kind == "turn":
+            for data in rec.get("nodes", []):
+                data = dict(data)
+                index = data.pop("i")
+                if index != len(trace.nodes):
+                    raise TraceFormatError(
+                        f"{source}: byte {offset}: node {index} out of sequence "
+                        f"(expected {len(trace.nodes)})")
+                node = MessageNode.model_validate(data)
+                if node.mask is None and node.token_ids is not None:
+                    node.mask = [node.sampled] * len(node.token_ids)
+                trace.nodes.append(node)
+            if "tools" in rec:
+                trace.tools = [Tool.model_validate(t) for t in rec["tools"]]
+            trace.calls.append(ModelCall.model_validate(rec["call"]))
+        elif kind in ("call", "replay"):
+            trace.calls.append(ModelCall.model_validate(rec["call"]))
+        elif kind == "rewrite":
+            rewrite = rec.get("rewrite", {})
+            if rewrite.get("direction") == "response":
+                trace.response_rewrites.append(rewrite)
+            else:
+                trace.request_rewrites.append(rewrite)
+        elif kind == "footer":
+            trace.sealed = True
+            trace.stop_condition = rec.get("stop_condition")
+            trace.ended_at = rec.get("ended_at")
+            if rec.get("reward") is not None:
+                trace.reward = rec["reward"]
+            if rec.get("metrics"):
+                trace.metrics = rec["metrics"]
+        # other kinds: written by a newer minor producer; skipped on purpose
+    if trace is None:
+        raise TraceFormatError(f"{source}: no complete header record; not a trace file "
+                               f"(or it was cut before its first record was written)")
+    return trace
+
+
+def read_trace(path: str | Path) -> Trace:
+    """The Trace stored at ``path``. A torn last record is warned about (``TornRecordWarning``
+    with its byte offset) and skipped; a newer schema raises ``TraceVersionError``."""
+    return fold(iter_records(path), source=str(path))
