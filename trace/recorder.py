@@ -25,6 +25,9 @@ _SECRET_KEYS = {"secret", "model_secret", "state_secret", "api_key", "admin_toke
                 "authorization", "password", "x-api-key"}
 
 
+_HEADER_ALIASES = {"session": "id", "session_id": "id", "started": "started_at"}
+
+
 def _scrub(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _scrub(v) for k, v in value.items()
@@ -45,9 +48,9 @@ def producer_version() -> str:
 class Recorder:
     """Record one session to ``path`` through ``store``.
 
-    ``header`` holds the session's id (``id`` or ``session_id``), ``agent``, ``task``,
-    ``info``, ``config`` and optionally ``started_at``; other keys go into ``info``. Secrets
-    are scrubbed from it. ``fsync``: ``never``, ``turn`` (after every turn or call record) or
+    ``header`` holds the session's id (``id``, ``session`` or ``session_id``), ``agent``,
+    ``task``, ``info``, ``config`` and optionally ``started_at``; any other key is a session
+    setting and goes into ``config``. Secrets are scrubbed from it. ``fsync``: ``never``, ``turn`` (after every turn or call record) or
     ``seal`` (only the footer).
     """
 
@@ -58,16 +61,14 @@ class Recorder:
         self.store = store
         self.fsync = fsync
         header = _scrub(dict(header))
-        fields: dict[str, Any] = {"info": dict(header.get("info") or {})}
+        fields: dict[str, Any] = {"config": dict(header.pop("config", None) or {})}
         for key, value in header.items():
-            if key == "session_id":
-                key = "id"
-            if key == "started":
-                key = "started_at"
+            key = _HEADER_ALIASES.get(key, key)
             if key in HEADER_FIELDS:
-                fields[key] = value if key != "info" else fields["info"]
-            else:
-                fields["info"][key] = value
+                if value is not None:
+                    fields[key] = value
+            else:  # flat session settings (model, sampling, upstream...) are config
+                fields["config"][key] = value
         fields.setdefault("id", self.path.stem)
         fields["id"] = str(fields["id"])
         fields.setdefault("started_at", time.time())
@@ -85,6 +86,10 @@ class Recorder:
     @property
     def trace(self) -> Trace:
         return self._trace
+
+    @property
+    def sealed(self) -> bool:
+        return self._trace.sealed
 
     def commit_turn(self, request: Request, response: Response, call: ModelCall) -> ModelCall:
         """Add the turn's new nodes and its sampled reply, link ``call`` to the reply
