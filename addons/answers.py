@@ -27,5 +27,12 @@ def error_response(provider: str, status: int, message: str, *, type: str | None
     return json_response(status, error_body(provider, status, message, type), retry=retry)
 
 
+def refuse(flow: http.HTTPFlow, response: http.Response) -> None:
+    """Answer a request the proxy will not forward. It never becomes an exchange: bad input
+    leaves no record, so the flow's exchange (if Claim made one) is dropped."""
+    flow.response = response
+    flow.metadata.pop("interceptor", None)
+
+
 def provider_for_host(host: str) -> str:
     return "anthropic" if "anthropic" in host else "openai"

@@ -2,13 +2,15 @@
 
 It only wires the addons together, in the order a request travels through them (mitmproxy
 calls each hook in list order): Settings (options, sessions), Control (the proxy's own API),
-Claim (which session), Rewrite (model, sampling, key, upstream), Tee (stream back, record).
+Claim (which session), Rewrite (model, sampling, key, upstream),
+Reach (a dead upstream answers in the dialect's shape), Tee (stream back, record).
 The code lives in ``interceptor.addons.*``; mitmproxy puts this folder on ``sys.path`` while
 loading the script, which is why nothing here may share a name with a module it imports.
 """
 
 from interceptor.addons.claim import Claim
 from interceptor.addons.control import Control
+from interceptor.addons.reach import Reach
 from interceptor.addons.rewrite import Rewrite
 from interceptor.addons.session import Registry
 from interceptor.addons.settings import Settings
@@ -22,5 +24,6 @@ addons = [
     Control(registry, settings),
     Claim(registry, settings),
     Rewrite(),
+    Reach(),
     Tee(),
 ]

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from mitmproxy import http
 
-from interceptor.addons.answers import error_response
+from interceptor.addons.answers import error_response, refuse
 from interceptor.addons.exchange import Exchange, exchange_of
 from interceptor.dialects.base import Override
 from interceptor.trace.messages import Sampling
@@ -68,10 +68,10 @@ class Rewrite:
         try:
             body = json.loads(raw)
         except ValueError as e:
-            flow.response = error_response(provider, 400, f"request body is not valid JSON: {e}")
+            refuse(flow, error_response(provider, 400, f"request body is not valid JSON: {e}"))
             return False
         if not isinstance(body, dict):
-            flow.response = error_response(provider, 400, "request body must be a JSON object")
+            refuse(flow, error_response(provider, 400, "request body must be a JSON object"))
             return False
         ex.requested_model = body.get("model") if isinstance(body.get("model"), str) else None
         config = ex.session.config
@@ -81,7 +81,7 @@ class Rewrite:
                 ex.request = dialect.parse_request(body)
             except Exception as e:  # a shape the dialect does not know: refuse rather than record wrong
                 log.warning(f"interceptor: {dialect.name} request not understood: {type(e).__name__}: {e}")
-                flow.response = error_response(provider, 400, f"request not understood by the {dialect.name} dialect: {e}")
+                refuse(flow, error_response(provider, 400, f"request not understood by the {dialect.name} dialect: {e}"))
                 return False
             ex.overrides = dialect.apply_overrides(body, config.model, config.sampling)
         else:

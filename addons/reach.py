@@ -1,0 +1,56 @@
+"""Reach: an unreachable upstream answers 502 in the dialect's own shape, and is recorded.
+
+When mitmproxy cannot connect it answers with its own HTML page, which no SDK can read as a
+provider error, and no hook can change that page. So before forwarding to an address that
+has not accepted a connection recently, this addon tries one itself; a failure becomes a
+retryable 502 in the dialect's shape and an exchange with an error on the record. An address
+that answered within ``FRESH`` seconds is not probed again: the steady state costs nothing.
+If the upstream dies between the probe and the request, mitmproxy's own 502 still reaches
+the harness and the Tee's ``error`` hook still records the exchange.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from mitmproxy import ctx, http
+from mitmproxy.proxy import server_hooks
+
+from interceptor.addons.answers import error_response
+from interceptor.addons.exchange import exchange_of
+from interceptor.addons.tee import commit
+from interceptor.trace.messages import ResponseError
+
+FRESH = 30.0
+PROBE_TIMEOUT = 5.0
+
+
+class Reach:
+    def __init__(self) -> None:
+        self._ok: dict[tuple[str, int], float] = {}
+
+    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        if data.server.address:
+            self._ok[(data.server.address[0], data.server.address[1])] = time.monotonic()
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.error or not flow.live:
+            return
+        ex = exchange_of(flow)
+        if ex is None or list(ctx.options.mode) != ["regular"]:
+            return  # in upstream-proxy modes the address is not ours to probe
+        addr = (flow.request.host, flow.request.port)
+        if time.monotonic() - self._ok.get(addr, float("-inf")) < FRESH:
+            return
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(*addr), PROBE_TIMEOUT)
+            writer.close()
+        except (OSError, asyncio.TimeoutError) as e:
+            where = f"{flow.request.scheme}://{flow.request.host}:{flow.request.port}"
+            reason = type(e).__name__ if isinstance(e, asyncio.TimeoutError) else (e.strerror or str(e))
+            message = f"the session's upstream {where} is unreachable ({reason})"
+            flow.response = error_response(ex.dialect.provider, 502, message, retry=True)
+            commit(ex, flow, None, ResponseError(type="upstream_unreachable", message=message, status=502))
+            return
+        self._ok[addr] = time.monotonic()

@@ -1,0 +1,75 @@
+"""Shared fixtures: the provider simulator, a real mitmdump with the entry script, and the
+real SDK clients pointed at it with ``HTTPS_PROXY`` and nothing else (default base URLs)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.mitm import MitmProcess
+from tests.provider import ProviderSimulator
+
+REAL_KEY = "sk-real-provider-key-for-tests-0123456789"
+KEY_ENV = "INTERCEPT_TEST_PROVIDER_KEY"
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(k, raising=False)
+
+
+@pytest.fixture
+def sim() -> Iterator[ProviderSimulator]:
+    with ProviderSimulator() as s:
+        yield s
+
+
+@pytest.fixture
+def start_proxy(sim: ProviderSimulator):
+    """Start a proxy whose default session goes to the simulator; returns the process."""
+    started: list[MitmProcess] = []
+
+    def start(options: dict | None = None, env: dict | None = None, **kw) -> MitmProcess:
+        opts = {"intercept_upstream": sim.url("/v1"), "intercept_api_key_env": KEY_ENV}
+        opts.update(options or {})
+        proc = MitmProcess(options=opts, env={KEY_ENV: REAL_KEY, **(env or {})}, **kw)
+        started.append(proc)
+        return proc.start()
+
+    yield start
+    for p in started:
+        p.cleanup()
+
+
+@pytest.fixture
+def proxy(start_proxy) -> MitmProcess:
+    return start_proxy()
+
+
+@pytest.fixture
+def harness_env(monkeypatch: pytest.MonkeyPatch):
+    """Apply a session's ``env`` (as the control API returns it) to this process, so the
+    SDKs made afterwards go through the proxy exactly as a harness would."""
+
+    def apply(env: dict[str, str]) -> None:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+
+    return apply
+
+
+def session_clients(session: dict):
+    """openai and anthropic clients for a session: default base URLs, the session secret as
+    the key, the proxy and CA from the environment (``harness_env`` must be applied first)."""
+    import anthropic
+    import openai
+
+    assert os.environ.get("HTTPS_PROXY"), "apply the session env first"
+    secret = session["model_secret"]
+    return (
+        openai.OpenAI(api_key=secret, max_retries=0, timeout=30),
+        anthropic.Anthropic(api_key=secret, max_retries=0, timeout=30),
+    )

@@ -1,0 +1,303 @@
+"""The core pipeline end to end: real mitmdump, real SDKs through HTTPS_PROXY, the simulator
+as the provider. Claim, rewrite, route, stream back, record."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import anthropic
+import openai
+import pytest
+
+from interceptor.trace import read_trace
+from tests.conftest import KEY_ENV, REAL_KEY, session_clients
+from tests.mitm import ROOT, MitmProcess
+from tests.provider import Reply, ToolCall
+
+SESSION = {
+    "model": "sim-imposed-model",
+    "sampling": {"temperature": 0.25, "top_p": 0.9, "max_tokens": 321},
+}
+
+
+def _call(kind: str, oai: openai.OpenAI, ant: anthropic.Anthropic, prompt: str):
+    """One request per API shape, with harness settings the session must override.
+    Returns (text, usage as (input, output))."""
+    if kind == "chat":
+        r = oai.chat.completions.create(model="gpt-4o", temperature=1.0, max_tokens=50,
+                                        messages=[{"role": "user", "content": prompt}])
+        return r.choices[0].message.content, (r.usage.prompt_tokens, r.usage.completion_tokens), r.choices[0].finish_reason
+    if kind == "chat-stream":
+        parts, usage, finish = [], None, None
+        for chunk in oai.chat.completions.create(model="gpt-4o", temperature=1.0, stream=True,
+                                                 stream_options={"include_usage": True},
+                                                 messages=[{"role": "user", "content": prompt}]):
+            if chunk.choices:
+                parts.append(chunk.choices[0].delta.content or "")
+                finish = chunk.choices[0].finish_reason or finish
+            if chunk.usage:
+                usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+        return "".join(parts), usage, finish
+    if kind == "responses":
+        r = oai.responses.create(model="gpt-4o", temperature=1.0, input=prompt)
+        return r.output_text, (r.usage.input_tokens, r.usage.output_tokens), r.status
+    if kind == "responses-stream":
+        with oai.responses.stream(model="gpt-4o", temperature=1.0, input=prompt) as s:
+            r = s.get_final_response()
+        return r.output_text, (r.usage.input_tokens, r.usage.output_tokens), r.status
+    if kind == "messages":
+        r = ant.messages.create(model="claude-x", max_tokens=64, extra_body={"temperature": 1.0},
+                                messages=[{"role": "user", "content": prompt}])
+        return r.content[0].text, (r.usage.input_tokens, r.usage.output_tokens), r.stop_reason
+    if kind == "messages-stream":
+        with ant.messages.stream(model="claude-x", max_tokens=64, extra_body={"temperature": 1.0},
+                                 messages=[{"role": "user", "content": prompt}]) as s:
+            r = s.get_final_message()
+        return r.content[0].text, (r.usage.input_tokens, r.usage.output_tokens), r.stop_reason
+    raise AssertionError(kind)
+
+
+KINDS = ["chat", "chat-stream", "responses", "responses-stream", "messages", "messages-stream"]
+# The sampling names each dialect must use on the wire for the session's settings.
+WIRE_MAX = {"chat": "max_completion_tokens", "responses": "max_output_tokens", "messages": "max_tokens"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sdk_through_proxy_matches_direct(kind, sim, proxy, harness_env, tmp_path):
+    text = f"answer for {kind}"
+    # The same reply direct and through the proxy: the harness must see the same content.
+    sim.script(Reply(text=["ans", "wer for ", kind]), Reply(text=["ans", "wer for ", kind]))
+    direct = _call(kind, openai.OpenAI(api_key="direct", base_url=sim.url("/v1"), max_retries=0),
+                   anthropic.Anthropic(api_key="direct", base_url=sim.url(""), max_retries=0), "hello")
+    sim.clear()
+
+    session = proxy.create_session(**SESSION)
+    harness_env(session["env"])
+    oai, ant = session_clients(session)
+    got = _call(kind, oai, ant, "hello")
+    assert got[0] == text == direct[0]
+    assert got == direct
+
+    [seen] = sim.model_requests()
+    body = seen.json
+    assert body["model"] == SESSION["model"]
+    assert body["temperature"] == 0.25 and body["top_p"] == 0.9
+    family = kind.split("-")[0]
+    assert body[WIRE_MAX[family]] == 321
+    assert "max_tokens" not in body or family == "messages"
+    # The real key, never the secret, anywhere in what the provider saw.
+    key_header = seen.headers.get("x-api-key") if family == "messages" else seen.headers.get("authorization")
+    assert key_header in (REAL_KEY, f"Bearer {REAL_KEY}")
+    raw = json.dumps(dict(seen.headers)) + seen.body.decode()
+    assert session["model_secret"] not in raw
+
+    status, summary = proxy.api("DELETE", f"sessions/{session['id']}")
+    assert status == 200 and summary["sealed"]
+    trace = read_trace(session["trace_path"])
+    [call] = trace.calls
+    assert call.status == 200 and call.error is None
+    assert (call.usage.input_tokens, call.usage.output_tokens) == got[1]
+    assert call.finish_reason == "stop"
+    assert call.model == SESSION["model"]
+    assert call.requested_model in ("gpt-4o", "claude-x")
+    assert {o["key"] for o in call.overrides} >= {"model", "temperature"}
+    assert trace.num_turns == 1
+    assert trace.messages[-1].text() == text
+    assert session["model_secret"] not in proxy.log()
+    assert session["model_secret"].encode() not in (proxy.trace_dir / f"{session['id']}.msgpack").read_bytes()
+    assert REAL_KEY not in proxy.log()
+
+
+def test_streaming_is_not_buffered(sim, proxy, harness_env):
+    deltas = [f"d{i} " for i in range(8)]
+    sim.script(Reply(text=deltas, delay=0.2))
+    session = proxy.create_session()
+    harness_env(session["env"])
+    _, ant = session_clients(session)
+    t0 = time.monotonic()
+    arrivals = []
+    with ant.messages.stream(model="m", max_tokens=50, messages=[{"role": "user", "content": "x"}]) as s:
+        for _ in s.text_stream:
+            arrivals.append(time.monotonic() - t0)
+    assert len(arrivals) == len(deltas)
+    # Events are 200 ms apart upstream: the first must arrive long before the last.
+    assert arrivals[-1] - arrivals[0] > 1.0
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    assert sorted(gaps)[len(gaps) // 2] > 0.1
+
+
+def test_two_sessions_at_once_keep_their_own_turns(sim, proxy, harness_env):
+    a, b = proxy.create_session(), proxy.create_session()
+    harness_env(a["env"])  # same proxy and CA for both; only the secret differs
+    errors = []
+
+    def run(session, tag):
+        try:
+            oai = openai.OpenAI(api_key=session["model_secret"], max_retries=0)
+            for i in range(5):
+                r = oai.chat.completions.create(model="m", messages=[{"role": "user", "content": f"{tag}-{i}"}])
+                assert tag in r.choices[0].message.content
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(a, "alpha")), threading.Thread(target=run, args=(b, "beta"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for session, tag, other in ((a, "alpha", "beta"), (b, "beta", "alpha")):
+        proxy.api("DELETE", f"sessions/{session['id']}")
+        trace = read_trace(session["trace_path"])
+        assert len(trace.calls) == 5
+        texts = " ".join(n.message.text() for n in trace.nodes)
+        assert tag in texts and other not in texts
+
+
+@pytest.mark.parametrize("family", ["openai", "anthropic"])
+@pytest.mark.parametrize("secret", ["none", "unknown", "state"])
+def test_unclaimed_requests_never_leave_the_proxy(family, secret, sim, proxy, harness_env):
+    session = proxy.create_session()
+    harness_env(session["env"])
+    key = {"none": "", "unknown": "sk-not-a-session-secret", "state": session["state_secret"]}[secret]
+    if family == "openai":
+        client = openai.OpenAI(api_key=key or "placeholder", max_retries=0)
+        if not key:
+            client = client.with_options(default_headers={"Authorization": ""})
+        with pytest.raises(openai.AuthenticationError) as e:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert e.value.body["type"] == "invalid_request_error"
+    else:
+        client = anthropic.Anthropic(api_key=key or "placeholder", max_retries=0)
+        if not key:
+            client = client.with_options(default_headers={"x-api-key": ""})
+        with pytest.raises(anthropic.AuthenticationError) as e:
+            client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+        assert e.value.body["error"]["type"] == "authentication_error"
+    assert e.value.response.headers["x-should-retry"] == "false"
+    if secret == "state":
+        assert "state secret" in str(e.value)
+    assert sim.requests == []
+    if key:
+        assert key not in proxy.log()
+
+
+def test_body_that_is_not_json_is_refused_in_dialect_shape(sim, proxy, harness_env):
+    session = proxy.create_session()
+    harness_env(session["env"])
+    oai, ant = session_clients(session)
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.post("/chat/completions", body=None, cast_to=object,
+                 options={"content": b"{not json", "headers": {"content-type": "application/json"}})
+    assert "not valid JSON" in e.value.body["message"]
+    with pytest.raises(anthropic.BadRequestError) as e2:
+        ant.post("/v1/messages", body=None, cast_to=object,
+                 options={"content": b"[1, 2", "headers": {"content-type": "application/json"}})
+    assert e2.value.body["type"] == "error" and e2.value.body["error"]["type"] == "invalid_request_error"
+    assert sim.requests == []
+    proxy.api("DELETE", f"sessions/{session['id']}")
+    assert read_trace(session["trace_path"]).calls == []
+
+
+def test_unreachable_upstream_is_a_502_in_dialect_shape_and_on_the_record(sim, proxy, harness_env):
+    from tests.mitm import free_port
+
+    session = proxy.create_session(upstream={"base_url": f"http://127.0.0.1:{free_port()}/v1"})
+    harness_env(session["env"])
+    _, ant = session_clients(session)
+    with pytest.raises(anthropic.APIStatusError) as e:
+        ant.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    assert e.value.status_code == 502
+    assert e.value.body["type"] == "error"
+    proxy.api("DELETE", f"sessions/{session['id']}")
+    trace = read_trace(session["trace_path"])
+    [call] = trace.calls
+    assert call.error is not None and call.node is None
+    assert trace.num_turns == 0
+
+
+def test_non_model_paths_on_provider_hosts_are_answered_locally(sim, proxy, harness_env):
+    session = proxy.create_session()
+    harness_env(session["env"])
+    oai, ant = session_clients(session)
+    with pytest.raises(anthropic.NotFoundError):
+        ant.get("/api/event_logging/batch", cast_to=object)
+    with pytest.raises(openai.NotFoundError):
+        oai.get("/settings/telemetry", cast_to=object)
+    assert sim.requests == []
+
+
+def test_sessions_file_with_unknown_field_refuses_to_start(tmp_path):
+    bad = tmp_path / "sessions.json"
+    bad.write_text(json.dumps([{"id": "a", "model": "m", "temprature": 0.5}]))
+    proc = MitmProcess(options={"intercept_sessions": str(bad)}).start(expect_failure=True)
+    try:
+        assert proc.wait() != 0
+        assert "temprature" in proc.log()
+    finally:
+        proc.cleanup()
+
+
+def test_sessions_file_sessions_are_claimable(sim, start_proxy, tmp_path, harness_env):
+    f = tmp_path / "sessions.json"
+    f.write_text(json.dumps([{"id": "fixed-1", "model": "file-model",
+                              "upstream": {"base_url": sim.url("/v1"), "api_key_env": KEY_ENV}}]))
+    proxy = start_proxy({"intercept_sessions": str(f)})
+    status, listing = proxy.api("GET", "sessions")
+    assert status == 200 and [s["id"] for s in listing["sessions"]] == ["fixed-1"]
+
+
+def test_control_api_needs_the_admin_token(proxy):
+    assert proxy.api("GET", "health", token=None)[0] == 200
+    assert proxy.api("POST", "sessions", {}, token=None)[0] == 401
+    assert proxy.api("POST", "sessions", {}, token="wrong-token-wrong-token")[0] == 401
+    assert proxy.api("GET", "sessions")[1]["sessions"][0]["id"] == "default"
+    assert len(proxy.api("GET", "sessions")[1]["sessions"]) == 1  # nothing was created
+    status, body = proxy.api("POST", "sessions", {"sampling": {"temprature": 1}})
+    assert status == 400 and "temprature" in body["error"]["message"]
+    mode = (proxy.confdir / "interceptor-admin-token").stat().st_mode & 0o777
+    assert mode == 0o600
+
+
+def test_default_session_from_the_banner_works(sim, proxy, monkeypatch):
+    """`mitmdump -s addons/interception.py` alone: the printed environment is all a harness needs."""
+    log = proxy.log()
+    env = dict(re.findall(r"export (\w+)=(\S+)", log))
+    assert set(env) >= {"HTTPS_PROXY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS"}
+    assert "mitmproxy-ca-cert.pem" in log
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    r = openai.OpenAI(max_retries=0).chat.completions.create(model="m", messages=[{"role": "user", "content": "ping"}])
+    assert r.choices[0].message.content
+    assert len(sim.model_requests()) == 1
+
+
+def test_delete_seals_and_show_reports_it(sim, proxy, harness_env):
+    session = proxy.create_session(model="m1", task={"name": "t"})
+    harness_env(session["env"])
+    sim.script(Reply(tool_calls=[ToolCall(name="bash", arguments={"cmd": "ls"})]), Reply(text="done"))
+    oai, _ = session_clients(session)
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
+    msgs = [{"role": "user", "content": "list files"}]
+    r = oai.chat.completions.create(model="x", messages=msgs, tools=tools)
+    call = r.choices[0].message.tool_calls[0]
+    msgs += [r.choices[0].message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": "a.txt"}]
+    oai.chat.completions.create(model="x", messages=msgs, tools=tools)
+    status, summary = proxy.api("GET", f"sessions/{session['id']}")
+    assert status == 200 and summary["turns"] == 2 and not summary["sealed"]
+    status, summary = proxy.api("DELETE", f"sessions/{session['id']}")
+    assert summary["sealed"] and summary["turns"] == 2
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "replay_trace.py"), "show", "--json", session["trace_path"]],
+                         capture_output=True, text=True, check=True)
+    shown = json.loads(out.stdout)
+    assert shown["sealed"] is True and shown["turns"] == 2
+    assert [c["finish_reason"] for c in shown["calls"]] == ["tool_calls", "stop"]
+    assert all(c["model"] == "m1" for c in shown["calls"])
+    text = subprocess.run([sys.executable, str(ROOT / "scripts" / "replay_trace.py"), "show", session["trace_path"]],
+                          capture_output=True, text=True, check=True).stdout
+    assert "list files" in text and "a.txt" in text and "done" in text
