@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""Read trace files: show them to a person, check them, export training samples.
+
+    python scripts/replay_trace.py show traces/abc.msgpack [--json]
+    python scripts/replay_trace.py verify traces/*.msgpack
+    python scripts/replay_trace.py export traces/*.msgpack --out samples.jsonl
+
+``show`` is for "what did the model see and say, and what did each exchange cost";
+``verify`` is the gate before a trainer consumes files (exit 1 at the first bad one);
+``export`` writes one JSON line per branch, the shape trainers read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+from interceptor.trace import Message, ModelCall, Trace, read_trace
+from interceptor.trace.verify import problems
+
+PREVIEW = 240  # characters of a message shown by ``show``
+
+
+def _load(path: str) -> tuple[Trace, list[str]]:
+    """The trace plus the reader's warnings (a torn tail), which are shown, not fatal."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trace = read_trace(path)
+    return trace, [str(w.message) for w in caught]
+
+
+def _preview(message: Message) -> str:
+    parts = []
+    for r in message.reasoning:
+        if r.text:
+            parts.append(f"[reasoning] {r.text}")
+        elif r.encrypted or r.redacted:
+            parts.append("[reasoning: encrypted]")
+    if message.text():
+        parts.append(message.text())
+    for call in message.tool_calls:
+        parts.append(f"-> {call.name}({call.arguments})")
+    if message.refusal:
+        parts.append(f"[refusal] {message.refusal}")
+    text = " | ".join(parts).replace("\n", "\\n")
+    return text if len(text) <= PREVIEW else text[:PREVIEW - 3] + "..."
+
+
+def _call_line(call: ModelCall) -> str:
+    usage = "usage ?"
+    if call.usage is not None:
+        usage = f"in {call.usage.input_tokens} out {call.usage.output_tokens}"
+        if call.usage.estimated:
+            usage += " (estimated)"
+    duration = f"{call.duration:.2f}s" if call.duration is not None else "?s"
+    line = (f"call {call.id}  {call.model or '?'}  status {call.status or '-'}  "
+            f"finish {call.finish_reason or '-'}"
+            f"{'/' + call.native_finish_reason if call.native_finish_reason else ''}  "
+            f"{usage}  {duration}")
+    if call.node is not None:
+        line += f"  node {call.node}"
+    if call.replay_of:
+        line += f"  replay of {call.replay_of}"
+    if call.error is not None:
+        line += f"  error {call.error.type}: {call.error.message}"
+    return line
+
+
+def show_text(trace: Trace) -> str:
+    lines = [f"trace {trace.id}  schema {trace.schema_version}  "
+             f"{'sealed (' + str(trace.stop_condition) + ')' if trace.sealed else 'not sealed'}",
+             f"turns {trace.num_turns}  input tokens {trace.num_input_tokens}  "
+             f"output tokens {trace.num_output_tokens}  calls {len(trace.calls)}  "
+             f"errors {len(trace.errors)}"]
+    printed: list[set[int]] = []
+    for b in trace.branches:
+        # Branches share prefixes; print each node once and say where a branch forks.
+        shared = 0
+        owner = None
+        for k, nodes in enumerate(printed):
+            common = 0
+            for i in b.nodes:
+                if i not in nodes:
+                    break
+                common += 1
+            if common > shared:
+                shared, owner = common, k
+        lines.append("")
+        head = f"== branch {b.index} ({len(b.nodes)} messages, {len(b.calls)} calls)"
+        if owner is not None:
+            head += f", first {shared} shared with branch {owner}"
+        lines.append(head + " ==")
+        for pos, i in enumerate(b.nodes[shared:], start=shared):
+            node = trace.nodes[i]
+            mark = "*" if node.sampled else " "
+            lines.append(f"{pos:4d}{mark}{node.message.role:>9}: {_preview(node.message)}")
+        printed.append(set(b.nodes))
+    lines.append("")
+    lines.append("== calls ==")
+    lines.extend(_call_line(c) for c in trace.calls)
+    return "\n".join(lines)
+
+
+def show_json(trace: Trace) -> dict:
+    return {
+        "id": trace.id,
+        "schema_version": trace.schema_version,
+        "sealed": trace.sealed,
+        "stop_condition": trace.stop_condition,
+        "turns": trace.num_turns,
+        "input_tokens": trace.num_input_tokens,
+        "output_tokens": trace.num_output_tokens,
+        "total_tokens": trace.num_total_tokens,
+        "branches": len(trace.branches),
+        "nodes": len(trace.nodes),
+        "calls": [
+            {
+                "id": c.id,
+                "model": c.model,
+                "requested_model": c.requested_model,
+                "dialect": c.dialect,
+                "endpoint": c.endpoint,
+                "stream": c.stream,
+                "sampling": c.sampling.set_fields(),
+                "overrides": c.overrides,
+                "usage": c.usage.model_dump(mode="json") if c.usage else None,
+                "finish_reason": c.finish_reason,
+                "native_finish_reason": c.native_finish_reason,
+                "status": c.status,
+                "error": c.error.model_dump(mode="json") if c.error else None,
+                "node": c.node,
+                "replay_of": c.replay_of,
+                "duration": c.duration,
+            }
+            for c in trace.calls
+        ],
+    }
+
+
+def samples(trace: Trace):
+    """One training sample per branch."""
+    for b in trace.branches:
+        yield {
+            "trace_id": trace.id,
+            "branch": b.index,
+            "messages": [m.model_dump(mode="json", exclude_defaults=True) for m in b.messages],
+            "tools": [t.model_dump(mode="json", exclude_defaults=True) for t in trace.tools],
+            "token_ids": b.token_ids,
+            "sampled_mask": b.sampled_mask,
+            "logprobs": b.logprobs,
+            "advantages": b.advantages,
+            "reward": trace.reward,
+            "metrics": trace.metrics or None,
+            "task": trace.task or None,
+            "calls": b.calls,
+        }
+
+
+def cmd_show(args) -> int:
+    try:
+        trace, notes = _load(args.file)
+    except Exception as e:  # noqa: BLE001 - say what is wrong with the file, no traceback
+        print(f"{args.file}: {e}", file=sys.stderr)
+        return 1
+    for note in notes:
+        print(f"warning: {note}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(show_json(trace), indent=2))
+    else:
+        print(show_text(trace))
+    return 0
+
+
+def cmd_verify(args) -> int:
+    for path in args.files:
+        try:
+            trace, notes = _load(path)
+        except Exception as e:  # noqa: BLE001 - any unreadable file is a verify failure
+            print(f"{path}: {e}", file=sys.stderr)
+            return 1
+        for note in notes:
+            print(f"{path}: warning: {note}", file=sys.stderr)
+        found = problems(trace)
+        if found:
+            print(f"{path}: {found[0]}", file=sys.stderr)
+            return 1
+        print(f"{path}: ok ({trace.num_turns} turns, {len(trace.branches)} branches, "
+              f"{len(trace.calls)} calls)")
+    return 0
+
+
+def cmd_export(args) -> int:
+    out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")
+    count = 0
+    try:
+        for path in args.files:
+            trace, notes = _load(path)
+            for note in notes:
+                print(f"{path}: warning: {note}", file=sys.stderr)
+            for sample in samples(trace):
+                out.write(json.dumps(sample, ensure_ascii=False) + "\n")
+                count += 1
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    print(f"{count} samples from {len(args.files)} traces -> {args.out}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="replay_trace.py", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("show", help="the transcript of each branch and one line per call")
+    p.add_argument("file")
+    p.add_argument("--json", action="store_true", help="machine-readable summary")
+    p.set_defaults(func=cmd_show)
+    p = sub.add_parser("verify", help="schema, graph, token alignment, call links; exit 1 "
+                                      "at the first problem")
+    p.add_argument("files", nargs="+")
+    p.set_defaults(func=cmd_verify)
+    p = sub.add_parser("export", help="one JSON line per branch for trainers")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--out", required=True, help="output .jsonl path, or - for stdout")
+    p.set_defaults(func=cmd_export)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The Trace model and its message graph, at unit level (no proxy).
+
+A harness restates its whole history every turn; these tests drive a Recorder the way the
+addon does (canonical Request in, canonical Response out) and check the graph keeps one node
+per distinct message, forks only where a prompt really diverges, and keeps token arrays
+aligned when an upstream returns token ids. Helpers here are imported by the other
+test_trace_*.py files.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from interceptor.trace import (
+    Choice,
+    Message,
+    ModelCall,
+    Recorder,
+    Request,
+    Response,
+    Store,
+    Tool,
+    ToolCall,
+    Usage,
+    read_trace,
+)
+from interceptor.trace.verify import problems
+
+SYSTEM = Message(role="system", content="You are a careful agent.")
+TOOLS = [Tool(name="bash", description="run a command",
+              parameters={"type": "object", "properties": {"cmd": {"type": "string"}}})]
+
+
+class Rollout:
+    """A recorder plus a harness-like history: ``turn`` sends the whole history, appends the
+    reply and what comes back for it (tool results or a user message)."""
+
+    def __init__(self, path: Path, store: Store | None = None, fsync: str = "turn", **header):
+        self.store = store or Store()
+        header.setdefault("id", path.stem)
+        self.recorder = Recorder(path, header, store=self.store, fsync=fsync)
+        self.path = path
+
+    def send(self, messages: list[Message], reply: Message, *, usage: Usage | None = None,
+             tools=TOOLS, **response_fields) -> ModelCall:
+        call = ModelCall(id=uuid.uuid4().hex[:12], dialect="openai_chat",
+                         endpoint="/v1/chat/completions", model="m", started_at=100.0,
+                         ended_at=101.5, status=200)
+        response = Response(message=reply, finish_reason="tool_calls" if reply.tool_calls else "stop",
+                            usage=usage, **response_fields)
+        return self.recorder.commit_turn(
+            Request(messages=list(messages), tools=list(tools)), response, call)
+
+    def read(self):
+        self.store.flush(timeout=10)
+        return read_trace(self.path)
+
+
+def tool_turns(n: int) -> list[tuple[list[Message], Message]]:
+    """A ``n``-turn tool-using conversation: (prompt, reply) per turn, each prompt restating
+    everything before it (tool-call arguments restated with other whitespace, as another
+    SDK would)."""
+    history = [SYSTEM, Message(role="user", content="fix the bug")]
+    turns = []
+    for k in range(n):
+        args = {"cmd": f"step {k}"}
+        reply = Message(role="assistant", content=f"thinking {k}",
+                        tool_calls=[ToolCall(id=f"call_{k}", name="bash",
+                                             arguments=json.dumps(args))])
+        turns.append((list(history), reply))
+        restated = reply.model_copy(deep=True)
+        restated.tool_calls[0].arguments = json.dumps(args, indent=2)
+        history += [restated, Message(role="tool", tool_call_id=f"call_{k}", content=f"out {k}")]
+    return turns
+
+
+def test_ten_turn_tool_conversation_is_one_branch(tmp_path):
+    r = Rollout(tmp_path / "t.msgpack")
+    for prompt, reply in tool_turns(10):
+        r.send(prompt, reply, usage=Usage(input_tokens=100, output_tokens=10))
+    trace = r.recorder.trace
+    assert trace.num_turns == 10
+    assert len(trace.branches) == 1
+    # system + user + 10 * (assistant, tool) minus the last tool result (never sent)
+    assert len(trace.nodes) == 2 + 10 * 2 - 1
+    assert [n.sampled for n in trace.nodes].count(True) == 10
+    assert trace.messages[-1].content == "thinking 9"
+    assert [c.node for c in trace.calls] == [i for i, n in enumerate(trace.nodes) if n.sampled]
+    assert problems(trace) == []
+
+
+def test_compaction_forks_after_the_shared_system_node(tmp_path):
+    r = Rollout(tmp_path / "c.msgpack")
+    turns = tool_turns(4)
+    for prompt, reply in turns:
+        r.send(prompt, reply)
+    before = len(r.recorder.trace.nodes)
+    summary = [SYSTEM, Message(role="user", content="Summary so far: ran 4 steps.")]
+    r.send(summary, Message(role="assistant", content="continuing"))
+    trace = r.recorder.trace
+    assert len(trace.branches) == 2
+    assert len(trace.nodes) == before + 2  # only the summary and the reply are new
+    a, b = trace.branches
+    assert a.nodes[0] == b.nodes[0] == 0  # one system node, shared
+    assert a.nodes[1] != b.nodes[1]
+    assert trace.messages[-1].content == "continuing"
+
+
+def test_interleaved_subagents_make_two_branches(tmp_path):
+    r = Rollout(tmp_path / "s.msgpack")
+    main = [SYSTEM, Message(role="user", content="main task")]
+    sub = [Message(role="system", content="You are a sub-agent."),
+           Message(role="user", content="search the code")]
+    for k in range(3):
+        reply = Message(role="assistant", content=f"main {k}")
+        r.send(main, reply)
+        main = main + [reply, Message(role="user", content=f"go on {k}")]
+        reply = Message(role="assistant", content=f"sub {k}")
+        r.send(sub, reply)
+        sub = sub + [reply, Message(role="user", content=f"more {k}")]
+    trace = r.recorder.trace
+    assert trace.num_turns == 6
+    assert len(trace.branches) == 2
+    assert sorted(len(b.calls) for b in trace.branches) == [3, 3]
+    assert len(trace.nodes) == 2 * (2 + 3 + 2)  # per agent: 2 prompt, 3 replies, 2 follow-ups
+
+
+def test_identical_request_reuses_every_node(tmp_path):
+    """An unflagged identical request is a new turn; an identical answer adds no node."""
+    r = Rollout(tmp_path / "i.msgpack")
+    prompt = [SYSTEM, Message(role="user", content="hi")]
+    first = r.send(prompt, Message(role="assistant", content="hello"))
+    second = r.send(prompt, Message(role="assistant", content="hello"))
+    third = r.send(prompt, Message(role="assistant", content="hey"))
+    trace = r.recorder.trace
+    assert first.node == second.node != third.node
+    assert trace.num_turns == 3
+    assert len(trace.nodes) == 4
+    assert len(trace.branches) == 2
+
+
+def test_input_tokens_count_each_fed_token_once(tmp_path):
+    r = Rollout(tmp_path / "u.msgpack")
+    turns = tool_turns(3)
+    inputs = [100, 130, 170]
+    for (prompt, reply), n in zip(turns, inputs):
+        r.send(prompt, reply, usage=Usage(input_tokens=n, output_tokens=10))
+    # a compaction restarts the count on its own branch
+    r.send([SYSTEM, Message(role="user", content="summary")],
+           Message(role="assistant", content="ok"), usage=Usage(input_tokens=40, output_tokens=5))
+    trace = r.recorder.trace
+    assert trace.num_input_tokens == 100 + (130 - 110) + (170 - 140) + 40
+    assert trace.num_output_tokens == 35
+    assert trace.num_total_tokens == trace.num_input_tokens + 35
+    assert trace.usage.input_tokens == 440  # billed: restated prefixes each time
+
+
+def test_missing_usage_is_estimated_and_marked(tmp_path):
+    r = Rollout(tmp_path / "e.msgpack")
+    prompt = [SYSTEM, Message(role="user", content="count these words please " * 20)]
+    call = r.send(prompt, Message(role="assistant", content="there are many words"))
+    assert call.usage.estimated
+    assert call.usage.input_tokens > 80
+    assert 4 < call.usage.output_tokens < 20
+    assert r.recorder.trace.usage.estimated
+
+
+def test_extra_choices_become_sibling_samples(tmp_path):
+    r = Rollout(tmp_path / "n.msgpack")
+    prompt = [SYSTEM, Message(role="user", content="name a colour")]
+    call = r.send(prompt, Message(role="assistant", content="red"),
+                  choices=[Choice(index=1, message=Message(role="assistant", content="blue"))])
+    trace = r.recorder.trace
+    assert len(call.choice_nodes) == 1
+    assert trace.nodes[call.choice_nodes[0]].parent == trace.nodes[call.node].parent
+    assert len(trace.branches) == 2
+    assert r.read() == trace
+
+
+def test_to_record_is_plain_json(tmp_path):
+    r = Rollout(tmp_path / "j.msgpack", agent={"name": "a"})
+    for prompt, reply in tool_turns(2):
+        r.send(prompt, reply, usage=Usage(input_tokens=10, output_tokens=2))
+    record = r.recorder.trace.to_record()
+    back = json.loads(json.dumps(record))
+    assert back["num_turns"] == 2 and len(back["branches"]) == 1
+    assert back["agent"] == {"name": "a"}
