@@ -1,0 +1,230 @@
+"""The msgpack record stream: round trip, crash recovery, versions, size, the writer thread."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from interceptor.trace import (
+    Message,
+    ModelCall,
+    Recorder,
+    ResponseError,
+    Store,
+    TornRecordWarning,
+    TraceFormatError,
+    TraceVersionError,
+    Usage,
+    iter_records,
+    read_trace,
+)
+from interceptor.trace.verify import problems
+from test_trace import Rollout, tool_turns
+
+
+def recorded(tmp_path, turns=5, name="r.msgpack"):
+    r = Rollout(tmp_path / name, agent={"name": "test"}, task={"id": 7},
+                config={"model": "m", "model_secret": "sk-nope", "upstream": {"api_key": "x"}})
+    for prompt, reply in tool_turns(turns):
+        r.send(prompt, reply, usage=Usage(input_tokens=50, output_tokens=5))
+    r.recorder.record_call(ModelCall(id="boom", status=502,
+                                     error=ResponseError(type="upstream", message="refused")))
+    r.recorder.record_rewrite({"direction": "response", "what": "web_search", "call": "x"})
+    r.recorder.record_rewrite({"what": "tool_result", "node": 3})
+    r.recorder.seal("done")
+    r.store.flush(timeout=10)
+    return r
+
+
+def test_round_trip_equals_the_in_memory_trace(tmp_path):
+    r = recorded(tmp_path)
+    back = read_trace(r.path)
+    assert back == r.recorder.trace
+    assert back.sealed and back.stop_condition == "done"
+    assert back.config == {"model": "m", "upstream": {}}  # secrets never reach the file
+    assert b"sk-nope" not in r.path.read_bytes()
+    assert len(back.request_rewrites) == 1 and len(back.response_rewrites) == 1
+    assert back.tools and back.tools[0].name == "bash"
+    kinds = [rec["kind"] for _, rec in iter_records(r.path)]
+    assert kinds == ["header"] + ["turn"] * 5 + ["call", "rewrite", "rewrite", "footer"]
+    footer = next(rec for _, rec in iter_records(r.path) if rec["kind"] == "footer")
+    assert footer["turns"] == 5 and footer["errors"] == 1
+    assert r.recorder.summary() == {
+        "id": "r", "turns": 5, "input_tokens": back.num_input_tokens, "output_tokens": 25,
+        "calls": 6, "errors": 1, "stop_condition": "done", "sealed": True,
+        "trace_path": str(r.path)}
+
+
+def test_turn_records_carry_only_new_nodes(tmp_path):
+    r = recorded(tmp_path, turns=4)
+    turns = [rec for _, rec in iter_records(r.path) if rec["kind"] == "turn"]
+    assert [len(t["nodes"]) for t in turns] == [3, 2, 2, 2]  # sys+user+reply, then tool+reply
+    assert "tools" in turns[0] and all("tools" not in t for t in turns[1:])
+
+
+def test_seal_is_idempotent_and_later_calls_still_land(tmp_path):
+    r = recorded(tmp_path, turns=1)
+    r.recorder.seal("again")
+    r.recorder.record_call(ModelCall(id="late", replay_of="boom"))
+    r.store.flush(timeout=10)
+    back = read_trace(r.path)
+    assert back.stop_condition == "done"
+    assert back.calls[-1].id == "late"
+    kinds = [rec["kind"] for _, rec in iter_records(r.path)]
+    assert kinds.count("footer") == 1 and kinds[-1] == "replay"
+
+
+@pytest.fixture(scope="module")
+def sample_file(tmp_path_factory):
+    r = recorded(tmp_path_factory.mktemp("torn"), turns=6)
+    data = r.path.read_bytes()
+    ends = [0]
+    for offset, _ in iter_records(r.path):
+        ends.append(offset)
+    ends = ends[2:] + [len(data)]  # byte offset where each record ends
+    return data, ends, r.recorder.trace
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_torn_file_keeps_every_complete_record(tmp_path_factory, sample_file, data):
+    blob, ends, full = sample_file
+    cut = data.draw(st.integers(0, len(blob)))
+    path = tmp_path_factory.mktemp("cut") / "t.msgpack"
+    path.write_bytes(blob[:cut])
+    complete = [e for e in ends if e <= cut]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if not complete:
+            with pytest.raises(TraceFormatError):
+                read_trace(path)
+            return
+        trace = read_trace(path)
+    torn = [w for w in caught if issubclass(w.category, TornRecordWarning)]
+    if cut in ends:
+        assert torn == []
+    else:
+        assert len(torn) == 1 and f"byte {complete[-1]}" in str(torn[0].message)
+    # records fold in order: header, then one per call/rewrite/footer
+    assert trace.calls == full.calls[:len(trace.calls)]
+    assert trace.nodes == full.nodes[:len(trace.nodes)]
+    assert problems(trace) == []
+
+
+def write_records(path, *records):
+    path.write_bytes(b"".join(msgpack.packb(r, use_bin_type=True) for r in records))
+
+
+def test_newer_schema_is_refused_with_a_clear_message(tmp_path):
+    path = tmp_path / "new.msgpack"
+    write_records(path, {"kind": "header", "schema_version": 2, "id": "x"})
+    with pytest.raises(TraceVersionError, match="schema version 2.*Upgrade llm-interceptor"):
+        read_trace(path)
+
+
+def test_reads_a_version_1_file_written_by_hand(tmp_path):
+    """The format as the README documents it, written without our writer."""
+    path = tmp_path / "v1.msgpack"
+    write_records(
+        path,
+        {"kind": "header", "schema_version": 1, "id": "h", "started_at": 1.0},
+        {"kind": "turn", "nodes": [
+            {"i": 0, "message": {"role": "user", "content": "hi"}, "token_ids": [1, 2]},
+            {"i": 1, "parent": 0, "message": {"role": "assistant", "content": "yo"},
+             "sampled": True, "token_ids": [3], "logprobs": [-0.1]}],
+         "call": {"id": "c1", "node": 1, "usage": {"input_tokens": 2, "output_tokens": 1}}},
+        {"kind": "some_future_kind", "x": 1},
+        {"kind": "footer", "stop_condition": "done"},
+    )
+    trace = read_trace(path)
+    (b,) = trace.branches
+    assert b.token_ids == [1, 2, 3] and b.sampled_mask == [False, False, True]
+    assert b.logprobs == [0.0, 0.0, -0.1]
+    assert trace.num_turns == 1 and trace.sealed
+
+
+def test_broken_files_say_what_is_wrong(tmp_path):
+    path = tmp_path / "b.msgpack"
+    write_records(path, {"kind": "turn", "nodes": [], "call": {"id": "c"}})
+    with pytest.raises(TraceFormatError, match="before the header"):
+        read_trace(path)
+    write_records(path, {"kind": "header", "schema_version": 1, "id": "x"},
+                  {"kind": "turn", "nodes": [{"i": 5, "message": {"role": "user"}}],
+                   "call": {"id": "c"}})
+    with pytest.raises(TraceFormatError, match="out of sequence"):
+        read_trace(path)
+
+
+def test_a_reused_session_id_moves_the_old_file_aside(tmp_path):
+    first = recorded(tmp_path, turns=1)
+    store = Store()
+    Recorder(first.path, {"id": "r"}, store=store).seal()
+    store.flush(timeout=10)
+    assert read_trace(first.path).num_turns == 0
+    assert read_trace(tmp_path / "r.1.msgpack").num_turns == 1
+
+
+@pytest.mark.parametrize("policy,expected", [("never", 0), ("seal", 1), ("turn", 4)])
+def test_fsync_policy(tmp_path, monkeypatch, policy, expected):
+    synced = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+    r = Rollout(tmp_path / "f.msgpack", fsync=policy)
+    r.store.flush(timeout=10)  # the header on its own batch
+    for prompt, reply in tool_turns(2):
+        r.send(prompt, reply)
+        r.store.flush(timeout=10)
+    r.recorder.seal()
+    r.store.flush(timeout=10)
+    assert len(synced) == expected
+
+
+def test_a_failing_file_does_not_stop_other_sessions(tmp_path):
+    store = Store()
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    bad = Recorder(blocker / "x.msgpack", {"id": "x"}, store=store)
+    good = Rollout(tmp_path / "g.msgpack", store=store)
+    for prompt, reply in tool_turns(2):
+        good.send(prompt, reply)
+    good.recorder.seal()
+    store.flush(timeout=10)
+    assert "store_error" in bad.summary()
+    assert read_trace(good.path).num_turns == 2
+    store.close()
+
+
+def test_close_drains_and_a_later_append_restarts(tmp_path):
+    store = Store()
+    r = Rollout(tmp_path / "c.msgpack", store=store)
+    store.close()
+    assert read_trace(r.path).id == "c"
+    r.send(*tool_turns(1)[0])
+    store.flush(timeout=10)
+    assert read_trace(r.path).num_turns == 1
+
+
+def test_300_turns_of_a_2mb_conversation_stay_near_2mb(tmp_path):
+    """Each turn restates everything: a raw request log would be ~300 MB."""
+    r = Rollout(tmp_path / "big.msgpack", fsync="never")
+    chunk = "x" * 3400
+    history = [Message(role="system", content="s"), Message(role="user", content="go")]
+    sizes = []
+    for k in range(300):
+        reply = Message(role="assistant", content=f"{k} {chunk}")
+        r.send(history, reply, usage=Usage(input_tokens=1, output_tokens=1))
+        history = history + [reply, Message(role="user", content=f"{k} {chunk}")]
+        if k % 50 == 49:
+            r.store.flush(timeout=30)
+            sizes.append(r.path.stat().st_size)
+    final_request = sum(len(m.text()) for m in history)
+    assert final_request > 2_000_000
+    size = r.path.stat().st_size
+    assert size < 1.5 * final_request, (size, final_request)
+    steps = [b - a for a, b in zip(sizes, sizes[1:])]
+    assert max(steps) < 1.2 * min(steps)  # linear growth: flat cost per turn
+    assert read_trace(r.path).num_turns == 300
