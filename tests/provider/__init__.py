@@ -1,0 +1,12 @@
+"""A simulated model provider for tests: OpenAI Chat Completions, OpenAI Responses and
+Anthropic Messages over plain HTTP, byte-compatible with the captures in
+`shared/fixtures/`, scripted one reply per model request.
+
+    from tests.provider import ProviderSimulator, Reply, ToolCall
+"""
+
+from .records import Headers, RequestRecord
+from .reply import Reply, ToolCall
+from .server import ProviderSimulator
+
+__all__ = ["Headers", "ProviderSimulator", "Reply", "RequestRecord", "ToolCall"]
