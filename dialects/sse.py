@@ -20,6 +20,10 @@ class SSEEvent:
     data: str = ""
     id: str | None = None
     retry: int | None = None
+    #: A line of this event was not valid UTF-8 (replaced with U+FFFD). Providers never send
+    #: that, so the bytes were damaged on the way: the harness still gets them, but the
+    #: record must not present a corrupted answer as a turn.
+    malformed: bool = False
 
     def encode(self) -> bytes:
         out = []
@@ -46,6 +50,8 @@ class SSEDecoder:
     _has_data: bool = False
     _id: str | None = None
     _retry: int | None = None
+    _malformed: bool = False
+    _started: bool = False
     bytes_seen: int = 0
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
@@ -53,8 +59,14 @@ class SSEDecoder:
         events: list[SSEEvent] = []
         start = 0
         n = len(chunk)
-        if self._pending_cr and n and chunk[0:1] == b"\n":
-            start = 1  # the LF of a CRLF split across chunks
+        if not n:
+            return events  # an empty chunk must not forget a pending CR
+        if not self._started:
+            self._started = True
+            if chunk.startswith(b"\xef\xbb\xbf"):
+                start = 3  # a UTF-8 byte order mark is not part of the first line
+        if self._pending_cr and chunk[start : start + 1] == b"\n":
+            start += 1  # the LF of a CRLF split across chunks
         self._pending_cr = False
         i = start
         while i < n:
@@ -99,12 +111,17 @@ class SSEDecoder:
         if not raw:
             if not self._has_data and self._event is None:
                 return None
-            ev = SSEEvent(self._event, "\n".join(self._data), self._id, self._retry)
+            ev = SSEEvent(self._event, "\n".join(self._data), self._id, self._retry, self._malformed)
             self._event, self._data, self._has_data, self._retry = None, [], False, None
+            self._malformed = False
             if not ev.data and ev.event is None:
                 return None
             return ev
-        line = raw.decode("utf-8", errors="replace")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            line = raw.decode("utf-8", errors="replace")
+            self._malformed = True
         if line.startswith(":"):
             return None
         name, sep, value = line.partition(":")

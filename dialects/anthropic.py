@@ -1,0 +1,521 @@
+"""Anthropic Messages (``POST /v1/messages``), including thinking, server tools and betas.
+
+As in the other dialects, the stream assembler rebuilds the Message JSON the non-streamed
+endpoint would have returned and hands it to ``parse_response``: one mapping, two paths.
+
+Two normalisations make restated history hash equal to the reply it restates:
+``cache_control`` is dropped (Claude Code moves it to the newest block every turn), and a
+tool call's ``caller`` is kept only when it is not the default ``{"type": "direct"}``.
+Canonical ``Usage.input_tokens`` is the whole prompt (Anthropic's ``input_tokens`` plus cache
+reads and writes), as OpenAI counts it, with the cached share in ``cached_input_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from interceptor.dialects.base import Dialect, Override, StreamAssembler
+from interceptor.dialects.common import (
+    Knob,
+    apply_knobs,
+    drop,
+    dumps_arguments,
+    inline_ref,
+    json_data,
+    loads_or_raw,
+    other_part,
+    parse_knobs,
+    replace,
+    set_model,
+    stop_list,
+    without,
+)
+from interceptor.dialects.sse import SSEEvent
+from interceptor.trace.messages import (
+    FinishReason,
+    Message,
+    Part,
+    Reasoning,
+    Request,
+    Response,
+    ResponseError,
+    Sampling,
+    Tool,
+    ToolCall,
+    Usage,
+)
+
+FINISH: dict[str, FinishReason] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "pause_turn": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+_NATIVE_FINISH = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
+                  "content_filter": "refusal", "error": "end_turn"}
+_DIRECT = {"type": "direct"}
+
+
+def _tool_choice(value: Any) -> Any:
+    """Canonical ``auto`` / ``required`` / ``none`` in Anthropic's object form."""
+    if isinstance(value, str):
+        return {"type": {"required": "any"}.get(value, value)}
+    return value
+
+
+KNOBS = (
+    Knob("temperature", ("temperature",)),
+    Knob("top_p", ("top_p",)),
+    Knob("top_k", ("top_k",)),
+    Knob("max_tokens", ("max_tokens",), required=True),
+    Knob("reasoning_effort", ("output_config", "effort")),
+    Knob("thinking", ("thinking",)),
+    Knob("stop", ("stop_sequences",), owner="harness", from_native=stop_list),
+    Knob("tool_choice", ("tool_choice",), owner="harness", to_native=_tool_choice),
+)
+_REQUEST_KEYS = {"messages", "system", "tools", "model", "stream", "temperature", "top_p",
+                 "top_k", "max_tokens", "thinking", "stop_sequences", "tool_choice"}
+
+
+# --------------------------------------------------------------------------------------
+# native -> canonical
+
+
+def _source_part(kind: str, block: dict[str, Any]) -> Part:
+    source = block.get("source") or {}
+    extra = {k: v for k, v in block.items() if k in ("title", "context", "citations") and v}
+    stype = source.get("type")
+    if stype == "base64":
+        return Part(type=kind, ref=inline_ref(source.get("data", "")),
+                    media_type=source.get("media_type"), data=extra or None)
+    if stype == "url":
+        return Part(type=kind, ref=source.get("url"), data=extra or None)
+    if stype == "file":
+        return Part(type=kind, ref=source.get("file_id"), data=extra or None)
+    return other_part(block)
+
+
+def _text_part(block: dict[str, Any]) -> Part:
+    citations = block.get("citations")
+    return Part(text=block.get("text", ""), data={"citations": citations} if citations else None)
+
+
+def _content(content: Any) -> str | list[Part]:
+    """User, system and tool-result content: text, images and documents as references."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content:
+        kind = block.get("type")
+        if kind == "text":
+            parts.append(_text_part(block))
+        elif kind == "image":
+            parts.append(_source_part("image", block))
+        elif kind == "document":
+            parts.append(_source_part("file", block))
+        else:
+            parts.append(other_part(block))
+    return parts
+
+
+def _assistant(content: Any) -> Message:
+    """An assistant turn from its blocks, shared by requests (restated history) and responses,
+    so a reply and its restatement are the same canonical message."""
+    if content is None or isinstance(content, str):
+        return Message(role="assistant", content=content or "")
+    parts: list[Part] = []
+    calls: list[ToolCall] = []
+    reasoning: list[Reasoning] = []
+    for block in content:
+        kind = block.get("type")
+        if kind == "text":
+            parts.append(_text_part(block))
+        elif kind == "thinking":
+            reasoning.append(Reasoning(text=block.get("thinking", ""), signature=block.get("signature")))
+        elif kind == "redacted_thinking":
+            reasoning.append(Reasoning(encrypted=block.get("data"), redacted=True))
+        elif kind == "tool_use":
+            caller = block.get("caller")
+            calls.append(ToolCall(
+                id=block.get("id", ""),
+                name=block.get("name", ""),
+                arguments=dumps_arguments(block.get("input", {})),
+                extra={"caller": caller} if caller and caller != _DIRECT else None,
+            ))
+        else:  # server_tool_use, web_search_tool_result, mcp_tool_use, ...: kept whole
+            parts.append(other_part(block))
+    return Message(role="assistant", content=parts or "", tool_calls=calls, reasoning=reasoning)
+
+
+def _user(content: Any) -> list[Message]:
+    """A user turn: tool results become ``tool`` messages, in place; the rest stays user."""
+    if content is None or isinstance(content, str):
+        return [Message(role="user", content=content or "")]
+    out: list[Message] = []
+    run: list[dict[str, Any]] = []
+    for block in content:
+        if block.get("type") == "tool_result":
+            if run:
+                out.append(Message(role="user", content=_content(run)))
+                run = []
+            out.append(Message(role="tool", tool_call_id=block.get("tool_use_id"),
+                               content=_content(block.get("content")),
+                               is_error=bool(block.get("is_error"))))
+        else:
+            run.append(block)
+    if run or not out:
+        out.append(Message(role="user", content=_content(run)))
+    return out
+
+
+def _tool(tool: dict[str, Any]) -> Tool:
+    kind = tool.get("type") or "custom"
+    if kind == "custom" or "input_schema" in tool:
+        return Tool(name=tool.get("name", ""), description=tool.get("description"),
+                    parameters=tool.get("input_schema"))
+    # Client tools (bash_*, text_editor_*, computer_*) and server tools (web_search_*, ...)
+    # are defined by the provider: their type names them, the rest is configuration.
+    rest = without(tool, {"type", "name", "cache_control"})
+    return Tool(name=tool.get("name") or kind, type=kind, parameters=rest or None)
+
+
+def _usage(raw: dict[str, Any] | None) -> Usage | None:
+    if not raw:
+        return None
+    cache_read = raw.get("cache_read_input_tokens") or 0
+    cache_write = raw.get("cache_creation_input_tokens") or 0
+    details = raw.get("output_tokens_details") or {}
+    return Usage(
+        input_tokens=(raw.get("input_tokens") or 0) + cache_read + cache_write,
+        output_tokens=raw.get("output_tokens") or 0,
+        cached_input_tokens=cache_read,
+        cache_creation_input_tokens=cache_write,
+        reasoning_tokens=details.get("thinking_tokens") or 0,
+    )
+
+
+def _error(raw: Any, status: int | None = None) -> ResponseError:
+    err = raw.get("error") if isinstance(raw, dict) and isinstance(raw.get("error"), dict) else raw
+    if isinstance(err, dict):
+        return ResponseError(type=str(err.get("type") or "error"), message=str(err.get("message") or ""),
+                             status=status)
+    return ResponseError(type="error", message=str(raw), status=status)
+
+
+# --------------------------------------------------------------------------------------
+# canonical -> native
+
+
+def _native_blocks(message: Message) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    for r in message.reasoning:
+        if r.redacted:
+            blocks.append({"type": "redacted_thinking", "data": r.encrypted or ""})
+        else:
+            blocks.append({"type": "thinking", "thinking": r.text, "signature": r.signature or ""})
+    if isinstance(message.content, str):
+        if message.content:
+            blocks.append({"type": "text", "text": message.content})
+    else:
+        for p in message.content:
+            if p.type == "text":
+                block: dict[str, Any] = {"type": "text", "text": p.text or ""}
+                if p.data and p.data.get("citations"):
+                    block["citations"] = p.data["citations"]
+                blocks.append(block)
+            elif p.data is not None:
+                blocks.append(dict(p.data))
+    for c in message.tool_calls:
+        block = {"type": "tool_use", "id": c.id, "name": c.name, "input": loads_or_raw(c.arguments)}
+        block.update(c.extra or {})
+        blocks.append(block)
+    return blocks
+
+
+def _native_usage(usage: Usage | None) -> dict[str, Any]:
+    if usage is None:
+        return {"input_tokens": 0, "output_tokens": 0}
+    out = {
+        "input_tokens": usage.input_tokens - usage.cached_input_tokens - usage.cache_creation_input_tokens,
+        "cache_creation_input_tokens": usage.cache_creation_input_tokens,
+        "cache_read_input_tokens": usage.cached_input_tokens,
+        "output_tokens": usage.output_tokens,
+    }
+    if usage.reasoning_tokens:
+        out["output_tokens_details"] = {"thinking_tokens": usage.reasoning_tokens}
+    return out
+
+
+def _thinking_enabled(body: dict[str, Any]) -> bool:
+    thinking = body.get("thinking")
+    return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
+
+
+class AnthropicDialect(Dialect):
+    name = "anthropic"
+    endpoint = "/messages"
+    provider = "anthropic"
+    knobs = KNOBS
+
+    def parse_request(self, body: dict[str, Any]) -> Request:
+        messages: list[Message] = []
+        system = body.get("system")
+        if system:
+            messages.append(Message(role="system", content=_content(system)))
+        for m in body.get("messages") or []:
+            if m.get("role") == "assistant":
+                messages.append(_assistant(m.get("content")))
+            else:
+                messages.extend(_user(m.get("content")))
+        return Request(
+            messages=messages,
+            tools=[_tool(t) for t in body.get("tools") or []],
+            model=body.get("model"),
+            sampling=parse_knobs(body, KNOBS),
+            stream=bool(body.get("stream")),
+            extra={k: v for k, v in body.items() if k not in _REQUEST_KEYS},
+        )
+
+    def parse_response(self, body: dict[str, Any]) -> Response:
+        if body.get("type") == "error":
+            return Response(error=_error(body), finish_reason="error")
+        native = body.get("stop_reason")
+        extra = {k: body[k] for k in ("stop_sequence", "stop_details", "container")
+                 if body.get(k) is not None}
+        return Response(
+            id=body.get("id"),
+            model=body.get("model"),
+            message=_assistant(body.get("content") or []),
+            finish_reason=FINISH.get(native) if native else None,
+            native_finish_reason=native,
+            usage=_usage(body.get("usage")),
+            extra=extra,
+        )
+
+    def response_error(self, status: int, body: Any) -> ResponseError:
+        if isinstance(body, dict) and isinstance(body.get("error"), dict):
+            return _error(body, status)
+        return super().response_error(status, body)
+
+    def assembler(self) -> AnthropicAssembler:
+        return AnthropicAssembler(self)
+
+    def apply_overrides(self, body: dict[str, Any], model: str | None, sampling: Sampling) -> list[Override]:
+        changes = set_model(body, model)
+        changes += apply_knobs(body, KNOBS, sampling)
+        if _thinking_enabled(body):
+            self._reconcile_thinking(body, changes)
+        return changes
+
+    @staticmethod
+    def _reconcile_thinking(body: dict[str, Any], changes: list[Override]) -> None:
+        """What Anthropic rejects when thinking is on, fixed the least surprising way."""
+        if "temperature" in body and body["temperature"] != 1:
+            drop(body, "temperature", "thinking is enabled: Anthropic accepts only temperature 1", changes)
+        drop(body, "top_k", "thinking is enabled: Anthropic rejects top_k", changes)
+        top_p = body.get("top_p")
+        if isinstance(top_p, (int, float)) and not 0.95 <= top_p <= 1:
+            replace(body, "top_p", min(max(top_p, 0.95), 1),
+                    "thinking is enabled: Anthropic accepts top_p only in [0.95, 1]", changes)
+        choice = body.get("tool_choice")
+        if isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
+            auto = {"type": "auto", **{k: v for k, v in choice.items()
+                                         if k == "disable_parallel_tool_use"}}
+            replace(body, "tool_choice", auto,
+                    "thinking is enabled: Anthropic rejects a forced tool choice", changes)
+        budget = body["thinking"].get("budget_tokens")
+        max_tokens = body.get("max_tokens")
+        if isinstance(budget, int) and isinstance(max_tokens, int) and budget >= max_tokens:
+            # max_tokens counts thinking too; read the requested max as the answer's length.
+            replace(body, "max_tokens", budget + max_tokens,
+                    "thinking.budget_tokens must be below max_tokens: raised to budget + answer",
+                    changes)
+
+    def json_body(self, response: Response) -> dict[str, Any]:
+        """The non-streamed Message for a canonical response."""
+        native = response.native_finish_reason or (
+            _NATIVE_FINISH.get(response.finish_reason) if response.finish_reason else None)
+        body: dict[str, Any] = {
+            "id": response.id or "msg_interceptor",
+            "type": "message",
+            "role": "assistant",
+            "model": response.model or "",
+            "content": _native_blocks(response.message),
+            "stop_reason": native,
+            "stop_sequence": response.extra.get("stop_sequence"),
+            "usage": _native_usage(response.usage),
+        }
+        for key in ("stop_details", "container"):
+            if key in response.extra:
+                body[key] = response.extra[key]
+        return body
+
+    def stream_events(self, response: Response) -> list[SSEEvent]:
+        """The stream Anthropic would send: ``message_start``, one start/delta(s)/stop per
+        block (thinking with its ``signature_delta``, tool input as ``input_json_delta``),
+        ``message_delta`` with the stop reason and final usage, ``message_stop``."""
+        body = self.json_body(response)
+        usage = body["usage"]
+        start = {**body, "content": [], "stop_reason": None, "stop_sequence": None,
+                 "usage": {**usage, "output_tokens": 0}}
+        start.pop("stop_details", None)
+        start.pop("container", None)
+        events = [("message_start", {"type": "message_start", "message": start})]
+
+        def delta(i: int, d: dict[str, Any]) -> None:
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": i, "delta": d}))
+
+        for i, block in enumerate(body["content"]):
+            kind = block["type"]
+            if kind == "text":
+                skeleton: dict[str, Any] = {"type": "text", "text": ""}
+            elif kind == "thinking":
+                skeleton = {"type": "thinking", "thinking": "", "signature": ""}
+            elif kind == "tool_use":
+                skeleton = {**block, "input": {}}
+            else:
+                skeleton = block
+            events.append(("content_block_start",
+                           {"type": "content_block_start", "index": i, "content_block": skeleton}))
+            if kind == "text":
+                if block["text"]:
+                    delta(i, {"type": "text_delta", "text": block["text"]})
+                for citation in block.get("citations") or []:
+                    delta(i, {"type": "citations_delta", "citation": citation})
+            elif kind == "thinking":
+                if block["thinking"]:
+                    delta(i, {"type": "thinking_delta", "thinking": block["thinking"]})
+                delta(i, {"type": "signature_delta", "signature": block["signature"]})
+            elif kind == "tool_use":
+                delta(i, {"type": "input_json_delta", "partial_json": dumps_arguments(block["input"])})
+            events.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
+        message_delta: dict[str, Any] = {"stop_reason": body["stop_reason"],
+                                         "stop_sequence": body["stop_sequence"]}
+        for key in ("stop_details", "container"):
+            if key in body:
+                message_delta[key] = body[key]
+        events.append(("message_delta", {"type": "message_delta", "delta": message_delta, "usage": usage}))
+        events.append(("message_stop", {"type": "message_stop"}))
+        return [SSEEvent(event=name, data=json.dumps(data, separators=(",", ":"), ensure_ascii=False))
+                for name, data in events]
+
+
+@dataclass(slots=True)
+class _Block:
+    block: dict[str, Any]
+    text: list[str] = field(default_factory=list)
+    json: list[str] = field(default_factory=list)
+    thinking: list[str] = field(default_factory=list)
+    citations: list[Any] = field(default_factory=list)
+    signature: str | None = None
+
+    def native(self) -> dict[str, Any]:
+        block = dict(self.block)
+        kind = block.get("type")
+        if self.text and kind == "text":
+            block["text"] = block.get("text", "") + "".join(self.text)
+        if self.citations and kind == "text":
+            block["citations"] = list(block.get("citations") or []) + self.citations
+        if self.thinking and kind == "thinking":
+            block["thinking"] = block.get("thinking", "") + "".join(self.thinking)
+        if self.signature is not None and kind == "thinking":
+            block["signature"] = self.signature
+        if self.json and "input" in block:
+            block["input"] = loads_or_raw("".join(self.json))
+        return block
+
+
+class AnthropicAssembler(StreamAssembler):
+    """Events -> the Message JSON -> ``parse_response``. Terminal: ``message_stop`` or
+    ``error`` (Anthropic sends ``event: error`` after a 200 when it is overloaded mid-way)."""
+
+    def __init__(self, dialect: AnthropicDialect):
+        self.dialect = dialect
+        self.done = False
+        self.message: dict[str, Any] | None = None
+        self.blocks: dict[int, _Block] = {}
+        self.error: ResponseError | None = None
+
+    def feed(self, event: SSEEvent) -> bool:
+        if self.done:
+            return True
+        obj = json_data(event.data)
+        if obj is None or event.malformed:
+            self.error = self.error or ResponseError(
+                type="malformed_event", message=f"unparseable stream event: {event.data[:200]!r}")
+            if obj is None:
+                return False
+        kind = obj.get("type") or event.event
+        if kind == "content_block_delta":
+            block = self.blocks.get(obj.get("index", 0))
+            d = obj.get("delta") or {}
+            if block is not None:
+                dtype = d.get("type")
+                if dtype == "text_delta":
+                    block.text.append(d.get("text", ""))
+                elif dtype == "input_json_delta":
+                    block.json.append(d.get("partial_json", ""))
+                elif dtype == "thinking_delta":
+                    block.thinking.append(d.get("thinking", ""))
+                elif dtype == "signature_delta":
+                    block.signature = d.get("signature", "")
+                elif dtype == "citations_delta":
+                    block.citations.append(d.get("citation"))
+        elif kind == "content_block_start":
+            self.blocks[obj.get("index", len(self.blocks))] = _Block(dict(obj.get("content_block") or {}))
+        elif kind == "message_start":
+            self.message = dict(obj.get("message") or {})
+            self.message["usage"] = dict(self.message.get("usage") or {})
+        elif kind == "message_delta":
+            self._message_delta(obj)
+        elif kind == "message_stop":
+            self.done = True
+            return True
+        elif kind == "error":
+            self.error = _error(obj)
+            self.done = True
+            return True
+        return False
+
+    def _message_delta(self, obj: dict[str, Any]) -> None:
+        if self.message is None:
+            self.message = {"usage": {}}
+        d = obj.get("delta") or {}
+        for key in ("stop_reason", "stop_sequence", "stop_details"):
+            if key in d:
+                self.message[key] = d[key]
+        if d.get("container") is not None:
+            self.message["container"] = d["container"]
+        # message_delta usage is cumulative: present counts replace, absent ones stand.
+        for key, value in (obj.get("usage") or {}).items():
+            if value is not None:
+                self.message["usage"][key] = value
+
+    def native(self) -> dict[str, Any]:
+        """The Message the events add up to (what the JSON endpoint would have sent)."""
+        message = dict(self.message or {})
+        message["content"] = [self.blocks[i].native() for i in sorted(self.blocks)]
+        return message
+
+    def result(self) -> Response:
+        if self.message is None and self.error is not None:
+            return Response(error=self.error, finish_reason="error")
+        response = self.dialect.parse_response(self.native())
+        if self.error is not None:
+            response.error = self.error
+            response.finish_reason = "error"
+        elif not self.done:
+            response.error = ResponseError(type="incomplete_stream",
+                                           message="the stream ended before message_stop")
+            response.finish_reason = "error"
+        return response
+
+
+ANTHROPIC = AnthropicDialect()

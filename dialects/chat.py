@@ -1,0 +1,537 @@
+"""OpenAI Chat Completions (``POST /v1/chat/completions``), as OpenAI and vLLM speak it.
+
+The stream assembler rebuilds the non-streamed JSON body from the chunks and hands it to
+``parse_response``, so the two paths cannot drift apart: there is one mapping from native to
+canonical, and the assembler's only job is to put fragments back together (in lists, joined
+once at the end, so a long answer costs O(event) per chunk).
+
+vLLM extras are understood: ``prompt_token_ids`` on the response (or on the first chunk),
+``token_ids`` per choice (or per chunk, concatenated), and ``reasoning_content`` /
+``reasoning`` on messages and deltas.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from interceptor.dialects.base import Dialect, Override, StreamAssembler
+from interceptor.dialects.common import (
+    Knob,
+    apply_knobs,
+    first,
+    json_data,
+    other_part,
+    parse_knobs,
+    reconcile_openai_reasoning,
+    set_model,
+    stop_list,
+    url_part,
+    inline_ref,
+)
+from interceptor.dialects.sse import SSEEvent
+from interceptor.trace.messages import (
+    Choice,
+    FinishReason,
+    Message,
+    Part,
+    Reasoning,
+    Request,
+    Response,
+    ResponseError,
+    Sampling,
+    Tool,
+    ToolCall,
+    Usage,
+)
+
+FINISH: dict[str, FinishReason] = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "content_filter": "content_filter",
+}
+_NATIVE_FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
+                  "content_filter": "content_filter", "error": "stop"}
+
+KNOBS = (
+    Knob("temperature", ("temperature",)),
+    Knob("top_p", ("top_p",)),
+    Knob("top_k", ("top_k",)),  # vLLM / SGLang extension
+    Knob("max_tokens", ("max_completion_tokens",), aliases=(("max_tokens",),)),
+    Knob("seed", ("seed",)),
+    Knob("presence_penalty", ("presence_penalty",)),
+    Knob("frequency_penalty", ("frequency_penalty",)),
+    Knob("reasoning_effort", ("reasoning_effort",)),
+    Knob("stop", ("stop",), owner="harness", from_native=stop_list),
+    Knob("tool_choice", ("tool_choice",), owner="harness"),
+    Knob("n", ("n",), owner="harness"),
+    Knob("logprobs", ("logprobs",), owner="harness"),
+    Knob("top_logprobs", ("top_logprobs",), owner="harness"),
+)
+_REQUEST_KEYS = {"messages", "tools", "functions", "model", "stream"} | {
+    k.path[0] for k in KNOBS
+} | {"max_tokens"}
+
+
+# --------------------------------------------------------------------------------------
+# native -> canonical
+
+
+def _content(content: Any) -> str | list[Part]:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts: list[Part] = []
+    for block in content:
+        kind = block.get("type")
+        if kind == "text":
+            parts.append(Part(text=block.get("text", "")))
+        elif kind == "image_url":
+            image = block.get("image_url") or {}
+            parts.append(url_part("image", image.get("url", ""), detail=image.get("detail")))
+        elif kind == "input_audio":
+            audio = block.get("input_audio") or {}
+            parts.append(Part(type="file", ref=inline_ref(audio.get("data", "")),
+                              media_type=f"audio/{audio.get('format', 'wav')}"))
+        elif kind == "file":
+            f = block.get("file") or {}
+            if f.get("file_data"):
+                part = url_part("file", f["file_data"], filename=f.get("filename"))
+            else:
+                part = Part(type="file", ref=f.get("file_id"),
+                            data={"filename": f["filename"]} if f.get("filename") else None)
+            parts.append(part)
+        else:
+            parts.append(other_part(block))
+    return parts
+
+
+def _tool_call(call: dict[str, Any]) -> ToolCall:
+    if call.get("type") == "custom":
+        custom = call.get("custom") or {}
+        return ToolCall(id=call.get("id") or "", name=custom.get("name") or "",
+                        arguments=custom.get("input") or "", type="custom")
+    fn = call.get("function") or {}
+    return ToolCall(id=call.get("id") or "", name=fn.get("name") or "",
+                    arguments=fn.get("arguments") or "")
+
+
+def _assistant(msg: dict[str, Any]) -> Message:
+    content = _content(msg.get("content"))
+    refusal = msg.get("refusal") or None
+    if isinstance(content, list):
+        # A refusal restated as a content part belongs in ``refusal``, as in the response.
+        is_refusal = [p.type == "other" and (p.data or {}).get("type") == "refusal" for p in content]
+        if any(is_refusal):
+            refusal = (refusal or "") + "".join(
+                p.data.get("refusal", "") for p, r in zip(content, is_refusal) if r and p.data)
+            content = [p for p, r in zip(content, is_refusal) if not r]
+    calls = [_tool_call(c) for c in msg.get("tool_calls") or []]
+    if msg.get("function_call"):
+        fc = msg["function_call"]
+        calls.append(ToolCall(id="", name=fc.get("name") or "", arguments=fc.get("arguments") or ""))
+    thought = first(msg.get("reasoning_content"), msg.get("reasoning"))
+    return Message(
+        role="assistant",
+        content=content,
+        refusal=refusal,
+        tool_calls=calls,
+        reasoning=[Reasoning(text=thought)] if isinstance(thought, str) and thought else [],
+        name=msg.get("name"),
+    )
+
+
+def _message(msg: dict[str, Any]) -> Message:
+    role = msg.get("role")
+    if role in ("system", "developer"):
+        return Message(role="system", content=_content(msg.get("content")),
+                       name="developer" if role == "developer" else msg.get("name"))
+    if role == "assistant":
+        return _assistant(msg)
+    if role == "tool":
+        return Message(role="tool", content=_content(msg.get("content")),
+                       tool_call_id=msg.get("tool_call_id"))
+    if role == "function":  # the pre-tools API
+        return Message(role="tool", content=_content(msg.get("content")), name=msg.get("name"))
+    return Message(role="user", content=_content(msg.get("content")), name=msg.get("name"))
+
+
+def _tool(tool: dict[str, Any]) -> Tool:
+    kind = tool.get("type", "function")
+    if kind == "function":
+        fn = tool.get("function") or {}
+        return Tool(name=fn.get("name", ""), description=fn.get("description"),
+                    parameters=fn.get("parameters"))
+    if kind == "custom":
+        custom = tool.get("custom") or {}
+        fmt = custom.get("format")
+        return Tool(name=custom.get("name", ""), description=custom.get("description"),
+                    parameters={"format": fmt} if fmt else None, type="custom")
+    rest = {k: v for k, v in tool.items() if k not in ("type", "name")}
+    return Tool(name=tool.get("name") or kind, type=kind, parameters=rest or None)
+
+
+def _usage(raw: dict[str, Any] | None) -> Usage | None:
+    if not raw:
+        return None
+    prompt = raw.get("prompt_tokens_details") or {}
+    completion = raw.get("completion_tokens_details") or {}
+    return Usage(
+        input_tokens=raw.get("prompt_tokens") or 0,
+        output_tokens=raw.get("completion_tokens") or 0,
+        cached_input_tokens=prompt.get("cached_tokens") or 0,
+        reasoning_tokens=completion.get("reasoning_tokens") or 0,
+    )
+
+
+def _logprobs(raw: dict[str, Any] | None) -> list[float] | None:
+    """Sampled-token logprobs: content tokens, then refusal tokens (only one is ever set)."""
+    if not raw:
+        return None
+    values = [t["logprob"] for t in raw.get("content") or []]
+    values += [t["logprob"] for t in raw.get("refusal") or []]
+    return values if raw.get("content") is not None or raw.get("refusal") is not None else None
+
+
+def _choice(raw: dict[str, Any]) -> Choice:
+    native = raw.get("finish_reason")
+    return Choice(
+        index=raw.get("index", 0),
+        message=_assistant(raw.get("message") or {}),
+        finish_reason=FINISH.get(native) if native else None,
+        native_finish_reason=native,
+        token_ids=raw.get("token_ids"),
+        logprobs=_logprobs(raw.get("logprobs")),
+    )
+
+
+# --------------------------------------------------------------------------------------
+# canonical -> native
+
+
+def _native_message(message: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": "assistant", "content": message.text() or None,
+                           "refusal": message.refusal}
+    if message.tool_calls:
+        out["tool_calls"] = [_native_call(c) for c in message.tool_calls]
+    thought = "".join(r.text for r in message.reasoning)
+    if thought:
+        out["reasoning_content"] = thought
+    return out
+
+
+def _native_call(call: ToolCall) -> dict[str, Any]:
+    if call.type == "custom":
+        return {"id": call.id, "type": "custom", "custom": {"name": call.name, "input": call.arguments}}
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def _native_logprobs(values: list[float] | None) -> dict[str, Any] | None:
+    if values is None:
+        return None
+    # The canonical record keeps the numbers only; the token text is not recoverable.
+    return {"content": [{"token": "", "logprob": v, "bytes": None, "top_logprobs": []} for v in values],
+            "refusal": None}
+
+
+def _native_usage(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.input_tokens,
+        "completion_tokens": usage.output_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_input_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+    }
+
+
+def _all_choices(response: Response) -> list[Choice]:
+    head = Choice(index=0, message=response.message, finish_reason=response.finish_reason,
+                  native_finish_reason=response.native_finish_reason,
+                  token_ids=response.token_ids, logprobs=response.logprobs)
+    return [head, *response.choices]
+
+
+def _native_finish(choice: Choice) -> str | None:
+    if choice.native_finish_reason:
+        return choice.native_finish_reason
+    return _NATIVE_FINISH.get(choice.finish_reason) if choice.finish_reason else None
+
+
+# --------------------------------------------------------------------------------------
+
+
+class ChatDialect(Dialect):
+    name = "chat"
+    endpoint = "/chat/completions"
+    provider = "openai"
+    knobs = KNOBS
+
+    def parse_request(self, body: dict[str, Any]) -> Request:
+        tools = [_tool(t) for t in body.get("tools") or []]
+        tools += [Tool(name=f.get("name", ""), description=f.get("description"),
+                       parameters=f.get("parameters")) for f in body.get("functions") or []]
+        return Request(
+            messages=[_message(m) for m in body.get("messages") or []],
+            tools=tools,
+            model=body.get("model"),
+            sampling=parse_knobs(body, KNOBS),
+            stream=bool(body.get("stream")),
+            extra={k: v for k, v in body.items() if k not in _REQUEST_KEYS},
+        )
+
+    def parse_response(self, body: dict[str, Any]) -> Response:
+        choices = sorted((_choice(c) for c in body.get("choices") or []), key=lambda c: c.index)
+        head = choices[0] if choices else Choice(index=0, message=Message(role="assistant"))
+        extra = {k: body[k] for k in ("created", "system_fingerprint", "service_tier")
+                 if body.get(k) is not None}
+        error = body.get("error")
+        return Response(
+            id=body.get("id"),
+            model=body.get("model"),
+            message=head.message,
+            finish_reason="error" if error else head.finish_reason,
+            native_finish_reason=head.native_finish_reason,
+            usage=_usage(body.get("usage")),
+            choices=choices[1:],
+            prompt_token_ids=body.get("prompt_token_ids"),
+            token_ids=head.token_ids,
+            logprobs=head.logprobs,
+            error=_error(error) if error else None,
+            extra=extra,
+        )
+
+    def assembler(self) -> ChatAssembler:
+        return ChatAssembler(self)
+
+    def apply_overrides(self, body: dict[str, Any], model: str | None, sampling: Sampling) -> list[Override]:
+        changes = set_model(body, model)
+        changes += apply_knobs(body, KNOBS, sampling)
+        reconcile_openai_reasoning(body, changes)
+        return changes
+
+    def json_body(self, response: Response) -> dict[str, Any]:
+        """The non-streamed ChatCompletion for a canonical response."""
+        body: dict[str, Any] = {
+            "id": response.id or "chatcmpl-interceptor",
+            "object": "chat.completion",
+            "created": response.extra.get("created", 0),
+            "model": response.model or "",
+            "choices": [
+                {
+                    "index": c.index,
+                    "message": _native_message(c.message),
+                    "finish_reason": _native_finish(c),
+                    "logprobs": _native_logprobs(c.logprobs),
+                    **({"token_ids": c.token_ids} if c.token_ids is not None else {}),
+                }
+                for c in _all_choices(response)
+            ],
+        }
+        for key in ("system_fingerprint", "service_tier"):
+            if key in response.extra:
+                body[key] = response.extra[key]
+        if response.usage is not None:
+            body["usage"] = _native_usage(response.usage)
+        if response.prompt_token_ids is not None:
+            body["prompt_token_ids"] = response.prompt_token_ids
+        return body
+
+    def stream_events(self, response: Response) -> list[SSEEvent]:
+        """Chunks as OpenAI sends them: a role chunk, one delta per kind of content, a
+        finish chunk per choice, the ``include_usage`` chunk, then ``[DONE]``."""
+        body = self.json_body(response)
+        base = {k: body[k] for k in ("id", "created", "model")}
+        base["object"] = "chat.completion.chunk"
+        for key in ("system_fingerprint", "service_tier"):
+            if key in body:
+                base[key] = body[key]
+        chunks: list[dict[str, Any]] = []
+
+        def chunk(index: int, delta: dict[str, Any], **more: Any) -> None:
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+            choice.update(more)
+            chunks.append({**base, "choices": [choice]})
+
+        for c in body["choices"]:
+            i, msg = c["index"], c["message"]
+            chunk(i, {"role": "assistant", "content": "", "refusal": None})
+            if msg.get("reasoning_content"):
+                chunk(i, {"reasoning_content": msg["reasoning_content"]})
+            if msg["content"] is not None or c["logprobs"] or c.get("token_ids") is not None:
+                more: dict[str, Any] = {"logprobs": c["logprobs"]}
+                if c.get("token_ids") is not None:
+                    more["token_ids"] = c["token_ids"]
+                chunk(i, {"content": msg["content"] or ""}, **more)
+            if msg["refusal"] is not None:
+                chunk(i, {"refusal": msg["refusal"]})
+            for j, call in enumerate(msg.get("tool_calls") or []):
+                chunk(i, {"tool_calls": [{"index": j, **call}]})
+            chunk(i, {}, finish_reason=c["finish_reason"])
+        if "prompt_token_ids" in body:
+            chunks[0]["prompt_token_ids"] = body["prompt_token_ids"]
+        if "usage" in body:
+            chunks.append({**base, "choices": [], "usage": body["usage"]})
+        events = [SSEEvent(data=json.dumps(c, separators=(",", ":"), ensure_ascii=False)) for c in chunks]
+        events.append(SSEEvent(data="[DONE]"))
+        return events
+
+
+def _error(raw: Any) -> ResponseError:
+    if isinstance(raw, dict):
+        return ResponseError(type=str(raw.get("type") or raw.get("code") or "error"),
+                             message=str(raw.get("message") or ""))
+    return ResponseError(type="error", message=str(raw))
+
+
+@dataclass(slots=True)
+class _ChoiceState:
+    content: list[str] = field(default_factory=list)
+    has_content: bool = False
+    refusal: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    finish_reason: str | None = None
+    logprobs: list[Any] | None = None
+    refusal_logprobs: list[Any] | None = None
+    token_ids: list[int] | None = None
+
+    def add_call(self, position: int, frag: dict[str, Any]) -> None:
+        slot = self.calls.get(frag.get("index", position))
+        if slot is None:
+            slot = self.calls[frag.get("index", position)] = {
+                "id": None, "type": frag.get("type") or "function", "name": [], "args": []}
+        if frag.get("id") and not slot["id"]:
+            slot["id"] = frag["id"]
+        if frag.get("type"):
+            slot["type"] = frag["type"]
+        inner = frag.get("custom") if slot["type"] == "custom" else frag.get("function")
+        if inner:
+            if inner.get("name"):
+                slot["name"].append(inner["name"])
+            piece = inner.get("input") if slot["type"] == "custom" else inner.get("arguments")
+            if piece:
+                slot["args"].append(piece)
+
+    def native(self, index: int) -> dict[str, Any]:
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(self.content) if self.has_content else None,
+            "refusal": "".join(self.refusal) if self.refusal else None,
+        }
+        if self.reasoning:
+            message["reasoning_content"] = "".join(self.reasoning)
+        if self.calls:
+            message["tool_calls"] = [self._native_call(self.calls[k]) for k in sorted(self.calls)]
+        logprobs = None
+        if self.logprobs is not None or self.refusal_logprobs is not None:
+            logprobs = {"content": self.logprobs, "refusal": self.refusal_logprobs}
+        out = {"index": index, "message": message, "finish_reason": self.finish_reason, "logprobs": logprobs}
+        if self.token_ids is not None:
+            out["token_ids"] = self.token_ids
+        return out
+
+    @staticmethod
+    def _native_call(slot: dict[str, Any]) -> dict[str, Any]:
+        name, args = "".join(slot["name"]), "".join(slot["args"])
+        if slot["type"] == "custom":
+            return {"id": slot["id"], "type": "custom", "custom": {"name": name, "input": args}}
+        return {"id": slot["id"], "type": "function", "function": {"name": name, "arguments": args}}
+
+
+class ChatAssembler(StreamAssembler):
+    """Chunks -> the ChatCompletion JSON -> ``parse_response``. Terminal: ``[DONE]`` (or an
+    ``{"error": ...}`` event, after which OpenAI closes the stream)."""
+
+    def __init__(self, dialect: ChatDialect):
+        self.dialect = dialect
+        self.done = False
+        self.head: dict[str, Any] = {}
+        self.usage: dict[str, Any] | None = None
+        self.prompt_token_ids: list[int] | None = None
+        self.choices: dict[int, _ChoiceState] = {}
+        self.error: ResponseError | None = None
+
+    def feed(self, event: SSEEvent) -> bool:
+        if self.done:
+            return True
+        if event.data.strip() == "[DONE]":
+            self.done = True
+            return True
+        obj = json_data(event.data)
+        if obj is None or event.malformed:
+            self.error = self.error or ResponseError(
+                type="malformed_event", message=f"unparseable stream event: {event.data[:200]!r}")
+            if obj is None:
+                return False
+        if obj.get("error"):
+            self.error = _error(obj["error"])
+            self.done = True
+            return True
+        head = self.head
+        for key in ("id", "model", "created", "system_fingerprint", "service_tier"):
+            if head.get(key) is None and obj.get(key) is not None:
+                head[key] = obj[key]
+        if obj.get("usage"):
+            self.usage = obj["usage"]
+        if obj.get("prompt_token_ids") is not None:
+            self.prompt_token_ids = obj["prompt_token_ids"]
+        for ch in obj.get("choices") or []:
+            state = self.choices.get(ch.get("index", 0))
+            if state is None:
+                state = self.choices[ch.get("index", 0)] = _ChoiceState()
+            delta = ch.get("delta") or {}
+            text = delta.get("content")
+            if text is not None:
+                state.has_content = True
+                if text:
+                    state.content.append(text)
+            if delta.get("refusal"):
+                state.refusal.append(delta["refusal"])
+            thought = first(delta.get("reasoning_content"), delta.get("reasoning"))
+            if isinstance(thought, str) and thought:
+                state.reasoning.append(thought)
+            for pos, frag in enumerate(delta.get("tool_calls") or []):
+                state.add_call(pos, frag)
+            lp = ch.get("logprobs")
+            if lp:
+                if lp.get("content") is not None:
+                    state.logprobs = state.logprobs if state.logprobs is not None else []
+                    state.logprobs.extend(lp["content"])
+                if lp.get("refusal") is not None:
+                    state.refusal_logprobs = state.refusal_logprobs if state.refusal_logprobs is not None else []
+                    state.refusal_logprobs.extend(lp["refusal"])
+            if ch.get("token_ids") is not None:
+                state.token_ids = state.token_ids or []
+                state.token_ids.extend(ch["token_ids"])
+            if ch.get("finish_reason"):
+                state.finish_reason = ch["finish_reason"]
+        return False
+
+    def native(self) -> dict[str, Any]:
+        """The ChatCompletion the chunks add up to (what the JSON endpoint would have sent)."""
+        body: dict[str, Any] = {**self.head, "object": "chat.completion",
+                                "choices": [self.choices[i].native(i) for i in sorted(self.choices)]}
+        if self.usage is not None:
+            body["usage"] = self.usage
+        if self.prompt_token_ids is not None:
+            body["prompt_token_ids"] = self.prompt_token_ids
+        return body
+
+    def result(self) -> Response:
+        response = self.dialect.parse_response(self.native())
+        if self.error is not None:
+            response.error = self.error
+            response.finish_reason = "error"
+        elif not self.done:
+            response.error = ResponseError(type="incomplete_stream",
+                                           message="the stream ended before data: [DONE]")
+            response.finish_reason = "error"
+        return response
+
+
+CHAT = ChatDialect()

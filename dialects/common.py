@@ -1,0 +1,254 @@
+"""Helpers the three dialects share: content references, JSON odds and ends, sampling knobs.
+
+The knob table is what makes "the session is authoritative" one algorithm instead of three:
+each dialect lists where each canonical setting lives in its body and who owns it, and
+``apply_knobs`` drops, sets and reports in the same way for all of them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from interceptor.dialects.base import Override
+from interceptor.trace.messages import Part, Sampling
+
+#: Keys that are transport hints, not content: Claude Code moves ``cache_control`` to the
+#: newest message every turn, so keeping it would make every restated message "new".
+VOLATILE_KEYS = frozenset({"cache_control"})
+
+
+def without(block: dict[str, Any], keys: Iterable[str] = VOLATILE_KEYS) -> dict[str, Any]:
+    """A shallow copy of ``block`` without ``keys`` (the original is never mutated)."""
+    return {k: v for k, v in block.items() if k not in keys}
+
+
+def inline_ref(data: str) -> str:
+    """``sha256:<hex>`` of base64 inline data, hashed decoded so the same image sent as a
+    Chat data URL and as an Anthropic base64 source gets the same reference."""
+    try:
+        raw = base64.b64decode(data, validate=False)
+    except (binascii.Error, ValueError):
+        raw = data.encode()
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def url_part(kind: Literal["image", "file"], url: str, **extra: Any) -> Part:
+    """A part for a URL, turning ``data:`` URLs into a hash reference and a media type."""
+    data = {k: v for k, v in extra.items() if v is not None} or None
+    if url.startswith("data:"):
+        header, _, payload = url.partition(",")
+        media = header[5:].split(";")[0] or None
+        if ";base64" in header:
+            return Part(type=kind, ref=inline_ref(payload), media_type=media, data=data)
+        return Part(type=kind, ref=inline_ref(base64.b64encode(payload.encode()).decode()),
+                    media_type=media, data=data)
+    return Part(type=kind, ref=url, data=data)
+
+
+def other_part(block: dict[str, Any]) -> Part:
+    """A native block we do not model, kept whole (minus volatile keys) so nothing is lost."""
+    return Part(type="other", data=without(block))
+
+
+def loads_or_raw(text: str) -> Any:
+    """Parsed JSON, or the text itself when it does not parse (a tool call cut by max_tokens)."""
+    if not text:
+        return {}
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def dumps_arguments(value: Any) -> str:
+    """Tool input as the arguments string, in the spacing Anthropic itself streams
+    (``{"a": 1}``), so the JSON and the streamed path produce the same string."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def json_data(event_data: str) -> dict[str, Any] | None:
+    """An SSE data payload as a JSON object, or None when it is not one (keep-alives,
+    ``[DONE]``, a malformed line)."""
+    try:
+        value = json.loads(event_data)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def first(*values: Any) -> Any:
+    for v in values:
+        if v is not None:
+            return v
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Sampling knobs
+
+
+Owner = Literal["session", "harness"]
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """Where one canonical ``Sampling`` field lives in a dialect's body.
+
+    ``owner="session"``: a decoding knob; the harness's value is always dropped and the
+    session's (if any) applied. ``owner="harness"``: part of the harness's contract with its
+    own code (tool choice, stops, number of choices, logprobs); replaced only when the
+    session sets it, because dropping it would break the harness, not just change sampling.
+    ``required``: the provider rejects a body without it (Anthropic ``max_tokens``), so a
+    harness value survives when the session gives none. ``aliases`` are older names for the
+    same setting, removed whenever the canonical one is written.
+    """
+
+    field: str
+    path: tuple[str, ...]
+    owner: Owner = "session"
+    required: bool = False
+    aliases: tuple[tuple[str, ...], ...] = ()
+    to_native: Callable[[Any], Any] | None = None
+    from_native: Callable[[Any], Any] | None = None
+
+    @property
+    def key(self) -> str:
+        return ".".join(self.path)
+
+
+_MISSING = object()
+
+
+def get_path(body: dict[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = body
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return _MISSING
+        node = node[key]
+    return node
+
+
+def set_path(body: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    node = body
+    for key in path[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = node[key] = {}
+        node = child
+    node[path[-1]] = value
+
+
+def del_path(body: dict[str, Any], path: tuple[str, ...]) -> None:
+    """Remove a nested key and any parent object it leaves empty (``reasoning: {}`` is not
+    the same request as no ``reasoning`` to every provider)."""
+    parents = []
+    node: Any = body
+    for key in path[:-1]:
+        parents.append((node, key))
+        node = node[key]
+    del node[path[-1]]
+    for parent, key in reversed(parents):
+        if parent[key]:
+            break
+        del parent[key]
+
+
+def has_path(body: dict[str, Any], path: tuple[str, ...]) -> bool:
+    return get_path(body, path) is not _MISSING
+
+
+def parse_knobs(body: dict[str, Any], knobs: Iterable[Knob]) -> Sampling:
+    """The harness's settings in canonical names, for the record."""
+    values: dict[str, Any] = {}
+    for knob in knobs:
+        for path in (knob.path, *knob.aliases):
+            value = get_path(body, path)
+            if value is not _MISSING and value is not None:
+                values[knob.field] = knob.from_native(value) if knob.from_native else value
+                break
+    return Sampling.model_validate(values)
+
+
+def apply_knobs(body: dict[str, Any], knobs: Iterable[Knob], sampling: Sampling) -> list[Override]:
+    """The session-authority half of ``apply_overrides``: drop what the session owns, write
+    the session's values in native names. A key already equal to the session's is not
+    touched, so a conforming body yields no overrides."""
+    changes: list[Override] = []
+    for knob in knobs:
+        wanted = getattr(sampling, knob.field)
+        if wanted is None:
+            if knob.owner == "harness" or knob.required:
+                continue
+            for path in (knob.path, *knob.aliases):
+                old = get_path(body, path)
+                if old is not _MISSING:
+                    del_path(body, path)
+                    changes.append(Override(".".join(path), old, None, "session"))
+            continue
+        native = knob.to_native(wanted) if knob.to_native else wanted
+        for path in knob.aliases:
+            old = get_path(body, path)
+            if old is not _MISSING:
+                del_path(body, path)
+                changes.append(Override(".".join(path), old, None, "session"))
+        old = get_path(body, knob.path)
+        if old is _MISSING or old != native:
+            set_path(body, knob.path, native)
+            changes.append(Override(knob.key, None if old is _MISSING else old, native, "session"))
+    return changes
+
+
+def drop(body: dict[str, Any], key: str, reason: str, changes: list[Override]) -> None:
+    """Remove a top-level key for a provider constraint, saying why."""
+    if key in body:
+        changes.append(Override(key, body.pop(key), None, reason))
+
+
+def replace(body: dict[str, Any], key: str, value: Any, reason: str, changes: list[Override]) -> None:
+    old = body.get(key)
+    if old != value:
+        body[key] = value
+        changes.append(Override(key, old, value, reason))
+
+
+def set_model(body: dict[str, Any], model: str | None) -> list[Override]:
+    if model and body.get("model") != model:
+        old = body.get("model")
+        body["model"] = model
+        return [Override("model", old, model, "session")]
+    return []
+
+
+def stop_list(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    return [value] if isinstance(value, str) else list(value)
+
+
+def is_openai_reasoning_model(model: str | None) -> bool:
+    """o-series and gpt-5 family (not the ``gpt-5*-chat`` models, which are not reasoning
+    models and take temperature). Provider prefixes such as ``openai/`` are ignored."""
+    if not model:
+        return False
+    name = model.rsplit("/", 1)[-1].lower()
+    if name.startswith(("o1", "o3", "o4")):
+        return True
+    return name.startswith("gpt-5") and "-chat" not in name
+
+
+def reconcile_openai_reasoning(body: dict[str, Any], changes: list[Override]) -> None:
+    """OpenAI reasoning models reject any temperature or top_p but the default 1; drop them
+    rather than let the provider answer 400."""
+    if not is_openai_reasoning_model(body.get("model")):
+        return
+    for key in ("temperature", "top_p"):
+        if key in body and body[key] != 1:
+            drop(body, key, f"{body.get('model')} is a reasoning model: it only accepts {key}=1", changes)

@@ -1,0 +1,594 @@
+"""OpenAI Responses (``POST /v1/responses``, and Codex's WebSocket on ``GET /v1/responses``).
+
+The input is a flat list of items, not messages. Consecutive assistant-side items (reasoning,
+output messages, function and custom tool calls, server tool calls) form one canonical
+assistant message, in requests and responses alike, so a reply and its restatement in the
+next request hash equal. Item ids (``rs_…``, ``msg_…``, ``fc_…``) are storage handles, not
+content, and some harnesses (Codex) do not send them back; they are not part of canonical
+messages. Reasoning keeps its ``encrypted_content``, which is what the model gets back.
+
+The assembler keeps every output item the events build (deltas in lists) and, at the
+terminal ``response.completed`` / ``incomplete`` / ``failed``, takes that event's response
+snapshot, filling ``output`` from the items when the snapshot omits it; then it is the
+JSON path (``parse_response``) from there on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from interceptor.dialects.base import Dialect, Override, StreamAssembler
+from interceptor.dialects.common import (
+    Knob,
+    apply_knobs,
+    json_data,
+    other_part,
+    parse_knobs,
+    reconcile_openai_reasoning,
+    set_model,
+    url_part,
+)
+from interceptor.dialects.sse import SSEEvent
+from interceptor.trace.messages import (
+    FinishReason,
+    Message,
+    Part,
+    Reasoning,
+    Request,
+    Response,
+    ResponseError,
+    Sampling,
+    Tool,
+    ToolCall,
+    Usage,
+)
+
+KNOBS = (
+    Knob("temperature", ("temperature",)),
+    Knob("top_p", ("top_p",)),
+    Knob("max_tokens", ("max_output_tokens",)),
+    Knob("reasoning_effort", ("reasoning", "effort")),
+    Knob("tool_choice", ("tool_choice",), owner="harness"),
+    Knob("top_logprobs", ("top_logprobs",), owner="harness"),
+)
+_REQUEST_KEYS = {"input", "instructions", "tools", "model", "stream", "temperature", "top_p",
+                 "max_output_tokens", "tool_choice", "top_logprobs"}
+_INCOMPLETE: dict[str, FinishReason] = {"max_output_tokens": "length", "content_filter": "content_filter"}
+_DIRECT = {"type": "direct"}
+TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+# --------------------------------------------------------------------------------------
+# native -> canonical
+
+
+def _content(content: Any) -> str | list[Part]:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts: list[Part] = []
+    for block in content:
+        kind = block.get("type")
+        if kind in ("input_text", "output_text", "text"):
+            parts.append(_text_part(block))
+        elif kind == "input_image":
+            if block.get("image_url"):
+                parts.append(url_part("image", block["image_url"], detail=block.get("detail")))
+            else:
+                parts.append(Part(type="image", ref=block.get("file_id"),
+                                  data={"detail": block["detail"]} if block.get("detail") else None))
+        elif kind == "input_file":
+            if block.get("file_data"):
+                data = block["file_data"]
+                if not data.startswith("data:"):
+                    data = "data:;base64," + data
+                parts.append(url_part("file", data, filename=block.get("filename")))
+            else:
+                parts.append(Part(type="file", ref=block.get("file_url") or block.get("file_id"),
+                                  data={"filename": block["filename"]} if block.get("filename") else None))
+        else:
+            parts.append(other_part(block))
+    return parts
+
+
+def _text_part(block: dict[str, Any]) -> Part:
+    annotations = block.get("annotations")
+    return Part(text=block.get("text", ""), data={"annotations": annotations} if annotations else None)
+
+
+def _caller(item: dict[str, Any]) -> dict[str, Any] | None:
+    caller = item.get("caller")
+    return {"caller": caller} if caller and caller != _DIRECT else None
+
+
+@dataclass(slots=True)
+class _Turn:
+    """Assistant-side items collected until a user, system or tool item ends the turn."""
+
+    parts: list[Part] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)
+    reasoning: list[Reasoning] = field(default_factory=list)
+    refusal: list[str] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    empty: bool = True
+
+    def add(self, item: dict[str, Any], kind: str) -> None:
+        self.empty = False
+        if kind == "message" and isinstance(item.get("content"), str):
+            if item["content"]:
+                self.parts.append(Part(text=item["content"]))
+        elif kind == "message":
+            for block in item.get("content") or []:
+                if block.get("type") == "refusal":
+                    self.refusal.append(block.get("refusal", ""))
+                    continue
+                part = _content([block])[0]
+                self.parts.append(part)
+                if block.get("logprobs"):
+                    self.logprobs = (self.logprobs or []) + [t["logprob"] for t in block["logprobs"]]
+        elif kind == "reasoning":
+            raw = item.get("content") or []
+            texts = [c.get("text", "") for c in raw] or [s.get("text", "") for s in item.get("summary") or []]
+            self.reasoning.append(Reasoning(text="\n\n".join(texts), encrypted=item.get("encrypted_content")))
+        elif kind == "function_call":
+            self.calls.append(ToolCall(id=item.get("call_id") or "", name=item.get("name", ""),
+                                       arguments=item.get("arguments", ""), namespace=item.get("namespace"),
+                                       extra=_caller(item)))
+        elif kind == "custom_tool_call":
+            self.calls.append(ToolCall(id=item.get("call_id") or "", name=item.get("name", ""),
+                                       arguments=item.get("input", ""), type="custom",
+                                       namespace=item.get("namespace"), extra=_caller(item)))
+        else:  # built-in tool calls, compaction, item references: kept whole
+            self.parts.append(other_part(without_status(item)))
+
+    def message(self) -> Message:
+        return Message(role="assistant", content=self.parts or "", tool_calls=self.calls,
+                       reasoning=self.reasoning, refusal="".join(self.refusal) if self.refusal else None)
+
+
+def without_status(item: dict[str, Any]) -> dict[str, Any]:
+    """``status`` says where the item was in its life when it was sent; not content."""
+    return {k: v for k, v in item.items() if k != "status"}
+
+
+def _output_content(output: Any) -> str | list[Part]:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        return _content(output)
+    return [other_part(output)] if isinstance(output, dict) else ""
+
+
+def _items(items: list[dict[str, Any]]) -> tuple[list[Message], list[Tool], list[float] | None]:
+    """Input or output items -> canonical messages (and tools from ``additional_tools``)."""
+    messages: list[Message] = []
+    tools: list[Tool] = []
+    turn = _Turn()
+    logprobs: list[float] | None = None
+
+    def flush() -> None:
+        nonlocal turn, logprobs
+        if not turn.empty:
+            messages.append(turn.message())
+            if turn.logprobs is not None:
+                logprobs = (logprobs or []) + turn.logprobs
+            turn = _Turn()
+
+    for item in items:
+        kind = item.get("type") or ("message" if "role" in item else "")
+        role = item.get("role")
+        if kind == "message" and role != "assistant":
+            flush()
+            if role in ("system", "developer"):
+                messages.append(Message(role="system", content=_content(item.get("content")),
+                                        name="developer" if role == "developer" else None))
+            else:
+                messages.append(Message(role="user", content=_content(item.get("content"))))
+        elif kind == "additional_tools":
+            tools.extend(t for tool in item.get("tools") or [] for t in _tools(tool))
+        elif kind.endswith("_output") and "call_id" in item:
+            flush()
+            messages.append(Message(role="tool", tool_call_id=item.get("call_id"),
+                                    content=_output_content(item.get("output"))))
+        else:
+            turn.add(item, kind)
+    flush()
+    return messages, tools, logprobs
+
+
+def _tools(tool: dict[str, Any], namespace: str | None = None) -> list[Tool]:
+    kind = tool.get("type", "function")
+    if kind == "function":
+        return [Tool(name=tool.get("name", ""), description=tool.get("description"),
+                     parameters=tool.get("parameters"), namespace=namespace)]
+    if kind == "custom":
+        fmt = tool.get("format")
+        return [Tool(name=tool.get("name", ""), description=tool.get("description"),
+                     parameters={"format": fmt} if fmt else None, type="custom", namespace=namespace)]
+    if kind == "namespace":
+        name = tool.get("name", "")
+        head = Tool(name=name, description=tool.get("description"), type="namespace")
+        return [head, *(t for inner in tool.get("tools") or [] for t in _tools(inner, name))]
+    rest = {k: v for k, v in tool.items() if k not in ("type", "name")}
+    return [Tool(name=tool.get("name") or kind, type=kind, parameters=rest or None, namespace=namespace)]
+
+
+def _usage(raw: dict[str, Any] | None) -> Usage | None:
+    if not raw:
+        return None
+    return Usage(
+        input_tokens=raw.get("input_tokens") or 0,
+        output_tokens=raw.get("output_tokens") or 0,
+        cached_input_tokens=(raw.get("input_tokens_details") or {}).get("cached_tokens") or 0,
+        reasoning_tokens=(raw.get("output_tokens_details") or {}).get("reasoning_tokens") or 0,
+    )
+
+
+def _error(raw: Any) -> ResponseError:
+    if isinstance(raw, dict) and isinstance(raw.get("error"), dict):
+        raw = raw["error"]
+    if isinstance(raw, dict):
+        return ResponseError(type=str(raw.get("code") or raw.get("type") or "error"),
+                             message=str(raw.get("message") or ""))
+    return ResponseError(type="error", message=str(raw))
+
+
+# --------------------------------------------------------------------------------------
+# canonical -> native
+
+
+def _native_output(response: Response) -> list[dict[str, Any]]:
+    message = response.message
+    rid = (response.id or "resp").removeprefix("resp_")
+    items: list[dict[str, Any]] = []
+    for i, r in enumerate(message.reasoning):
+        item: dict[str, Any] = {"id": f"rs_{rid}_{i}", "type": "reasoning",
+                                "summary": [{"type": "summary_text", "text": r.text}] if r.text else []}
+        if r.encrypted is not None:
+            item["encrypted_content"] = r.encrypted
+        items.append(item)
+    current: list[dict[str, Any]] | None = None
+    logprobs = list(response.logprobs or [])
+    parts = [Part(text=message.content)] if isinstance(message.content, str) and message.content else (
+        message.content if isinstance(message.content, list) else [])
+    for p in parts:
+        if p.type == "text":
+            if current is None:
+                current = []
+                items.append({"id": f"msg_{rid}_{len(items)}", "type": "message", "role": "assistant",
+                              "status": "completed", "content": current})
+            current.append({"type": "output_text", "text": p.text or "",
+                            "annotations": (p.data or {}).get("annotations") or [],
+                            "logprobs": [{"token": "", "logprob": v, "bytes": [], "top_logprobs": []}
+                                         for v in logprobs]})
+            logprobs = []
+        elif p.data is not None:
+            current = None
+            items.append(dict(p.data))
+    if message.refusal is not None:
+        if current is None:
+            current = []
+            items.append({"id": f"msg_{rid}_{len(items)}", "type": "message", "role": "assistant",
+                          "status": "completed", "content": current})
+        current.append({"type": "refusal", "refusal": message.refusal})
+    for c in message.tool_calls:
+        if c.type == "custom":
+            item = {"id": f"ctc_{rid}_{len(items)}", "type": "custom_tool_call", "call_id": c.id,
+                    "name": c.name, "input": c.arguments, "status": "completed"}
+        else:
+            item = {"id": f"fc_{rid}_{len(items)}", "type": "function_call", "call_id": c.id,
+                    "name": c.name, "arguments": c.arguments, "status": "completed"}
+        if c.namespace is not None:
+            item["namespace"] = c.namespace
+        item.update(c.extra or {})
+        items.append(item)
+    return items
+
+
+def _native_usage(usage: Usage) -> dict[str, Any]:
+    return {
+        "input_tokens": usage.input_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_input_tokens},
+        "output_tokens": usage.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "total_tokens": usage.total_tokens,
+    }
+
+
+class ResponsesDialect(Dialect):
+    name = "responses"
+    endpoint = "/responses"
+    provider = "openai"
+    knobs = KNOBS
+
+    def parse_request(self, body: dict[str, Any]) -> Request:
+        messages: list[Message] = []
+        if body.get("instructions"):
+            messages.append(Message(role="system", content=_content(body["instructions"])))
+        raw = body.get("input")
+        items = [{"type": "message", "role": "user", "content": raw}] if isinstance(raw, str) else raw or []
+        converted, more_tools, _ = _items(items)
+        messages += converted
+        tools = [t for tool in body.get("tools") or [] for t in _tools(tool)]
+        return Request(
+            messages=messages,
+            tools=tools + more_tools,
+            model=body.get("model"),
+            sampling=parse_knobs(body, KNOBS),
+            stream=bool(body.get("stream")),
+            extra={k: v for k, v in body.items() if k not in _REQUEST_KEYS},
+        )
+
+    def parse_response(self, body: dict[str, Any]) -> Response:
+        if body.get("type") == "error" or ("error" in body and "output" not in body and "status" not in body):
+            return Response(error=_error(body), finish_reason="error")
+        messages, _, logprobs = _items([i for i in body.get("output") or []])
+        message = next((m for m in messages if m.role == "assistant"), Message(role="assistant"))
+        status = body.get("status")
+        finish: FinishReason | None = None
+        native = status
+        error = None
+        if status == "completed":
+            finish = "tool_calls" if message.tool_calls else "stop"
+        elif status == "incomplete":
+            native = (body.get("incomplete_details") or {}).get("reason") or status
+            finish = _INCOMPLETE.get(native)
+        elif status in ("failed", "cancelled"):
+            finish = "error"
+            error = _error(body.get("error") or {"code": status, "message": f"response {status}"})
+        return Response(
+            id=body.get("id"),
+            model=body.get("model"),
+            message=message,
+            finish_reason=finish,
+            native_finish_reason=native,
+            usage=_usage(body.get("usage")),
+            logprobs=logprobs,
+            error=error,
+        )
+
+    def assembler(self) -> ResponsesAssembler:
+        return ResponsesAssembler(self)
+
+    def apply_overrides(self, body: dict[str, Any], model: str | None, sampling: Sampling) -> list[Override]:
+        changes = set_model(body, model)
+        changes += apply_knobs(body, KNOBS, sampling)
+        reconcile_openai_reasoning(body, changes)
+        return changes
+
+    def json_body(self, response: Response) -> dict[str, Any]:
+        """The non-streamed Response object for a canonical response."""
+        status, incomplete = "completed", None
+        if response.error is not None or response.finish_reason == "error":
+            status = "failed"
+        elif response.finish_reason in ("length", "content_filter"):
+            status = "incomplete"
+            reason = response.native_finish_reason
+            if reason not in _INCOMPLETE:
+                reason = "max_output_tokens" if response.finish_reason == "length" else "content_filter"
+            incomplete = {"reason": reason}
+        return {
+            "id": response.id or "resp_interceptor",
+            "object": "response",
+            "created_at": 0,
+            "status": status,
+            "model": response.model or "",
+            "output": _native_output(response),
+            "usage": _native_usage(response.usage) if response.usage is not None else None,
+            "error": {"code": response.error.type, "message": response.error.message}
+            if response.error else None,
+            "incomplete_details": incomplete,
+            "instructions": None,
+            "metadata": {},
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "temperature": None,
+            "top_p": None,
+        }
+
+    def stream_events(self, response: Response) -> list[SSEEvent]:
+        """``response.created`` / ``in_progress``, each output item added, its deltas and
+        done events, then the terminal event carrying the whole response."""
+        body = self.json_body(response)
+        skeleton = {**body, "status": "in_progress", "output": [], "usage": None,
+                    "error": None, "incomplete_details": None}
+        events: list[dict[str, Any]] = [
+            {"type": "response.created", "response": skeleton},
+            {"type": "response.in_progress", "response": skeleton},
+        ]
+        for oi, item in enumerate(body["output"]):
+            events += _item_events(oi, item)
+        terminal = {"completed": "response.completed", "incomplete": "response.incomplete",
+                    "failed": "response.failed"}[body["status"]]
+        events.append({"type": terminal, "response": body})
+        out = []
+        for seq, e in enumerate(events):
+            e["sequence_number"] = seq
+            out.append(SSEEvent(event=e["type"], data=json.dumps(e, separators=(",", ":"), ensure_ascii=False)))
+        return out
+
+
+def _item_events(oi: int, item: dict[str, Any]) -> list[dict[str, Any]]:
+    kind = item.get("type")
+    iid = item.get("id")
+    if kind == "message":
+        added = {**item, "status": "in_progress", "content": []}
+    elif kind == "reasoning":
+        added = {**item, "summary": []}
+    elif kind == "function_call":
+        added = {**item, "status": "in_progress", "arguments": ""}
+    elif kind == "custom_tool_call":
+        added = {**item, "input": ""}
+    else:
+        added = item
+    events: list[dict[str, Any]] = [{"type": "response.output_item.added", "output_index": oi, "item": added}]
+    where = {"item_id": iid, "output_index": oi}
+    if kind == "message":
+        for ci, part in enumerate(item["content"]):
+            at = {**where, "content_index": ci}
+            if part["type"] == "output_text":
+                events.append({"type": "response.content_part.added", **at,
+                               "part": {**part, "text": "", "logprobs": []}})
+                events.append({"type": "response.output_text.delta", **at, "delta": part["text"],
+                               "logprobs": part.get("logprobs") or []})
+                events.append({"type": "response.output_text.done", **at, "text": part["text"],
+                               "logprobs": part.get("logprobs") or []})
+            elif part["type"] == "refusal":
+                events.append({"type": "response.content_part.added", **at,
+                               "part": {"type": "refusal", "refusal": ""}})
+                events.append({"type": "response.refusal.delta", **at, "delta": part["refusal"]})
+                events.append({"type": "response.refusal.done", **at, "refusal": part["refusal"]})
+            events.append({"type": "response.content_part.done", **at, "part": part})
+    elif kind == "reasoning":
+        for si, summary in enumerate(item["summary"]):
+            at = {**where, "summary_index": si}
+            events.append({"type": "response.reasoning_summary_part.added", **at,
+                           "part": {"type": "summary_text", "text": ""}})
+            events.append({"type": "response.reasoning_summary_text.delta", **at, "delta": summary["text"]})
+            events.append({"type": "response.reasoning_summary_text.done", **at, "text": summary["text"]})
+            events.append({"type": "response.reasoning_summary_part.done", **at, "part": summary})
+    elif kind == "function_call":
+        events.append({"type": "response.function_call_arguments.delta", **where, "delta": item["arguments"]})
+        events.append({"type": "response.function_call_arguments.done", **where,
+                       "arguments": item["arguments"], "name": item["name"]})
+    elif kind == "custom_tool_call":
+        events.append({"type": "response.custom_tool_call_input.delta", **where, "delta": item["input"]})
+        events.append({"type": "response.custom_tool_call_input.done", **where, "input": item["input"]})
+    events.append({"type": "response.output_item.done", "output_index": oi, "item": item})
+    return events
+
+
+@dataclass(slots=True)
+class _Item:
+    """One output item being streamed: deltas are kept per part, joined once at the end."""
+
+    item: dict[str, Any]
+    parts: dict[int, dict[str, Any]] = field(default_factory=dict)
+    texts: dict[int, list[str]] = field(default_factory=dict)
+    logprobs: dict[int, list[Any]] = field(default_factory=dict)
+    summaries: dict[int, list[str]] = field(default_factory=dict)
+    reasoning: dict[int, list[str]] = field(default_factory=dict)
+    args: list[str] = field(default_factory=list)
+    done: dict[str, Any] | None = None
+
+    def native(self) -> dict[str, Any]:
+        if self.done is not None:
+            return self.done
+        item = dict(self.item)
+        kind = item.get("type")
+        if kind == "message":
+            content = []
+            for ci in sorted(self.parts.keys() | self.texts.keys()):
+                part = dict(self.parts.get(ci) or {"type": "output_text", "text": "", "annotations": []})
+                key = "refusal" if part.get("type") == "refusal" else "text"
+                part[key] = part.get(key, "") + "".join(self.texts.get(ci, []))
+                if ci in self.logprobs:
+                    part["logprobs"] = self.logprobs[ci]
+                content.append(part)
+            item["content"] = content
+        elif kind == "reasoning":
+            if self.summaries:
+                item["summary"] = [{"type": "summary_text", "text": "".join(self.summaries[i])}
+                                   for i in sorted(self.summaries)]
+            if self.reasoning:
+                item["content"] = [{"type": "reasoning_text", "text": "".join(self.reasoning[i])}
+                                   for i in sorted(self.reasoning)]
+        elif kind == "function_call" and self.args:
+            item["arguments"] = item.get("arguments", "") + "".join(self.args)
+        elif kind == "custom_tool_call" and self.args:
+            item["input"] = item.get("input", "") + "".join(self.args)
+        return item
+
+
+class ResponsesAssembler(StreamAssembler):
+    """``response.*`` events -> the Response object -> ``parse_response``. Terminal:
+    ``response.completed`` / ``response.incomplete`` / ``response.failed`` / ``error``.
+    Works on WebSocket messages too: feed each JSON message as an event's ``data``."""
+
+    def __init__(self, dialect: ResponsesDialect):
+        self.dialect = dialect
+        self.done = False
+        self.snapshot: dict[str, Any] = {}
+        self.final: dict[str, Any] | None = None
+        self.items: dict[int, _Item] = {}
+        self.error: ResponseError | None = None
+
+    def _item(self, obj: dict[str, Any]) -> _Item | None:
+        return self.items.get(obj.get("output_index", -1))
+
+    def feed(self, event: SSEEvent) -> bool:
+        if self.done:
+            return True
+        obj = json_data(event.data)
+        if obj is None or event.malformed:
+            self.error = self.error or ResponseError(
+                type="malformed_event", message=f"unparseable stream event: {event.data[:200]!r}")
+            if obj is None:
+                return False
+        kind = obj.get("type") or event.event or ""
+        if kind.endswith(".delta"):
+            self._delta(kind, obj)
+        elif kind == "response.output_item.added":
+            self.items[obj.get("output_index", len(self.items))] = _Item(dict(obj.get("item") or {}))
+        elif kind == "response.output_item.done":
+            item = self._item(obj)
+            if item is None:
+                item = self.items[obj.get("output_index", len(self.items))] = _Item(dict(obj.get("item") or {}))
+            item.done = obj.get("item")
+        elif kind == "response.content_part.added":
+            item = self._item(obj)
+            if item is not None:
+                item.parts[obj.get("content_index", 0)] = dict(obj.get("part") or {})
+        elif kind in TERMINAL:
+            self.final = obj.get("response") or {}
+            self.done = True
+            return True
+        elif kind == "error":
+            self.error = _error(obj)
+            self.done = True
+            return True
+        elif kind.startswith("response.") and isinstance(obj.get("response"), dict):
+            self.snapshot = obj["response"]  # created, in_progress, queued
+        return False
+
+    def _delta(self, kind: str, obj: dict[str, Any]) -> None:
+        item = self._item(obj)
+        if item is None:
+            return
+        delta = obj.get("delta", "")
+        if kind in ("response.output_text.delta", "response.refusal.delta"):
+            ci = obj.get("content_index", 0)
+            item.texts.setdefault(ci, []).append(delta)
+            if kind == "response.output_text.delta" and obj.get("logprobs"):
+                item.logprobs.setdefault(ci, []).extend(obj["logprobs"])
+        elif kind in ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta"):
+            item.args.append(delta)
+        elif kind == "response.reasoning_summary_text.delta":
+            item.summaries.setdefault(obj.get("summary_index", 0), []).append(delta)
+        elif kind == "response.reasoning_text.delta":
+            item.reasoning.setdefault(obj.get("content_index", 0), []).append(delta)
+
+    def native(self) -> dict[str, Any]:
+        """The Response object the events add up to."""
+        body = dict(self.final if self.final is not None else self.snapshot)
+        if not body.get("output") and self.items:
+            body["output"] = [self.items[i].native() for i in sorted(self.items)]
+        return body
+
+    def result(self) -> Response:
+        response = self.dialect.parse_response(self.native())
+        if self.error is not None:
+            response.error = self.error
+            response.finish_reason = "error"
+        elif not self.done:
+            response.error = ResponseError(type="incomplete_stream",
+                                           message="the stream ended before response.completed")
+            response.finish_reason = "error"
+        return response
+
+
+RESPONSES = ResponsesDialect()
