@@ -45,6 +45,7 @@ class Graph:
         self.trace = trace
         self.hashes: list[str] = []
         self.index: dict[tuple[int | None, str], list[int]] = {}
+        self.children: dict[int | None, list[int]] = {}
         for i, node in enumerate(trace.nodes):
             self._index(i, node)
 
@@ -52,6 +53,7 @@ class Graph:
         h = message_hash(node.message)
         self.hashes.append(h)
         self.index.setdefault((node.parent, h), []).append(i)
+        self.children.setdefault(node.parent, []).append(i)
 
     def _add(self, node: MessageNode, added: list[int]) -> int:
         i = len(self.trace.nodes)
@@ -85,18 +87,9 @@ class Graph:
         path: list[int] = []
         parent: int | None = None
         consumed = 0  # prompt tokens covered by the reused prefix
-        hashes = [message_hash(m) for m in prompt]
         k = 0
         while k < len(prompt):
-            match = None
-            for cand in self.index.get((parent, hashes[k]), ()):
-                if prompt_token_ids is None:
-                    match = cand
-                    break
-                ids = nodes[cand].token_ids
-                if ids is not None and prompt_token_ids[consumed:consumed + len(ids)] == ids:
-                    match = cand
-                    break
+            match = self._match(parent, prompt[k], prompt_token_ids, consumed)
             if match is None:
                 break
             path.append(match)
@@ -130,6 +123,32 @@ class Graph:
         sampled = self._add_reply(parent, reply, token_ids, logprobs, now, added)
         extra = [self._add_reply(parent, m, t, lp, now, added) for m, t, lp in choices]
         return TurnNodes(sampled=sampled, added=added, prompt_path=path, choices=extra)
+
+    def _match(self, parent: int | None, message: Message,
+               prompt_token_ids: list[int] | None, consumed: int) -> int | None:
+        """The stored child of ``parent`` that is ``message`` (and, with token ids, carries
+        exactly the prompt's tokens at this position), or None.
+
+        Plain equality is tried first: a restated message is usually the very same content,
+        and comparing it costs far less than hashing it, which matters because every turn
+        walks the whole history on the event loop. Only when no child is equal is the
+        canonical hash computed (tool-call arguments restated with other whitespace).
+        """
+        nodes = self.trace.nodes
+
+        def fits(cand: int) -> bool:
+            if prompt_token_ids is None:
+                return True
+            ids = nodes[cand].token_ids
+            return ids is not None and prompt_token_ids[consumed:consumed + len(ids)] == ids
+
+        for cand in self.children.get(parent, ()):
+            if nodes[cand].message == message and fits(cand):
+                return cand
+        for cand in self.index.get((parent, message_hash(message)), ()):
+            if fits(cand):
+                return cand
+        return None
 
     def _add_reply(self, parent, reply, token_ids, logprobs, now, added) -> int:
         """The sampled node; an identical earlier sample (same text and tokens) is reused so
