@@ -52,6 +52,9 @@ class ToolCall(_Model):
     arguments: str = ""
     type: Literal["function", "custom"] = "function"
     namespace: str | None = None
+    #: Native fields of the call that are not modelled but must travel back with it (the
+    #: ``caller`` of a programmatic tool call, Anthropic or Responses). None when absent.
+    extra: dict[str, Any] | None = None
 
 
 class Reasoning(_Model):
