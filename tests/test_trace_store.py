@@ -228,3 +228,18 @@ def test_300_turns_of_a_2mb_conversation_stay_near_2mb(tmp_path):
     steps = [b - a for a, b in zip(sizes, sizes[1:])]
     assert max(steps) < 1.2 * min(steps)  # linear growth: flat cost per turn
     assert read_trace(r.path).num_turns == 300
+
+
+def test_many_sessions_share_a_bounded_number_of_open_files(tmp_path, monkeypatch):
+    from interceptor.trace import store as store_module
+
+    monkeypatch.setattr(store_module, "MAX_OPEN_FILES", 3)
+    store = Store()
+    rollouts = [Rollout(tmp_path / f"s{k}.msgpack", store=store) for k in range(8)]
+    for prompt, reply in tool_turns(3):
+        for r in rollouts:
+            r.send(prompt, reply)
+    store.flush(timeout=10)
+    assert len(store._files) <= 3
+    assert all(read_trace(r.path).num_turns == 3 for r in rollouts)
+    store.close()

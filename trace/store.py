@@ -14,6 +14,7 @@ import logging
 import os
 import queue
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -22,6 +23,10 @@ import msgpack
 log = logging.getLogger(__name__)
 
 FSYNC_POLICIES = ("never", "turn", "seal")
+# Open files kept by the writer; beyond this the least recently written one is closed (and
+# reopened for append when its session writes again), so thousands of idle sessions never
+# exhaust file descriptors.
+MAX_OPEN_FILES = 256
 
 
 def pack(record: dict[str, Any]) -> bytes:
@@ -47,7 +52,7 @@ class Store:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._files: dict[Path, BinaryIO] = {}
+        self._files: OrderedDict[Path, BinaryIO] = OrderedDict()
         self.errors: dict[Path, str] = {}
         self.bytes_written = 0
         self.records_written = 0
@@ -132,7 +137,7 @@ class Store:
                 continue
             path, record, sync, close, new = item
             try:
-                f = self._file(path, new)
+                f = self._file(path, new, dirty)
                 data = pack(record)
                 f.write(data)
                 self.bytes_written += len(data)
@@ -158,17 +163,21 @@ class Store:
             b.done.set()
         return stop
 
-    def _file(self, path: Path, new: bool) -> BinaryIO:
+    def _file(self, path: Path, new: bool, dirty: dict[Path, bool]) -> BinaryIO:
         f = self._files.get(path)
         if f is not None and not new:
+            self._files.move_to_end(path)
             return f
         if f is not None:
-            self._safe_close(f)
+            self._finish(path, dirty.pop(path, False))
         if new:
             _move_aside(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         f = open(path, "ab")
         self._files[path] = f
+        while len(self._files) > MAX_OPEN_FILES:
+            oldest = next(iter(self._files))
+            self._finish(oldest, dirty.pop(oldest, False))
         return f
 
     def _finish(self, path: Path, sync: bool) -> None:
