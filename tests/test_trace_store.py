@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -22,6 +26,7 @@ from interceptor.trace import (
     iter_records,
     read_trace,
 )
+from interceptor.trace import store as store_module
 from interceptor.trace.verify import problems
 from test_trace import Rollout, tool_turns
 
@@ -231,8 +236,6 @@ def test_300_turns_of_a_2mb_conversation_stay_near_2mb(tmp_path):
 
 
 def test_many_sessions_share_a_bounded_number_of_open_files(tmp_path, monkeypatch):
-    from interceptor.trace import store as store_module
-
     monkeypatch.setattr(store_module, "MAX_OPEN_FILES", 3)
     store = Store()
     rollouts = [Rollout(tmp_path / f"s{k}.msgpack", store=store) for k in range(8)]
@@ -243,3 +246,34 @@ def test_many_sessions_share_a_bounded_number_of_open_files(tmp_path, monkeypatc
     assert len(store._files) <= 3
     assert all(read_trace(r.path).num_turns == 3 for r in rollouts)
     store.close()
+
+
+KILLED_WRITER = r"""
+import sys, pathlib
+sys.path.insert(0, sys.argv[2])
+from test_trace import Rollout, tool_turns
+r = Rollout(pathlib.Path(sys.argv[1]), fsync="never")
+for k, (prompt, reply) in enumerate(tool_turns(1000)):
+    r.send(prompt, reply)
+    if k < 5:
+        r.store.flush(timeout=10)
+        print(k, flush=True)
+"""
+
+
+def test_kill_9_loses_at_most_what_was_in_flight(tmp_path):
+    """The writer flushes to the OS after each batch, so a SIGKILL (no atexit, no fsync)
+    keeps every flushed turn; the kill usually lands mid-write of the burst after them."""
+    path = tmp_path / "k.msgpack"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path),
+                             str(Path(__file__).parent)], stdout=subprocess.PIPE, text=True)
+    for _ in range(5):
+        proc.stdout.readline()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trace = read_trace(path)
+    assert trace.num_turns >= 5
+    assert len([w for w in caught if issubclass(w.category, TornRecordWarning)]) <= 1
+    assert problems(trace) == []
