@@ -187,3 +187,16 @@ def test_to_record_is_plain_json(tmp_path):
     back = json.loads(json.dumps(record))
     assert back["num_turns"] == 2 and len(back["branches"]) == 1
     assert back["agent"] == {"name": "a"}
+
+
+def test_conversation_by_response_id_for_chained_requests(tmp_path):
+    r = Rollout(tmp_path / "p.msgpack")
+    prompt = [SYSTEM, Message(role="user", content="hi")]
+    reply = Message(role="assistant", content="hello")
+    r.send(prompt, reply, id="resp_1")
+    assert r.recorder.conversation("resp_1") == prompt + [reply]
+    assert r.recorder.conversation("resp_unknown") is None
+    chained = r.recorder.conversation("resp_1") + [Message(role="user", content="more")]
+    r.send(chained, Message(role="assistant", content="sure"), id="resp_2")
+    assert len(r.recorder.trace.branches) == 1
+    assert r.recorder.trace.calls[0].response_id == "resp_1"

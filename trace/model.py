@@ -84,6 +84,7 @@ class ModelCall(_Model):
     ended_at: float | None = None
     error: ResponseError | None = None
     replay_of: str | None = None
+    response_id: str | None = None  # the provider's id of the answer (Responses chains on it)
 
     @property
     def duration(self) -> float | None:

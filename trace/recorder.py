@@ -14,7 +14,7 @@ from typing import Any
 
 from interceptor.trace import tokens
 from interceptor.trace.graph import Graph
-from interceptor.trace.messages import Request, Response, Usage
+from interceptor.trace.messages import Message, Request, Response, Usage
 from interceptor.trace.model import SCHEMA_VERSION, ModelCall, Trace
 from interceptor.trace.records import HEADER_FIELDS, call_record, node_record
 from interceptor.trace.store import FSYNC_POLICIES, Store
@@ -76,6 +76,7 @@ class Recorder:
         self._trace = Trace(**fields)
         self._graph = Graph(self._trace)
         self._estimates: dict[int, int] = {}
+        self._by_response_id: dict[str, int] = {}
         self._tools_estimate: int | None = None  # of trace.tools; reset when they change
         record = {"kind": "header", "schema_version": SCHEMA_VERSION}
         record.update(self._trace.model_dump(include=set(HEADER_FIELDS)))
@@ -113,10 +114,22 @@ class Recorder:
             record["tools"] = [t.model_dump(exclude_defaults=True) for t in request.tools]
         self._fill(call, request, response, turn.prompt_path)
         trace.calls.append(call)
+        if call.response_id:
+            self._by_response_id[call.response_id] = call.node
         record["nodes"] = [node_record(i, trace.nodes[i]) for i in turn.added]
         record["call"] = call_record(call)
         self._append(record, sync=self.fsync == "turn")
         return call
+
+    def conversation(self, response_id: str) -> list[Message] | None:
+        """The messages up to and including the reply the provider called ``response_id``,
+        or None if this session never committed it. A Responses request that chains on
+        ``previous_response_id`` sends only its new items; prepending this keeps its turn on
+        the same branch instead of starting a new root."""
+        node = self._by_response_id.get(response_id)
+        if node is None:
+            return None
+        return [self._trace.nodes[i].message for i in self._trace.path(node)]
 
     def record_call(self, call: ModelCall) -> None:
         """An exchange that committed no node: an error, a refusal, a replayed retry."""
@@ -186,6 +199,8 @@ class Recorder:
         estimated locally (marked so) when the provider reported none."""
         if call.model is None:
             call.model = response.model
+        if call.response_id is None:
+            call.response_id = response.id
         if call.requested_model is None:
             call.requested_model = request.model
         if call.finish_reason is None:
