@@ -280,4 +280,5 @@ class Trace(_Model):
         data["num_output_tokens"] = self.num_output_tokens
         data["num_total_tokens"] = self.num_total_tokens
         data["usage"] = self.usage.model_dump(mode="json")
+        data["errors"] = [e.model_dump(mode="json") for e in self.errors]
         return data

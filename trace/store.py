@@ -29,9 +29,19 @@ FSYNC_POLICIES = ("never", "turn", "seal")
 MAX_OPEN_FILES = 256
 
 
+def _default(value: Any) -> Any:
+    """A value msgpack cannot pack (a model a hook left in a rewrite, a set, a Path) is
+    written in its JSON-ish form rather than losing the whole record."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json", exclude_defaults=True)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return str(value)
+
+
 def pack(record: dict[str, Any]) -> bytes:
     """One record's bytes. ``use_bin_type`` keeps str and bytes apart for other readers."""
-    return msgpack.packb(record, use_bin_type=True)
+    return msgpack.packb(record, use_bin_type=True, default=_default)
 
 
 class _Barrier:
