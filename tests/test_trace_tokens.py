@@ -125,3 +125,19 @@ def test_alignment_holds_for_any_mix_of_continuations_and_forks(tmp_path_factory
     leaves = set(trace.leaves())
     assert_aligned(trace, {k: v for k, v in expected.items() if k in leaves})
     assert r.read() == trace
+
+
+def test_input_tokens_not_double_counted_across_retokenisation(tmp_path):
+    r = Rollout(tmp_path / "n.msgpack")
+    history = [SYSTEM, Message(role="user", content="hi")]
+    inputs = []
+    for k in range(3):
+        reply = Message(role="assistant", content=f"a{k}", reasoning=[Reasoning(text="think")])
+        call, _ = send(r, history, reply, strip_reasoning=k > 0)
+        inputs.append((call.usage.input_tokens, call.usage.output_tokens))
+        history += [reply, Message(role="user", content=f"u{k}")]
+    trace = r.recorder.trace
+    assert len(trace.branches) == 3  # each past reply was re-rendered without reasoning
+    expected = inputs[0][0] + sum(max(0, i - (pi + po))
+                                  for (i, _), (pi, po) in zip(inputs[1:], inputs))
+    assert trace.num_input_tokens == expected

@@ -25,6 +25,7 @@ from interceptor.trace.messages import (
     Sampling,
     Tool,
     Usage,
+    message_hash,
 )
 
 SCHEMA_VERSION = 1
@@ -223,23 +224,36 @@ class Trace(_Model):
         its branch. A prefix shared by two branches is counted once because each call is
         visited once; a compaction restarts the count on its new branch."""
         by_node = {c.node: c for c in self.calls if c.node is not None}
+        by_key: dict = {}
         total = 0
         for call in self.calls:
             if call.usage is None or call.node is None:
                 continue
-            prev = self._previous_call(call.node, by_node)
+            prev = self._previous_call(call.node, by_node, by_key)
             base = prev.usage.total_tokens if prev is not None and prev.usage else 0
             total += max(0, call.usage.input_tokens - base)
         return total
 
-    def _previous_call(self, node: int, by_node: dict[int, ModelCall]) -> ModelCall | None:
+    def _previous_call(self, node: int, by_node: dict[int, ModelCall],
+                       by_key: dict) -> ModelCall | None:
+        """The call whose reply is the nearest ancestor of ``node``. A retokenised
+        restatement of a reply (a non-sampled copy beside the sampled node, see graph.py)
+        stands for that reply's call."""
         cur = self.nodes[node].parent
-        steps = 0
-        while cur is not None and steps <= len(self.nodes):
+        for _ in range(len(self.nodes)):  # bounded: a corrupt graph must not hang
+            if cur is None:
+                return None
             if cur in by_node:
                 return by_node[cur]
-            cur = self.nodes[cur].parent
-            steps += 1
+            n = self.nodes[cur]
+            if not n.sampled and n.message.role == "assistant":
+                if not by_key:  # built once, and only when a copy is met
+                    by_key.update({(self.nodes[i].parent, message_hash(self.nodes[i].message)): c
+                                   for i, c in by_node.items()})
+                prev = by_key.get((n.parent, message_hash(n.message)))
+                if prev is not None:
+                    return prev
+            cur = n.parent
         return None
 
     @property
