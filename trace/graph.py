@@ -43,7 +43,6 @@ class Graph:
 
     def __init__(self, trace: Trace):
         self.trace = trace
-        self.hashes: list[str] = []
         self.index: dict[tuple[int | None, str], list[int]] = {}
         self.children: dict[int | None, list[int]] = {}
         for i, node in enumerate(trace.nodes):
@@ -51,7 +50,6 @@ class Graph:
 
     def _index(self, i: int, node: MessageNode) -> None:
         h = message_hash(node.message)
-        self.hashes.append(h)
         self.index.setdefault((node.parent, h), []).append(i)
         self.children.setdefault(node.parent, []).append(i)
 
