@@ -22,8 +22,9 @@ from interceptor.dialects.common import (
     apply_knobs,
     drop,
     dumps_arguments,
+    event_json,
+    finish_stream,
     inline_ref,
-    json_data,
     loads_or_raw,
     other_part,
     parse_knobs,
@@ -446,12 +447,9 @@ class AnthropicAssembler(StreamAssembler):
     def feed(self, event: SSEEvent) -> bool:
         if self.done:
             return True
-        obj = json_data(event.data)
-        if obj is None or event.malformed:
-            self.error = self.error or ResponseError(
-                type="malformed_event", message=f"unparseable stream event: {event.data[:200]!r}")
-            if obj is None:
-                return False
+        obj, self.error = event_json(event, self.error)
+        if obj is None:
+            return False
         kind = obj.get("type") or event.event
         if kind == "content_block_delta":
             block = self.blocks.get(obj.get("index", 0))
@@ -507,15 +505,7 @@ class AnthropicAssembler(StreamAssembler):
     def result(self) -> Response:
         if self.message is None and self.error is not None:
             return Response(error=self.error, finish_reason="error")
-        response = self.dialect.parse_response(self.native())
-        if self.error is not None:
-            response.error = self.error
-            response.finish_reason = "error"
-        elif not self.done:
-            response.error = ResponseError(type="incomplete_stream",
-                                           message="the stream ended before message_stop")
-            response.finish_reason = "error"
-        return response
+        return finish_stream(self.dialect.parse_response(self.native()), self.error, self.done, "message_stop")
 
 
 ANTHROPIC = AnthropicDialect()

@@ -20,8 +20,9 @@ from interceptor.dialects.base import Dialect, Override, StreamAssembler
 from interceptor.dialects.common import (
     Knob,
     apply_knobs,
+    event_json,
+    finish_stream,
     first,
-    json_data,
     other_part,
     parse_knobs,
     reconcile_openai_reasoning,
@@ -462,12 +463,9 @@ class ChatAssembler(StreamAssembler):
         if event.data.strip() == "[DONE]":
             self.done = True
             return True
-        obj = json_data(event.data)
-        if obj is None or event.malformed:
-            self.error = self.error or ResponseError(
-                type="malformed_event", message=f"unparseable stream event: {event.data[:200]!r}")
-            if obj is None:
-                return False
+        obj, self.error = event_json(event, self.error)
+        if obj is None:
+            return False
         if obj.get("error"):
             self.error = _error(obj["error"])
             self.done = True
@@ -523,15 +521,7 @@ class ChatAssembler(StreamAssembler):
         return body
 
     def result(self) -> Response:
-        response = self.dialect.parse_response(self.native())
-        if self.error is not None:
-            response.error = self.error
-            response.finish_reason = "error"
-        elif not self.done:
-            response.error = ResponseError(type="incomplete_stream",
-                                           message="the stream ended before data: [DONE]")
-            response.finish_reason = "error"
-        return response
+        return finish_stream(self.dialect.parse_response(self.native()), self.error, self.done, "data: [DONE]")
 
 
 CHAT = ChatDialect()

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from interceptor.dialects.base import Override
-from interceptor.trace.messages import Part, Sampling
+from interceptor.dialects.sse import SSEEvent
+from interceptor.trace.messages import Part, Response, ResponseError, Sampling
 
 #: Keys that are transport hints, not content: Claude Code moves ``cache_control`` to the
 #: newest message every turn, so keeping it would make every restated message "new".
@@ -82,6 +83,27 @@ def json_data(event_data: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def event_json(event: SSEEvent, seen: ResponseError | None) -> tuple[dict[str, Any] | None, ResponseError | None]:
+    """An event's JSON and the assembler's error so far: an unparseable or damaged event is
+    remembered (the first one wins) so the record says the stream was not clean."""
+    obj = json_data(event.data)
+    if (obj is None or event.malformed) and seen is None:
+        seen = ResponseError(type="malformed_event", message=f"unparseable stream event: {event.data[:200]!r}")
+    return obj, seen
+
+
+def finish_stream(response: Response, error: ResponseError | None, done: bool, terminal: str) -> Response:
+    """Mark an assembled response as failed when the stream was: a cut stream (no terminal
+    event) first, since a damaged last fragment is only its symptom; then an error event or
+    a malformed event. A response with ``error`` set is recorded, never committed as a turn."""
+    if not done:
+        error = ResponseError(type="incomplete_stream", message=f"the stream ended before {terminal}")
+    if error is not None:
+        response.error = error
+        response.finish_reason = "error"
+    return response
 
 
 def first(*values: Any) -> Any:

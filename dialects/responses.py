@@ -23,7 +23,8 @@ from interceptor.dialects.base import Dialect, Override, StreamAssembler
 from interceptor.dialects.common import (
     Knob,
     apply_knobs,
-    json_data,
+    event_json,
+    finish_stream,
     other_part,
     parse_knobs,
     reconcile_openai_reasoning,
@@ -523,12 +524,9 @@ class ResponsesAssembler(StreamAssembler):
     def feed(self, event: SSEEvent) -> bool:
         if self.done:
             return True
-        obj = json_data(event.data)
-        if obj is None or event.malformed:
-            self.error = self.error or ResponseError(
-                type="malformed_event", message=f"unparseable stream event: {event.data[:200]!r}")
-            if obj is None:
-                return False
+        obj, self.error = event_json(event, self.error)
+        if obj is None:
+            return False
         kind = obj.get("type") or event.event or ""
         if kind.endswith(".delta"):
             self._delta(kind, obj)
@@ -580,15 +578,8 @@ class ResponsesAssembler(StreamAssembler):
         return body
 
     def result(self) -> Response:
-        response = self.dialect.parse_response(self.native())
-        if self.error is not None:
-            response.error = self.error
-            response.finish_reason = "error"
-        elif not self.done:
-            response.error = ResponseError(type="incomplete_stream",
-                                           message="the stream ended before response.completed")
-            response.finish_reason = "error"
-        return response
+        return finish_stream(self.dialect.parse_response(self.native()), self.error, self.done,
+                             "response.completed")
 
 
 RESPONSES = ResponsesDialect()
