@@ -314,6 +314,9 @@ class _Handler(BaseHTTPRequestHandler):
     sys_version = ""
     server: _Server
 
+    def version_string(self) -> str:
+        return self.server_version
+
     def log_message(self, format: str, *args: Any) -> None:
         if not self.server.sim.quiet:
             super().log_message(format, *args)
@@ -400,7 +403,7 @@ class _Handler(BaseHTTPRequestHandler):
         if reply.first_byte_delay:
             time.sleep(reply.first_byte_delay)
         if reply.raw is not None:
-            self._send_raw(reply, base, family, request_id)
+            self._send_raw(reply, family, request_id)
             return
         if reply.status >= 400:
             self._error(family, reply.status, reply, request_id, base)
@@ -417,7 +420,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = errors.body(family, status, reply, request_id)
         self._send_body(status, body, _JSON, reply, {**base, **errors.headers(family, status, reply)})
 
-    def _send_raw(self, reply: Reply, base: dict[str, str], family: str, request_id: str) -> None:
+    def _send_raw(self, reply: Reply, family: str, request_id: str) -> None:
         raw = reply.raw
         name = ""
         if isinstance(raw, os.PathLike):
@@ -428,9 +431,9 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             data = bytes(raw)
         content_type = reply.content_type or _guess_type(name, data)
-        headers = dict(base)
-        if reply.status >= 400:
-            headers.update(errors.headers(family, reply.status, reply))
+        # Verbatim means verbatim: only the reply's own headers, no invented request id
+        # that would disagree with the one inside a captured body.
+        headers: dict[str, str] = {}
         if "text/event-stream" in content_type:
             kind = "anthropic" if family == "anthropic" else "openai"
 
