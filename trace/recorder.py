@@ -197,18 +197,13 @@ class Recorder:
               prompt_path: list[int]) -> None:
         """The addon fills what it knows; the response supplies the rest, and usage is
         estimated locally (marked so) when the provider reported none."""
-        if call.model is None:
-            call.model = response.model
-        if call.response_id is None:
-            call.response_id = response.id
-        if call.requested_model is None:
-            call.requested_model = request.model
-        if call.finish_reason is None:
-            call.finish_reason = response.finish_reason
-        if call.native_finish_reason is None:
-            call.native_finish_reason = response.native_finish_reason
-        if call.error is None:
-            call.error = response.error
+        for field, value in (("model", response.model), ("response_id", response.id),
+                             ("requested_model", request.model),
+                             ("finish_reason", response.finish_reason),
+                             ("native_finish_reason", response.native_finish_reason),
+                             ("error", response.error)):
+            if getattr(call, field) is None:
+                setattr(call, field, value)
         if call.usage is None:
             call.usage = response.usage or self._estimate(request, call, prompt_path)
 
