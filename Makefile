@@ -37,7 +37,7 @@ run: venv
 
 # Set up and run the whole test suite.
 test: test-deps
-	$(PY) -m pytest $(ARGS)
+	$(VENV)/bin/pytest $(ARGS)
 
 bench: test-deps
 	$(PY) bench/overhead.py $(ARGS)

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.mitm import MitmProcess
-from tests.provider import ProviderSimulator
+from mitm import MitmProcess
+from provider import ProviderSimulator
 
 REAL_KEY = "sk-real-provider-key-for-tests-0123456789"
 KEY_ENV = "INTERCEPT_TEST_PROVIDER_KEY"
@@ -47,6 +47,17 @@ def start_proxy(sim: ProviderSimulator):
 @pytest.fixture
 def proxy(start_proxy) -> MitmProcess:
     return start_proxy()
+
+
+@pytest.fixture
+def new_session(proxy: MitmProcess, sim: ProviderSimulator):
+    """Create a session through the control API whose upstream is the simulator."""
+
+    def create(**config) -> dict:
+        config.setdefault("upstream", {"base_url": sim.url("/v1"), "api_key_env": KEY_ENV})
+        return proxy.create_session(**config)
+
+    return create
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ import openai
 import pytest
 
 from interceptor.trace import read_trace
-from tests.conftest import KEY_ENV, REAL_KEY, session_clients
-from tests.mitm import ROOT, MitmProcess
-from tests.provider import Reply, ToolCall
+from conftest import KEY_ENV, REAL_KEY, session_clients
+from mitm import ROOT, MitmProcess
+from provider import Reply, ToolCall
 
 SESSION = {
     "model": "sim-imposed-model",
@@ -68,7 +68,7 @@ WIRE_MAX = {"chat": "max_completion_tokens", "responses": "max_output_tokens", "
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_sdk_through_proxy_matches_direct(kind, sim, proxy, harness_env, tmp_path):
+def test_sdk_through_proxy_matches_direct(new_session, kind, sim, proxy, harness_env, tmp_path):
     text = f"answer for {kind}"
     # The same reply direct and through the proxy: the harness must see the same content.
     sim.script(Reply(text=["ans", "wer for ", kind]), Reply(text=["ans", "wer for ", kind]))
@@ -76,7 +76,7 @@ def test_sdk_through_proxy_matches_direct(kind, sim, proxy, harness_env, tmp_pat
                    anthropic.Anthropic(api_key="direct", base_url=sim.url(""), max_retries=0), "hello")
     sim.clear()
 
-    session = proxy.create_session(**SESSION)
+    session = new_session(**SESSION)
     harness_env(session["env"])
     oai, ant = session_clients(session)
     got = _call(kind, oai, ant, "hello")
@@ -113,10 +113,10 @@ def test_sdk_through_proxy_matches_direct(kind, sim, proxy, harness_env, tmp_pat
     assert REAL_KEY not in proxy.log()
 
 
-def test_streaming_is_not_buffered(sim, proxy, harness_env):
+def test_streaming_is_not_buffered(new_session, sim, proxy, harness_env):
     deltas = [f"d{i} " for i in range(8)]
     sim.script(Reply(text=deltas, delay=0.2))
-    session = proxy.create_session()
+    session = new_session()
     harness_env(session["env"])
     _, ant = session_clients(session)
     t0 = time.monotonic()
@@ -131,8 +131,8 @@ def test_streaming_is_not_buffered(sim, proxy, harness_env):
     assert sorted(gaps)[len(gaps) // 2] > 0.1
 
 
-def test_two_sessions_at_once_keep_their_own_turns(sim, proxy, harness_env):
-    a, b = proxy.create_session(), proxy.create_session()
+def test_two_sessions_at_once_keep_their_own_turns(new_session, sim, proxy, harness_env):
+    a, b = new_session(), new_session()
     harness_env(a["env"])  # same proxy and CA for both; only the secret differs
     errors = []
 
@@ -161,8 +161,8 @@ def test_two_sessions_at_once_keep_their_own_turns(sim, proxy, harness_env):
 
 @pytest.mark.parametrize("family", ["openai", "anthropic"])
 @pytest.mark.parametrize("secret", ["none", "unknown", "state"])
-def test_unclaimed_requests_never_leave_the_proxy(family, secret, sim, proxy, harness_env):
-    session = proxy.create_session()
+def test_unclaimed_requests_never_leave_the_proxy(new_session, family, secret, sim, proxy, harness_env):
+    session = new_session()
     harness_env(session["env"])
     key = {"none": "", "unknown": "sk-not-a-session-secret", "state": session["state_secret"]}[secret]
     if family == "openai":
@@ -187,27 +187,31 @@ def test_unclaimed_requests_never_leave_the_proxy(family, secret, sim, proxy, ha
         assert key not in proxy.log()
 
 
-def test_body_that_is_not_json_is_refused_in_dialect_shape(sim, proxy, harness_env):
-    session = proxy.create_session()
+def test_body_that_is_not_json_is_refused_in_dialect_shape(new_session, sim, proxy, harness_env):
+    import httpx
+
+    session = new_session()
     harness_env(session["env"])
-    oai, ant = session_clients(session)
-    with pytest.raises(openai.BadRequestError) as e:
-        oai.post("/chat/completions", body=None, cast_to=object,
-                 options={"content": b"{not json", "headers": {"content-type": "application/json"}})
-    assert "not valid JSON" in e.value.body["message"]
-    with pytest.raises(anthropic.BadRequestError) as e2:
-        ant.post("/v1/messages", body=None, cast_to=object,
-                 options={"content": b"[1, 2", "headers": {"content-type": "application/json"}})
-    assert e2.value.body["type"] == "error" and e2.value.body["error"]["type"] == "invalid_request_error"
+    secret = session["model_secret"]
+    with httpx.Client(timeout=10) as http:  # trust_env: HTTPS_PROXY and SSL_CERT_FILE, as an SDK
+        r = http.post("https://api.openai.com/v1/chat/completions", content=b"{not json",
+                      headers={"authorization": f"Bearer {secret}", "content-type": "application/json"})
+        assert r.status_code == 400
+        assert "not valid JSON" in r.json()["error"]["message"]
+        assert r.json()["error"]["type"] == "invalid_request_error"
+        r = http.post("https://api.anthropic.com/v1/messages", content=b"[1, 2",
+                      headers={"x-api-key": secret, "content-type": "application/json"})
+        assert r.status_code == 400 and r.headers["x-should-retry"] == "false"
+        assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
     assert sim.requests == []
     proxy.api("DELETE", f"sessions/{session['id']}")
     assert read_trace(session["trace_path"]).calls == []
 
 
-def test_unreachable_upstream_is_a_502_in_dialect_shape_and_on_the_record(sim, proxy, harness_env):
-    from tests.mitm import free_port
+def test_unreachable_upstream_is_a_502_in_dialect_shape_and_on_the_record(new_session, sim, proxy, harness_env):
+    from mitm import free_port
 
-    session = proxy.create_session(upstream={"base_url": f"http://127.0.0.1:{free_port()}/v1"})
+    session = new_session(upstream={"base_url": f"http://127.0.0.1:{free_port()}/v1"})
     harness_env(session["env"])
     _, ant = session_clients(session)
     with pytest.raises(anthropic.APIStatusError) as e:
@@ -221,8 +225,8 @@ def test_unreachable_upstream_is_a_502_in_dialect_shape_and_on_the_record(sim, p
     assert trace.num_turns == 0
 
 
-def test_non_model_paths_on_provider_hosts_are_answered_locally(sim, proxy, harness_env):
-    session = proxy.create_session()
+def test_non_model_paths_on_provider_hosts_are_answered_locally(new_session, sim, proxy, harness_env):
+    session = new_session()
     harness_env(session["env"])
     oai, ant = session_clients(session)
     with pytest.raises(anthropic.NotFoundError):
@@ -277,8 +281,8 @@ def test_default_session_from_the_banner_works(sim, proxy, monkeypatch):
     assert len(sim.model_requests()) == 1
 
 
-def test_delete_seals_and_show_reports_it(sim, proxy, harness_env):
-    session = proxy.create_session(model="m1", task={"name": "t"})
+def test_delete_seals_and_show_reports_it(new_session, sim, proxy, harness_env):
+    session = new_session(model="m1", task={"name": "t"})
     harness_env(session["env"])
     sim.script(Reply(tool_calls=[ToolCall(name="bash", arguments={"cmd": "ls"})]), Reply(text="done"))
     oai, _ = session_clients(session)
