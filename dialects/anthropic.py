@@ -16,10 +16,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from interceptor.dialects.base import Dialect, Override, StreamAssembler
+from interceptor.dialects.base import Override, StreamAssembler
 from interceptor.dialects.common import (
     Knob,
-    apply_knobs,
+    KnobDialect,
     drop,
     dumps_arguments,
     event_json,
@@ -27,9 +27,7 @@ from interceptor.dialects.common import (
     inline_ref,
     loads_or_raw,
     other_part,
-    parse_knobs,
     replace,
-    set_model,
     stop_list,
     without,
 )
@@ -42,7 +40,6 @@ from interceptor.trace.messages import (
     Request,
     Response,
     ResponseError,
-    Sampling,
     Tool,
     ToolCall,
     Usage,
@@ -259,7 +256,7 @@ def _thinking_enabled(body: dict[str, Any]) -> bool:
     return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
 
 
-class AnthropicDialect(Dialect):
+class AnthropicDialect(KnobDialect):
     name = "anthropic"
     endpoint = "/messages"
     provider = "anthropic"
@@ -279,7 +276,7 @@ class AnthropicDialect(Dialect):
             messages=messages,
             tools=[_tool(t) for t in body.get("tools") or []],
             model=body.get("model"),
-            sampling=parse_knobs(body, KNOBS),
+            sampling=self.sampling(body),
             stream=bool(body.get("stream")),
             extra={k: v for k, v in body.items() if k not in _REQUEST_KEYS},
         )
@@ -308,16 +305,10 @@ class AnthropicDialect(Dialect):
     def assembler(self) -> AnthropicAssembler:
         return AnthropicAssembler(self)
 
-    def apply_overrides(self, body: dict[str, Any], model: str | None, sampling: Sampling) -> list[Override]:
-        changes = set_model(body, model)
-        changes += apply_knobs(body, KNOBS, sampling)
-        if _thinking_enabled(body):
-            self._reconcile_thinking(body, changes)
-        return changes
-
-    @staticmethod
-    def _reconcile_thinking(body: dict[str, Any], changes: list[Override]) -> None:
+    def reconcile(self, body: dict[str, Any], changes: list[Override]) -> None:
         """What Anthropic rejects when thinking is on, fixed the least surprising way."""
+        if not _thinking_enabled(body):
+            return
         if "temperature" in body and body["temperature"] != 1:
             drop(body, "temperature", "thinking is enabled: Anthropic accepts only temperature 1", changes)
         drop(body, "top_k", "thinking is enabled: Anthropic rejects top_k", changes)

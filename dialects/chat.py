@@ -16,20 +16,18 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from interceptor.dialects.base import Dialect, Override, StreamAssembler
+from interceptor.dialects.base import Override, StreamAssembler
 from interceptor.dialects.common import (
     Knob,
-    apply_knobs,
+    KnobDialect,
     event_json,
     finish_stream,
     first,
+    inline_ref,
     other_part,
-    parse_knobs,
     reconcile_openai_reasoning,
-    set_model,
     stop_list,
     url_part,
-    inline_ref,
 )
 from interceptor.dialects.sse import SSEEvent
 from interceptor.trace.messages import (
@@ -41,7 +39,6 @@ from interceptor.trace.messages import (
     Request,
     Response,
     ResponseError,
-    Sampling,
     Tool,
     ToolCall,
     Usage,
@@ -93,6 +90,8 @@ def _content(content: Any) -> str | list[Part]:
             parts.append(Part(text=block.get("text", "")))
         elif kind == "image_url":
             image = block.get("image_url") or {}
+            if isinstance(image, str):  # the early shorthand, still accepted by OpenAI
+                image = {"url": image}
             parts.append(url_part("image", image.get("url", ""), detail=image.get("detail")))
         elif kind == "input_audio":
             audio = block.get("input_audio") or {}
@@ -266,7 +265,7 @@ def _native_finish(choice: Choice) -> str | None:
 # --------------------------------------------------------------------------------------
 
 
-class ChatDialect(Dialect):
+class ChatDialect(KnobDialect):
     name = "chat"
     endpoint = "/chat/completions"
     provider = "openai"
@@ -280,7 +279,7 @@ class ChatDialect(Dialect):
             messages=[_message(m) for m in body.get("messages") or []],
             tools=tools,
             model=body.get("model"),
-            sampling=parse_knobs(body, KNOBS),
+            sampling=self.sampling(body),
             stream=bool(body.get("stream")),
             extra={k: v for k, v in body.items() if k not in _REQUEST_KEYS},
         )
@@ -309,11 +308,8 @@ class ChatDialect(Dialect):
     def assembler(self) -> ChatAssembler:
         return ChatAssembler(self)
 
-    def apply_overrides(self, body: dict[str, Any], model: str | None, sampling: Sampling) -> list[Override]:
-        changes = set_model(body, model)
-        changes += apply_knobs(body, KNOBS, sampling)
+    def reconcile(self, body: dict[str, Any], changes: list[Override]) -> None:
         reconcile_openai_reasoning(body, changes)
-        return changes
 
     def json_body(self, response: Response) -> dict[str, Any]:
         """The non-streamed ChatCompletion for a canonical response."""

@@ -13,9 +13,9 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from interceptor.dialects.base import Override
+from interceptor.dialects.base import Dialect, Override
 from interceptor.dialects.sse import SSEEvent
 from interceptor.trace.messages import Part, Response, ResponseError, Sampling
 
@@ -274,3 +274,24 @@ def reconcile_openai_reasoning(body: dict[str, Any], changes: list[Override]) ->
     for key in ("temperature", "top_p"):
         if key in body and body[key] != 1:
             drop(body, key, f"{body.get('model')} is a reasoning model: it only accepts {key}=1", changes)
+
+
+class KnobDialect(Dialect):
+    """A dialect whose settings are described by a ``Knob`` table: the session-authority
+    half of ``apply_overrides`` is the same for all three, only ``reconcile`` differs."""
+
+    knobs: ClassVar[tuple[Knob, ...]] = ()
+
+    def apply_overrides(self, body: dict[str, Any], model: str | None, sampling: Sampling) -> list[Override]:
+        changes = set_model(body, model)
+        changes += apply_knobs(body, self.knobs, sampling)
+        self.reconcile(body, changes)
+        return changes
+
+    def reconcile(self, body: dict[str, Any], changes: list[Override]) -> None:
+        """Fix, in place and on the record, what the provider would reject once the
+        session's settings are in."""
+
+    def sampling(self, body: dict[str, Any]) -> Sampling:
+        """The body's settings in canonical names."""
+        return parse_knobs(body, self.knobs)

@@ -135,39 +135,60 @@ class Deflate(Decoder):
         return out
 
 
-class Brotli(Decoder):
+class _Library(Decoder):
+    """A third-party streaming decompressor: its errors become ``ValueError`` like zlib's,
+    and a body that ends before the codec says it is finished is a cut body."""
+
+    name: str
+    errors: type[Exception]
+
     def __init__(self) -> None:
+        self._seen = False
+
+    def decode(self, chunk: bytes) -> bytes:
+        if not chunk:
+            return b""
+        self._seen = True
+        try:
+            return self._process(chunk)
+        except self.errors as e:
+            raise ValueError(f"invalid {self.name} data: {e}") from e
+
+    def flush(self) -> bytes:
+        if self._seen and not self._finished():
+            raise ValueError(f"{self.name} body ended inside the compressed stream")
+        return b""
+
+    @abstractmethod
+    def _process(self, chunk: bytes) -> bytes: ...
+
+    def _finished(self) -> bool:
+        return True
+
+
+class Brotli(_Library):
+    name, errors = "brotli", brotli.error
+
+    def __init__(self) -> None:
+        super().__init__()
         self._d = brotli.Decompressor()
-        self._seen = False
 
-    def decode(self, chunk: bytes) -> bytes:
-        if not chunk:
-            return b""
-        self._seen = True
-        try:
-            return self._d.process(chunk)
-        except brotli.error as e:
-            raise ValueError(f"invalid brotli data: {e}") from e
+    def _process(self, chunk: bytes) -> bytes:
+        return self._d.process(chunk)
 
-    def flush(self) -> bytes:
-        if self._seen and not self._d.is_finished():
-            raise ValueError("brotli body ended inside the compressed stream")
-        return b""
+    def _finished(self) -> bool:
+        return self._d.is_finished()
 
 
-class Zstd(Decoder):
+class Zstd(_Library):
+    """zstd, across frames. The decompressor does not say where a frame ends, so a body
+    cut inside a frame is not detected here (the missing terminal event still is)."""
+
+    name, errors = "zstd", zstandard.ZstdError
+
     def __init__(self) -> None:
+        super().__init__()
         self._d = zstandard.ZstdDecompressor().decompressobj(read_across_frames=True)
-        self._seen = False
 
-    def decode(self, chunk: bytes) -> bytes:
-        if not chunk:
-            return b""
-        self._seen = True
-        try:
-            return self._d.decompress(chunk)
-        except zstandard.ZstdError as e:
-            raise ValueError(f"invalid zstd data: {e}") from e
-
-    def flush(self) -> bytes:
-        return b""
+    def _process(self, chunk: bytes) -> bytes:
+        return self._d.decompress(chunk)

@@ -19,16 +19,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from interceptor.dialects.base import Dialect, Override, StreamAssembler
+from interceptor.dialects.base import Override, StreamAssembler
 from interceptor.dialects.common import (
     Knob,
-    apply_knobs,
+    KnobDialect,
     event_json,
     finish_stream,
     other_part,
-    parse_knobs,
     reconcile_openai_reasoning,
-    set_model,
     url_part,
 )
 from interceptor.dialects.sse import SSEEvent
@@ -40,7 +38,6 @@ from interceptor.trace.messages import (
     Request,
     Response,
     ResponseError,
-    Sampling,
     Tool,
     ToolCall,
     Usage,
@@ -299,7 +296,7 @@ def _native_usage(usage: Usage) -> dict[str, Any]:
     }
 
 
-class ResponsesDialect(Dialect):
+class ResponsesDialect(KnobDialect):
     name = "responses"
     endpoint = "/responses"
     provider = "openai"
@@ -318,7 +315,7 @@ class ResponsesDialect(Dialect):
             messages=messages,
             tools=tools + more_tools,
             model=body.get("model"),
-            sampling=parse_knobs(body, KNOBS),
+            sampling=self.sampling(body),
             stream=bool(body.get("stream")),
             extra={k: v for k, v in body.items() if k not in _REQUEST_KEYS},
         )
@@ -354,11 +351,8 @@ class ResponsesDialect(Dialect):
     def assembler(self) -> ResponsesAssembler:
         return ResponsesAssembler(self)
 
-    def apply_overrides(self, body: dict[str, Any], model: str | None, sampling: Sampling) -> list[Override]:
-        changes = set_model(body, model)
-        changes += apply_knobs(body, KNOBS, sampling)
+    def reconcile(self, body: dict[str, Any], changes: list[Override]) -> None:
         reconcile_openai_reasoning(body, changes)
-        return changes
 
     def json_body(self, response: Response) -> dict[str, Any]:
         """The non-streamed Response object for a canonical response."""

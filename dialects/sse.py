@@ -40,7 +40,7 @@ class SSEDecoder:
     """Incremental SSE parser following the WHATWG event-stream rules.
 
     Lines end at CRLF, LF or CR; ``:`` lines are comments; an event dispatches on a blank
-    line; one leading space after the colon is stripped; events with no data are dropped.
+    line; one leading space after the colon is stripped; blocks with no data line are dropped.
     """
 
     _line: bytearray = field(default_factory=bytearray)
@@ -109,13 +109,13 @@ class SSEDecoder:
 
     def _line_done(self, raw: bytes) -> SSEEvent | None:
         if not raw:
-            if not self._has_data and self._event is None:
-                return None
-            ev = SSEEvent(self._event, "\n".join(self._data), self._id, self._retry, self._malformed)
+            # WHATWG: a block with no data line dispatches nothing (even with an event name);
+            # a bare ``data`` line dispatches an event whose data is empty.
+            ev = None
+            if self._has_data:
+                ev = SSEEvent(self._event, "\n".join(self._data), self._id, self._retry, self._malformed)
             self._event, self._data, self._has_data, self._retry = None, [], False, None
             self._malformed = False
-            if not ev.data and ev.event is None:
-                return None
             return ev
         try:
             line = raw.decode("utf-8")

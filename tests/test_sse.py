@@ -1,0 +1,99 @@
+"""The SSE decoder: framing edge cases, and any chunking equals no chunking."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from interceptor.dialects.sse import SSEDecoder, SSEEvent
+
+
+def decode(*chunks: bytes) -> list[SSEEvent]:
+    d = SSEDecoder()
+    out = []
+    for c in chunks:
+        out += d.feed(c)
+    return out + d.flush()
+
+
+def pairs(events: list[SSEEvent]) -> list[tuple[str | None, str]]:
+    return [(e.event, e.data) for e in events]
+
+
+def test_basic_event_and_data():
+    assert pairs(decode(b"event: ping\ndata: {}\n\ndata: x\n\n")) == [("ping", "{}"), (None, "x")]
+
+
+def test_crlf_split_between_cr_and_lf():
+    body = b"data: a\r\n\r\ndata: b\r\n\r\n"
+    for i in range(len(body) + 1):
+        assert pairs(decode(body[:i], body[i:])) == [(None, "a"), (None, "b")], i
+
+
+def test_cr_only_line_endings_and_empty_chunks():
+    assert pairs(decode(b"data: a\r", b"", b"\rdata: b\r\r")) == [(None, "a"), (None, "b")]
+    # An empty chunk between CR and LF must not turn the LF into a second blank line.
+    assert pairs(decode(b"data: a\r", b"", b"\ndata: b\n\n")) == [(None, "a\nb")]
+
+
+def test_comments_are_ignored():
+    assert pairs(decode(b": keep-alive\n\n:another\ndata: x\n: mid\n\n")) == [(None, "x")]
+
+
+def test_multi_line_data_is_joined_with_newlines():
+    assert pairs(decode(b"data: line1\ndata:line2\ndata:  indented\n\n")) == [(None, "line1\nline2\n indented")]
+
+
+def test_no_trailing_blank_line_is_flushed():
+    assert pairs(decode(b"event: message_stop\ndata: {}")) == [("message_stop", "{}")]
+    assert pairs(decode(b"data: [DONE]\n")) == [(None, "[DONE]")]
+
+
+def test_invalid_utf8_split_across_chunks():
+    good = "data: é€\n\n".encode()
+    for i in range(len(good) + 1):
+        events = decode(good[:i], good[i:])
+        assert pairs(events) == [(None, "é€")] and not events[0].malformed
+    bad = b"data: \xe2\x82\n\ndata: ok\n\n"  # a truncated 3-byte sequence
+    for i in range(len(bad) + 1):
+        events = decode(bad[:i], bad[i:])
+        assert [e.malformed for e in events] == [True, False]
+        assert events[0].data == "\ufffd" and events[1].data == "ok"
+
+
+def test_byte_order_mark_and_fields():
+    events = decode(b"\xef\xbb\xbfid: 7\nretry: 100\nevent: e\ndata: d\n\n")
+    assert pairs(events) == [("e", "d")] and events[0].id == "7" and events[0].retry == 100
+    assert decode(b"data\n\n")[0].data == ""  # a field with no colon has an empty value
+
+
+def test_events_without_data_are_dropped():
+    assert decode(b"\n\n\nid: 1\n\nevent: named-but-empty\n\n") == []
+
+
+def test_encode_round_trips():
+    events = [SSEEvent("message_start", '{"a": 1}'), SSEEvent(None, "two\nlines")]
+    assert pairs(decode(b"".join(e.encode() for e in events))) == pairs(events)
+
+
+def test_bytes_seen_counts_everything():
+    d = SSEDecoder()
+    d.feed(b"data: 1\n")
+    d.feed(b"\n")
+    assert d.bytes_seen == 9
+
+
+STREAM = (
+    b"event: a\r\ndata: one\r\n\r\n: comment\n"
+    b"data: x\rdata: y\r\r"
+    b"data: \xc3\xa9t\xc3\xa9\n\n"
+    b"event: last\ndata: {\"k\": \"\xe2\x82\xac\"}"
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, len(STREAM)), max_size=20))
+def test_any_chunking_gives_the_same_events(cuts):
+    points = sorted({0, len(STREAM), *cuts})
+    chunks = [STREAM[a:b] for a, b in zip(points, points[1:])]
+    assert pairs(decode(*chunks)) == [("a", "one"), (None, "x\ny"), (None, "été"), ("last", '{"k": "€"}')]
