@@ -71,6 +71,7 @@ def ant(sim):
 class Raw:
     status: int
     headers: dict[str, str]
+    header_lines: list[str] = field(default_factory=list)  # as sent, repeats included
     chunks: list[tuple[float, bytes]] = field(default_factory=list)  # (arrival, payload)
     complete: bool = False  # saw the terminating 0-chunk (or the whole Content-Length)
 
@@ -89,10 +90,12 @@ def raw_request(sim: ProviderSimulator, path: str, body: Any = None, headers: di
     reader = sock.makefile("rb")
     status = int(reader.readline().split()[1])
     hdrs: dict[str, str] = {}
+    lines = []
     while (line := reader.readline()) not in (b"\r\n", b""):
-        name, _, value = line.decode().partition(":")
+        lines.append(line.decode().strip())
+        name, _, value = lines[-1].partition(":")
         hdrs[name.strip().lower()] = value.strip()
-    raw = Raw(status, hdrs)
+    raw = Raw(status, hdrs, lines)
     try:
         if hdrs.get("transfer-encoding") == "chunked":
             while True:
@@ -427,6 +430,14 @@ def test_anthropic_error_shape_matches_capture(sim):
     assert raw.body == json.dumps(body, separators=(",", ":")).encode()  # compact, like the capture
 
 
+def test_reply_headers_override_ours_whatever_their_case(sim):
+    sim.script(Reply(text="x", headers={"Content-Type": "application/json; charset=utf-8", "X-Extra": "1"}))
+    raw = raw_request(sim, "/v1/chat/completions", {"model": "m", "messages": USER})
+    names = [line.split(":")[0].lower() for line in raw.header_lines]
+    assert names.count("content-type") == 1
+    assert raw.headers["content-type"] == "application/json; charset=utf-8" and raw.headers["x-extra"] == "1"
+
+
 def test_openai_error_shape(sim):
     sim.script(Reply(status=400, error_message="bad model", error_code="model_not_found"))
     raw = raw_request(sim, "/v1/chat/completions", {"model": "nope", "messages": USER})
@@ -497,6 +508,9 @@ def test_exchange_file_bodies_and_status_are_verbatim(sim, ant):
     sim.script_exchange_file(path)
     first = raw_request(sim, "/v1/messages?beta=true", {"model": CLAUDE, "max_tokens": 10, "messages": USER})
     assert json.loads(first.body) == captured[0]["response"]["body"]
+    names = [line.split(":")[0].lower() for line in first.header_lines]
+    assert names.count("server") == 1 and "request-id" not in names  # the capture's headers, not ours
+    assert first.headers["cf-cache-status"] == captured[0]["response"]["headers"]["cf-cache-status"]
     with pytest.raises(anthropic.BadRequestError) as caught:
         ant.messages.create(model=CLAUDE, max_tokens=10, messages=USER)
     assert caught.value.body == captured[1]["response"]["body"]
@@ -512,7 +526,8 @@ def test_delay_spreads_events_over_time(sim, oai):
     arrivals = [time.monotonic() for _ in stream]
     assert len(arrivals) == 4  # role, "one", " two", finish
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    assert min(gaps) >= 0.15, gaps
+    # Three 0.2 s pauses; loose bounds so a loaded machine does not make this flaky.
+    assert arrivals[-1] - arrivals[0] >= 0.45 and sum(g >= 0.1 for g in gaps) >= 2, gaps
 
 
 def test_first_byte_delay(sim):
@@ -537,7 +552,7 @@ def test_cut_stream_makes_the_sdk_raise_and_the_server_survives(sim, oai, ant):
     assert oai.chat.completions.create(model="gpt-4o", messages=USER).choices[0].message.content
 
 
-def test_client_disconnect_mid_stream_is_survived(sim, oai):
+def test_client_disconnect_mid_stream_is_survived(sim, oai, capfd):
     sim.script(Reply(text=" ".join(["word"] * 200), delay=0.01))
     sock = socket.create_connection(("127.0.0.1", sim.port))
     body = json.dumps({"model": "m", "messages": USER, "stream": True}).encode()
@@ -545,8 +560,9 @@ def test_client_disconnect_mid_stream_is_survived(sim, oai):
                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     assert sock.recv(100).startswith(b"HTTP/1.1 200")
     sock.close()
-    time.sleep(0.1)
+    time.sleep(0.2)  # the server hits the closed socket on its next writes
     assert oai.chat.completions.create(model="gpt-4o", messages=USER).choices[0].message.content
+    assert "Traceback" not in capfd.readouterr().err  # a hang-up is not a server error
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "br", "zstd", "deflate"])

@@ -23,14 +23,13 @@ import os
 import pathlib
 import secrets
 import socket
-import socketserver
 import threading
 import time
 import traceback
 import uuid
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 from urllib.parse import parse_qs, urlsplit
 
 from . import anthropic_messages, errors, openai_chat, openai_responses, tokens, wire
@@ -453,7 +452,14 @@ class _Handler(BaseHTTPRequestHandler):
             phrase = http.HTTPStatus(status).phrase
         except ValueError:
             phrase = {529: "Overloaded"}.get(status, "")
-        self.send_response(status, phrase)
+        self.log_request(status)
+        self.send_response_only(status, phrase)
+        present = {name.lower() for name in headers}
+        # A captured exchange brings its own `server` (and maybe `date`): never send two.
+        if "server" not in present:
+            self.send_header("server", self.version_string())
+        if "date" not in present:
+            self.send_header("date", self.date_time_string())
         for name, value in headers.items():
             self.send_header(name, value)
         self.end_headers()
@@ -473,8 +479,7 @@ class _Handler(BaseHTTPRequestHandler):
             headers["transfer-encoding"] = "chunked"
         else:
             headers["content-length"] = str(len(data))
-        headers.update(reply.headers)
-        self._start(status, headers)
+        self._start(status, _merged(headers, reply.headers))
         if reply.cut_after is not None:
             part = data[: reply.cut_after]
             self._chunk(part) if chunked else self.wfile.write(part)
@@ -500,8 +505,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {"content-type": content_type, "cache-control": "no-cache", **base, "transfer-encoding": "chunked"}
         if encoder.name:
             headers["content-encoding"] = encoder.name
-        headers.update(reply.headers)
-        self._start(status, headers)
+        self._start(status, _merged(headers, reply.headers))
         for index, data in enumerate(events):
             if index and reply.delay:
                 time.sleep(reply.delay)
@@ -543,6 +547,17 @@ class _Handler(BaseHTTPRequestHandler):
         except (ValueError, TypeError, FileNotFoundError) as exc:
             status, answer = 400, {"ok": False, "error": str(exc)}
         self._send_body(status, json.dumps(answer).encode(), _JSON, Reply(chunked=False), {})
+
+
+def _merged(headers: dict[str, str], extra: Any) -> dict[str, str]:
+    """`headers` overridden by `extra` regardless of case, so a Reply's
+    `Content-Type` replaces ours instead of going out next to it."""
+    out = dict(headers)
+    for name, value in dict(extra).items():
+        for existing in [k for k in out if k.lower() == name.lower()]:
+            del out[existing]
+        out[name] = str(value)
+    return out
 
 
 def _guess_type(name: str, data: bytes) -> str:
