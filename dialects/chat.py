@@ -23,6 +23,7 @@ from interceptor.dialects.common import (
     event_json,
     finish_stream,
     first,
+    inline_part,
     inline_ref,
     other_part,
     reconcile_openai_reasoning,
@@ -100,7 +101,7 @@ def _content(content: Any) -> str | list[Part]:
         elif kind == "file":
             f = block.get("file") or {}
             if f.get("file_data"):
-                part = url_part("file", f["file_data"], filename=f.get("filename"))
+                part = inline_part("file", f["file_data"], filename=f.get("filename"))
             else:
                 part = Part(type="file", ref=f.get("file_id"),
                             data={"filename": f["filename"]} if f.get("filename") else None)

@@ -8,7 +8,6 @@ each dialect lists where each canonical setting lives in its body and who owns i
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import json
 from collections.abc import Callable, Iterable
@@ -30,13 +29,12 @@ def without(block: dict[str, Any], keys: Iterable[str] = VOLATILE_KEYS) -> dict[
 
 
 def inline_ref(data: str) -> str:
-    """``sha256:<hex>`` of base64 inline data, hashed decoded so the same image sent as a
-    Chat data URL and as an Anthropic base64 source gets the same reference."""
-    try:
-        raw = base64.b64decode(data, validate=False)
-    except (binascii.Error, ValueError):
-        raw = data.encode()
-    return "sha256:" + hashlib.sha256(raw).hexdigest()
+    """``sha256:<hex>`` of base64 inline data, hashed as the base64 text: standard base64 is
+    unique for given bytes, so the same image sent as a Chat data URL and as an Anthropic
+    source gets the same reference, without decoding megabytes on every restated turn."""
+    if "\n" in data or " " in data or "\r" in data:  # MIME-style wrapped base64
+        data = "".join(data.split())
+    return "sha256:" + hashlib.sha256(data.encode("ascii", "replace")).hexdigest()
 
 
 def url_part(kind: Literal["image", "file"], url: str, **extra: Any) -> Part:
@@ -45,11 +43,15 @@ def url_part(kind: Literal["image", "file"], url: str, **extra: Any) -> Part:
     if url.startswith("data:"):
         header, _, payload = url.partition(",")
         media = header[5:].split(";")[0] or None
-        if ";base64" in header:
-            return Part(type=kind, ref=inline_ref(payload), media_type=media, data=data)
-        return Part(type=kind, ref=inline_ref(base64.b64encode(payload.encode()).decode()),
-                    media_type=media, data=data)
+        if ";base64" not in header:  # percent-encoded text: hash it as base64 would be
+            payload = base64.b64encode(payload.encode()).decode()
+        return Part(type=kind, ref=inline_ref(payload), media_type=media, data=data)
     return Part(type=kind, ref=url, data=data)
+
+
+def inline_part(kind: Literal["image", "file"], data: str, **extra: Any) -> Part:
+    """A part for inline file data sent either as a ``data:`` URL or as bare base64."""
+    return url_part(kind, data if data.startswith("data:") else "data:;base64," + data, **extra)
 
 
 def other_part(block: dict[str, Any]) -> Part:

@@ -25,6 +25,7 @@ from interceptor.dialects.common import (
     KnobDialect,
     event_json,
     finish_stream,
+    inline_part,
     other_part,
     reconcile_openai_reasoning,
     url_part,
@@ -80,10 +81,7 @@ def _content(content: Any) -> str | list[Part]:
                                   data={"detail": block["detail"]} if block.get("detail") else None))
         elif kind == "input_file":
             if block.get("file_data"):
-                data = block["file_data"]
-                if not data.startswith("data:"):
-                    data = "data:;base64," + data
-                parts.append(url_part("file", data, filename=block.get("filename")))
+                parts.append(inline_part("file", block["file_data"], filename=block.get("filename")))
             else:
                 parts.append(Part(type="file", ref=block.get("file_url") or block.get("file_id"),
                                   data={"filename": block["filename"]} if block.get("filename") else None))

@@ -81,9 +81,9 @@ def sdk_final(dialect: Dialect, body: bytes) -> dict:
         client = openai.OpenAI(api_key="k", http_client=_transport(body), max_retries=0)
         with client.responses.stream(model="m", input="x") as s:
             events = list(s)
-        # The helper's final response exists only for response.completed; the incomplete
+        # The helper builds a final response only for response.completed; the incomplete
         # and failed events carry theirs.
-        final = s._state._completed_response or events[-1].response
+        final = s.get_final_response() if events[-1].type == "response.completed" else events[-1].response
     return final.model_dump(mode="json", exclude_unset=True, by_alias=True)
 
 
