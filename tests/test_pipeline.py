@@ -188,7 +188,7 @@ def test_unclaimed_requests_never_leave_the_proxy(new_session, family, secret, s
 
 
 def test_body_that_is_not_json_is_refused_in_dialect_shape(new_session, sim, proxy, harness_env):
-    import httpx
+    import httpx2 as httpx  # the HTTP client the SDKs themselves use
 
     session = new_session()
     harness_env(session["env"])
