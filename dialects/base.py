@@ -77,6 +77,12 @@ class Dialect(ABC):
     def stream_events(self, response: Response) -> list[SSEEvent]:
         """A canonical response as this format's native SSE events, terminal event last."""
 
+    @abstractmethod
+    def json_body(self, response: Response) -> dict[str, Any]:
+        """A canonical response as this format's non-streamed JSON body. With
+        ``stream_events`` this is how a rewritten or synthesised answer reaches a harness;
+        ``parse_response(json_body(r)) == r`` for a response in this dialect's normal form."""
+
     def is_stream(self, body: dict[str, Any]) -> bool:
         return bool(body.get("stream"))
 

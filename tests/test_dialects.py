@@ -260,6 +260,34 @@ def test_websocket_messages_assemble_without_sse_framing():
     assert said[-1] is True and assembler.result() == base
 
 
+def test_anthropic_server_tool_input_is_streamed_like_tool_input():
+    start = {"id": "msg_s", "type": "message", "role": "assistant", "model": "c", "content": [],
+             "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 5, "output_tokens": 1}}
+    block = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}
+    result = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1",
+              "content": [{"type": "web_search_result", "url": "https://a", "title": "A", "encrypted_content": "e"}]}
+    events = [
+        ("message_start", {"type": "message_start", "message": start}),
+        ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                 "delta": {"type": "input_json_delta", "partial_json": '{"query": "wea'}}),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                 "delta": {"type": "input_json_delta", "partial_json": 'ther"}'}}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("content_block_start", {"type": "content_block_start", "index": 1, "content_block": result}),
+        ("content_block_stop", {"type": "content_block_stop", "index": 1}),
+        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                           "usage": {"output_tokens": 9}}),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+    data = encode([SSEEvent(event=n, data=json.dumps(d)) for n, d in events])
+    streamed = assemble(ANTHROPIC, [data])[0]
+    whole_body = {**start, "content": [{**block, "input": {"query": "weather"}}, result],
+                  "stop_reason": "end_turn", "usage": {"input_tokens": 5, "output_tokens": 9}}
+    assert streamed == ANTHROPIC.parse_response(whole_body)
+    assert streamed.message.content[0].data["input"] == {"query": "weather"}
+
+
 # --------------------------------------------------------------------------------------
 # Anthropic exchanges
 
@@ -518,6 +546,11 @@ ROUND_TRIPS: list[tuple[Dialect, Response]] = [
         id="chatcmpl-2", model="gpt-4o", finish_reason="stop", native_finish_reason="stop",
         message=Message(role="assistant", refusal="I can't help with that."), usage=Usage(input_tokens=3, output_tokens=4),
         extra={"created": 1})),
+    (CHAT, Response(
+        id="chatcmpl-3", model="gpt-5", finish_reason="tool_calls", native_finish_reason="tool_calls",
+        message=Message(role="assistant", tool_calls=[ToolCall(id="call_c", name="patch", arguments="*** Begin",
+                                                               type="custom")]),
+        extra={"created": 2})),
     (ANTHROPIC, Response(
         id="msg_1", model="claude-sonnet-4-5", finish_reason="tool_calls", native_finish_reason="tool_use",
         message=Message(role="assistant", content=[Part(text="Checking."), Part(text="Again.")],
@@ -564,6 +597,9 @@ def test_round_trip_json_and_stream(dialect, response):
 
 @pytest.mark.parametrize(("dialect", "response"), ROUND_TRIPS, ids=RT_IDS)
 def test_synthesised_stream_accepted_by_sdk(dialect, response):
+    if dialect is CHAT and any(c.type == "custom" for c in response.message.tool_calls):
+        pytest.skip("the openai SDK's chat stream helper itself fails on custom tool calls "
+                    "(AttributeError: 'dict' object has no attribute 'name')")
     final = sdk_final(dialect, encode(dialect.stream_events(response)))
     expected = response.model_copy(deep=True)
     if dialect is CHAT:  # the SDK drops vLLM's per-choice token_ids; nothing else
