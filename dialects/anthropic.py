@@ -16,14 +16,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from interceptor.dialects.base import Override, StreamAssembler
+from interceptor.dialects.base import Override
 from interceptor.dialects.common import (
     Knob,
     KnobDialect,
+    error_from,
+    NativeAssembler,
     drop,
     dumps_arguments,
-    event_json,
-    finish_stream,
     inline_ref,
     loads_or_raw,
     other_part,
@@ -199,14 +199,6 @@ def _usage(raw: dict[str, Any] | None) -> Usage | None:
     )
 
 
-def _error(raw: Any, status: int | None = None) -> ResponseError:
-    err = raw.get("error") if isinstance(raw, dict) and isinstance(raw.get("error"), dict) else raw
-    if isinstance(err, dict):
-        return ResponseError(type=str(err.get("type") or "error"), message=str(err.get("message") or ""),
-                             status=status)
-    return ResponseError(type="error", message=str(raw), status=status)
-
-
 # --------------------------------------------------------------------------------------
 # canonical -> native
 
@@ -283,7 +275,7 @@ class AnthropicDialect(KnobDialect):
 
     def parse_response(self, body: dict[str, Any]) -> Response:
         if body.get("type") == "error":
-            return Response(error=_error(body), finish_reason="error")
+            return Response(error=error_from(body), finish_reason="error")
         native = body.get("stop_reason")
         extra = {k: body[k] for k in ("stop_sequence", "stop_details", "container")
                  if body.get(k) is not None}
@@ -299,7 +291,7 @@ class AnthropicDialect(KnobDialect):
 
     def response_error(self, status: int, body: Any) -> ResponseError:
         if isinstance(body, dict) and isinstance(body.get("error"), dict):
-            return _error(body, status)
+            return error_from(body, status)
         return super().response_error(status, body)
 
     def assembler(self) -> AnthropicAssembler:
@@ -424,23 +416,18 @@ class _Block:
         return block
 
 
-class AnthropicAssembler(StreamAssembler):
+class AnthropicAssembler(NativeAssembler):
     """Events -> the Message JSON -> ``parse_response``. Terminal: ``message_stop`` or
     ``error`` (Anthropic sends ``event: error`` after a 200 when it is overloaded mid-way)."""
 
+    terminal = "message_stop"
+
     def __init__(self, dialect: AnthropicDialect):
-        self.dialect = dialect
-        self.done = False
+        super().__init__(dialect)
         self.message: dict[str, Any] | None = None
         self.blocks: dict[int, _Block] = {}
-        self.error: ResponseError | None = None
 
-    def feed(self, event: SSEEvent) -> bool:
-        if self.done:
-            return True
-        obj, self.error = event_json(event, self.error)
-        if obj is None:
-            return False
+    def fold(self, obj: dict[str, Any], event: SSEEvent) -> bool:
         kind = obj.get("type") or event.event
         if kind == "content_block_delta":
             block = self.blocks.get(obj.get("index", 0))
@@ -465,12 +452,9 @@ class AnthropicAssembler(StreamAssembler):
         elif kind == "message_delta":
             self._message_delta(obj)
         elif kind == "message_stop":
-            self.done = True
             return True
         elif kind == "error":
-            self.error = _error(obj)
-            self.done = True
-            return True
+            return self.fail(error_from(obj))
         return False
 
     def _message_delta(self, obj: dict[str, Any]) -> None:
@@ -492,11 +476,6 @@ class AnthropicAssembler(StreamAssembler):
         message = dict(self.message or {})
         message["content"] = [self.blocks[i].native() for i in sorted(self.blocks)]
         return message
-
-    def result(self) -> Response:
-        if self.message is None and self.error is not None:
-            return Response(error=self.error, finish_reason="error")
-        return finish_stream(self.dialect.parse_response(self.native()), self.error, self.done, "message_stop")
 
 
 ANTHROPIC = AnthropicDialect()

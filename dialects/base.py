@@ -69,9 +69,13 @@ class Dialect(ABC):
         self, body: dict[str, Any], model: str | None, sampling: Sampling
     ) -> list[Override]:
         """Make the session authoritative, in place: set ``model`` when given, drop every
-        sampling key the harness sent, apply the session's in this dialect's names, then
-        reconcile what the provider would reject. Returns every change; an empty list means
-        the body is untouched (and the proxy forwards the original bytes)."""
+        decoding key the harness sent (temperature, top_p/top_k, budgets, seed, penalties,
+        reasoning effort, thinking), apply the session's in this dialect's names, then
+        reconcile what the provider would reject. Keys that are the harness's contract with
+        its own code (tool choice, stop sequences, ``n``, logprobs) are replaced only when the
+        session sets them; a required key (Anthropic ``max_tokens``) stays when the session
+        gives none. Returns every change; an empty list means the body is untouched (and the
+        proxy forwards the original bytes)."""
 
     @abstractmethod
     def stream_events(self, response: Response) -> list[SSEEvent]:

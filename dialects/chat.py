@@ -16,12 +16,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from interceptor.dialects.base import Override, StreamAssembler
+from interceptor.dialects.base import Override
 from interceptor.dialects.common import (
     Knob,
     KnobDialect,
-    event_json,
-    finish_stream,
+    error_from,
+    NativeAssembler,
     first,
     inline_part,
     inline_ref,
@@ -39,7 +39,6 @@ from interceptor.trace.messages import (
     Reasoning,
     Request,
     Response,
-    ResponseError,
     Tool,
     ToolCall,
     Usage,
@@ -302,7 +301,7 @@ class ChatDialect(KnobDialect):
             prompt_token_ids=body.get("prompt_token_ids"),
             token_ids=head.token_ids,
             logprobs=head.logprobs,
-            error=_error(error) if error else None,
+            error=error_from(error) if error else None,
             extra=extra,
         )
 
@@ -379,13 +378,6 @@ class ChatDialect(KnobDialect):
         return events
 
 
-def _error(raw: Any) -> ResponseError:
-    if isinstance(raw, dict):
-        return ResponseError(type=str(raw.get("type") or raw.get("code") or "error"),
-                             message=str(raw.get("message") or ""))
-    return ResponseError(type="error", message=str(raw))
-
-
 @dataclass(slots=True)
 class _ChoiceState:
     content: list[str] = field(default_factory=list)
@@ -441,32 +433,27 @@ class _ChoiceState:
         return {"id": slot["id"], "type": "function", "function": {"name": name, "arguments": args}}
 
 
-class ChatAssembler(StreamAssembler):
+class ChatAssembler(NativeAssembler):
     """Chunks -> the ChatCompletion JSON -> ``parse_response``. Terminal: ``[DONE]`` (or an
     ``{"error": ...}`` event, after which OpenAI closes the stream)."""
 
+    terminal = "data: [DONE]"
+
     def __init__(self, dialect: ChatDialect):
-        self.dialect = dialect
-        self.done = False
+        super().__init__(dialect)
         self.head: dict[str, Any] = {}
         self.usage: dict[str, Any] | None = None
         self.prompt_token_ids: list[int] | None = None
         self.choices: dict[int, _ChoiceState] = {}
-        self.error: ResponseError | None = None
 
     def feed(self, event: SSEEvent) -> bool:
-        if self.done:
-            return True
-        if event.data.strip() == "[DONE]":
+        if not self.done and event.data.strip() == "[DONE]":
             self.done = True
-            return True
-        obj, self.error = event_json(event, self.error)
-        if obj is None:
-            return False
+        return super().feed(event)
+
+    def fold(self, obj: dict[str, Any], event: SSEEvent) -> bool:
         if obj.get("error"):
-            self.error = _error(obj["error"])
-            self.done = True
-            return True
+            return self.fail(error_from(obj["error"]))
         head = self.head
         for key in ("id", "model", "created", "system_fingerprint", "service_tier"):
             if head.get(key) is None and obj.get(key) is not None:
@@ -517,8 +504,6 @@ class ChatAssembler(StreamAssembler):
             body["prompt_token_ids"] = self.prompt_token_ids
         return body
 
-    def result(self) -> Response:
-        return finish_stream(self.dialect.parse_response(self.native()), self.error, self.done, "data: [DONE]")
 
 
 CHAT = ChatDialect()

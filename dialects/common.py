@@ -10,11 +10,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from abc import abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from interceptor.dialects.base import Dialect, Override
+
+from interceptor.dialects.base import Dialect, Override, StreamAssembler
 from interceptor.dialects.sse import SSEEvent
 from interceptor.trace.messages import Part, Response, ResponseError, Sampling
 
@@ -87,25 +89,69 @@ def json_data(event_data: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def event_json(event: SSEEvent, seen: ResponseError | None) -> tuple[dict[str, Any] | None, ResponseError | None]:
-    """An event's JSON and the assembler's error so far: an unparseable or damaged event is
-    remembered (the first one wins) so the record says the stream was not clean."""
-    obj = json_data(event.data)
-    if (obj is None or event.malformed) and seen is None:
-        seen = ResponseError(type="malformed_event", message=f"unparseable stream event: {event.data[:200]!r}")
-    return obj, seen
+def error_from(raw: Any, status: int | None = None, *, code_first: bool = False) -> ResponseError:
+    """A provider error object (bare, or wrapped as ``{"error": {...}}``) as a record.
+    Responses names the kind in ``code`` (``server_error``), the others in ``type``."""
+    if isinstance(raw, dict) and isinstance(raw.get("error"), dict):
+        raw = raw["error"]
+    if not isinstance(raw, dict):
+        return ResponseError(type="error", message=str(raw), status=status)
+    keys = ("code", "type") if code_first else ("type", "code")
+    kind = next((raw[k] for k in keys if raw.get(k)), "error")
+    return ResponseError(type=str(kind), message=str(raw.get("message") or ""), status=status)
 
 
-def finish_stream(response: Response, error: ResponseError | None, done: bool, terminal: str) -> Response:
-    """Mark an assembled response as failed when the stream was: a cut stream (no terminal
-    event) first, since a damaged last fragment is only its symptom; then an error event or
-    a malformed event. A response with ``error`` set is recorded, never committed as a turn."""
-    if not done:
-        error = ResponseError(type="incomplete_stream", message=f"the stream ended before {terminal}")
-    if error is not None:
-        response.error = error
-        response.finish_reason = "error"
-    return response
+class NativeAssembler(StreamAssembler):
+    """The assembler shape all three dialects share: fold each event into native state
+    (``fold``), rebuild the body the non-streamed endpoint would have sent (``native``), and
+    let ``parse_response`` map it, so the JSON and the streamed path cannot disagree.
+
+    An unparseable or damaged event is remembered (the first one wins) so the record says
+    the stream was not clean; a stream without its terminal event is an error on the record.
+    """
+
+    terminal: ClassVar[str]
+
+    def __init__(self, dialect: Dialect):
+        self.dialect = dialect
+        self.done = False
+        self.error: ResponseError | None = None
+
+    def feed(self, event: SSEEvent) -> bool:
+        if self.done:
+            return True
+        obj = json_data(event.data)
+        if (obj is None or event.malformed) and self.error is None:
+            self.error = ResponseError(type="malformed_event",
+                                       message=f"unparseable stream event: {event.data[:200]!r}")
+        if obj is None:
+            return False
+        if self.fold(obj, event):
+            self.done = True
+        return self.done
+
+    def fail(self, error: ResponseError) -> bool:
+        """An error event: terminal, and what the record shows."""
+        self.error = error
+        return True
+
+    @abstractmethod
+    def fold(self, obj: dict[str, Any], event: SSEEvent) -> bool:
+        """Fold one event's JSON in; True when it is the terminal event."""
+
+    @abstractmethod
+    def native(self) -> dict[str, Any]:
+        """The non-streamed body the events so far add up to."""
+
+    def result(self) -> Response:
+        response = self.dialect.parse_response(self.native())
+        error = self.error
+        if not self.done:  # a cut stream; a damaged last fragment is only its symptom
+            error = ResponseError(type="incomplete_stream", message=f"the stream ended before {self.terminal}")
+        if error is not None:
+            response.error = error
+            response.finish_reason = "error"
+        return response
 
 
 def first(*values: Any) -> Any:

@@ -19,12 +19,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from interceptor.dialects.base import Override, StreamAssembler
+from interceptor.dialects.base import Override
 from interceptor.dialects.common import (
     Knob,
     KnobDialect,
-    event_json,
-    finish_stream,
+    error_from,
+    NativeAssembler,
     inline_part,
     other_part,
     reconcile_openai_reasoning,
@@ -38,7 +38,6 @@ from interceptor.trace.messages import (
     Reasoning,
     Request,
     Response,
-    ResponseError,
     Tool,
     ToolCall,
     Usage,
@@ -138,14 +137,14 @@ class _Turn:
                                        arguments=item.get("input", ""), type="custom",
                                        namespace=item.get("namespace"), extra=_caller(item)))
         else:  # built-in tool calls, compaction, item references: kept whole
-            self.parts.append(other_part(without_status(item)))
+            self.parts.append(other_part(_without_status(item)))
 
     def message(self) -> Message:
         return Message(role="assistant", content=self.parts or "", tool_calls=self.calls,
                        reasoning=self.reasoning, refusal="".join(self.refusal) if self.refusal else None)
 
 
-def without_status(item: dict[str, Any]) -> dict[str, Any]:
+def _without_status(item: dict[str, Any]) -> dict[str, Any]:
     """``status`` says where the item was in its life when it was sent; not content."""
     return {k: v for k, v in item.items() if k != "status"}
 
@@ -221,15 +220,6 @@ def _usage(raw: dict[str, Any] | None) -> Usage | None:
         cached_input_tokens=(raw.get("input_tokens_details") or {}).get("cached_tokens") or 0,
         reasoning_tokens=(raw.get("output_tokens_details") or {}).get("reasoning_tokens") or 0,
     )
-
-
-def _error(raw: Any) -> ResponseError:
-    if isinstance(raw, dict) and isinstance(raw.get("error"), dict):
-        raw = raw["error"]
-    if isinstance(raw, dict):
-        return ResponseError(type=str(raw.get("code") or raw.get("type") or "error"),
-                             message=str(raw.get("message") or ""))
-    return ResponseError(type="error", message=str(raw))
 
 
 # --------------------------------------------------------------------------------------
@@ -320,7 +310,7 @@ class ResponsesDialect(KnobDialect):
 
     def parse_response(self, body: dict[str, Any]) -> Response:
         if body.get("type") == "error" or ("error" in body and "output" not in body and "status" not in body):
-            return Response(error=_error(body), finish_reason="error")
+            return Response(error=error_from(body, code_first=True), finish_reason="error")
         messages, _, logprobs = _items([i for i in body.get("output") or []])
         message = next((m for m in messages if m.role == "assistant"), Message(role="assistant"))
         status = body.get("status")
@@ -334,7 +324,7 @@ class ResponsesDialect(KnobDialect):
             finish = _INCOMPLETE.get(native)
         elif status in ("failed", "cancelled"):
             finish = "error"
-            error = _error(body.get("error") or {"code": status, "message": f"response {status}"})
+            error = error_from(body.get("error") or {"code": status, "message": f"response {status}"}, code_first=True)
         return Response(
             id=body.get("id"),
             model=body.get("model"),
@@ -497,28 +487,23 @@ class _Item:
         return item
 
 
-class ResponsesAssembler(StreamAssembler):
+class ResponsesAssembler(NativeAssembler):
     """``response.*`` events -> the Response object -> ``parse_response``. Terminal:
     ``response.completed`` / ``response.incomplete`` / ``response.failed`` / ``error``.
     Works on WebSocket messages too: feed each JSON message as an event's ``data``."""
 
+    terminal = "response.completed"
+
     def __init__(self, dialect: ResponsesDialect):
-        self.dialect = dialect
-        self.done = False
+        super().__init__(dialect)
         self.snapshot: dict[str, Any] = {}
         self.final: dict[str, Any] | None = None
         self.items: dict[int, _Item] = {}
-        self.error: ResponseError | None = None
 
     def _item(self, obj: dict[str, Any]) -> _Item | None:
         return self.items.get(obj.get("output_index", -1))
 
-    def feed(self, event: SSEEvent) -> bool:
-        if self.done:
-            return True
-        obj, self.error = event_json(event, self.error)
-        if obj is None:
-            return False
+    def fold(self, obj: dict[str, Any], event: SSEEvent) -> bool:
         kind = obj.get("type") or event.event or ""
         if kind.endswith(".delta"):
             self._delta(kind, obj)
@@ -535,12 +520,9 @@ class ResponsesAssembler(StreamAssembler):
                 item.parts[obj.get("content_index", 0)] = dict(obj.get("part") or {})
         elif kind in TERMINAL:
             self.final = obj.get("response") or {}
-            self.done = True
             return True
         elif kind == "error":
-            self.error = _error(obj)
-            self.done = True
-            return True
+            return self.fail(error_from(obj, code_first=True))
         elif kind.startswith("response.") and isinstance(obj.get("response"), dict):
             self.snapshot = obj["response"]  # created, in_progress, queued
         return False
@@ -568,10 +550,6 @@ class ResponsesAssembler(StreamAssembler):
         if not body.get("output") and self.items:
             body["output"] = [self.items[i].native() for i in sorted(self.items)]
         return body
-
-    def result(self) -> Response:
-        return finish_stream(self.dialect.parse_response(self.native()), self.error, self.done,
-                             "response.completed")
 
 
 RESPONSES = ResponsesDialect()

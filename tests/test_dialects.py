@@ -28,6 +28,7 @@ from interceptor.trace.messages import (
     Reasoning,
     Response,
     ResponseError,
+    Sampling,
     ToolCall,
     Usage,
     message_hash,
@@ -611,9 +612,6 @@ def test_synthesised_stream_accepted_by_sdk(dialect, response):
 
 # --------------------------------------------------------------------------------------
 # Overrides
-
-from interceptor.trace.messages import Sampling  # noqa: E402
-
 
 def overrides(dialect, body, model=None, **sampling):
     changes = dialect.apply_overrides(body, model, Sampling(**sampling))
