@@ -1,8 +1,10 @@
-"""Helpers the three dialects share: content references, JSON odds and ends, sampling knobs.
+"""What the three dialects share: content references, the assembler shape, sampling knobs.
 
-The knob table is what makes "the session is authoritative" one algorithm instead of three:
-each dialect lists where each canonical setting lives in its body and who owns it, and
-``apply_knobs`` drops, sets and reports in the same way for all of them.
+``NativeAssembler`` makes "the stream equals the JSON" structural: every assembler rebuilds
+the non-streamed body and hands it to ``parse_response``. The knob table makes "the session
+is authoritative" one algorithm instead of three: each dialect lists where each canonical
+setting lives in its body and who owns it, and ``apply_knobs`` drops, sets and reports in the
+same way for all of them.
 """
 
 from __future__ import annotations
@@ -229,10 +231,6 @@ def del_path(body: dict[str, Any], path: tuple[str, ...]) -> None:
         if parent[key]:
             break
         del parent[key]
-
-
-def has_path(body: dict[str, Any], path: tuple[str, ...]) -> bool:
-    return get_path(body, path) is not _MISSING
 
 
 def parse_knobs(body: dict[str, Any], knobs: Iterable[Knob]) -> Sampling:
