@@ -17,6 +17,7 @@ from interceptor.trace import (
     Choice,
     Message,
     ModelCall,
+    Reasoning,
     Recorder,
     Request,
     Response,
@@ -200,3 +201,30 @@ def test_conversation_by_response_id_for_chained_requests(tmp_path):
     r.send(chained, Message(role="assistant", content="sure"), id="resp_2")
     assert len(r.recorder.trace.branches) == 1
     assert r.recorder.trace.calls[0].response_id == "resp_1"
+
+
+def test_reply_restated_without_its_reasoning_stays_on_its_branch(tmp_path):
+    """A Chat harness never sends vLLM's reasoning_content back: its restatement matches
+    the sampled reply, which keeps the reasoning the model produced."""
+    r = Rollout(tmp_path / "r.msgpack")
+    history = [SYSTEM, Message(role="user", content="go")]
+    for k in range(4):
+        reply = Message(role="assistant", content=f"step {k}", reasoning=[Reasoning(text=f"why {k}")])
+        r.send(history, reply)
+        history += [reply.model_copy(update={"reasoning": []}),
+                    Message(role="user", content=f"next {k}")]
+    trace = r.recorder.trace
+    assert len(trace.branches) == 1 and trace.num_turns == 4
+    assert len(trace.nodes) == 2 + 4 + 3
+    assert [n.message.reasoning[0].text for n in trace.nodes if n.sampled] == [f"why {k}" for k in range(4)]
+    assert r.read().branches == trace.branches  # the reader's graph agrees
+
+
+def test_reply_restated_with_other_reasoning_is_another_message(tmp_path):
+    r = Rollout(tmp_path / "o.msgpack")
+    prompt = [SYSTEM, Message(role="user", content="go")]
+    reply = Message(role="assistant", content="done", reasoning=[Reasoning(text="because")])
+    r.send(prompt, reply)
+    edited = reply.model_copy(update={"reasoning": [Reasoning(text="another story")]})
+    r.send(prompt + [edited, Message(role="user", content="more")], Message(role="assistant", content="ok"))
+    assert len(r.recorder.trace.branches) == 2

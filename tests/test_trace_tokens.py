@@ -141,3 +141,19 @@ def test_input_tokens_not_double_counted_across_retokenisation(tmp_path):
     expected = inputs[0][0] + sum(max(0, i - (pi + po))
                                   for (i, _), (pi, po) in zip(inputs[1:], inputs))
     assert trace.num_input_tokens == expected
+
+
+def test_reply_restated_without_reasoning_and_rendered_without_it_is_counted_once(tmp_path):
+    """The harness dropped the reasoning and the template rendered none: the tokens differ
+    from the sampled node's, so the turn branches, and the copy still stands for its call."""
+    r = Rollout(tmp_path / "d.msgpack")
+    history = [SYSTEM, Message(role="user", content="hi")]
+    reply = Message(role="assistant", content="a0", reasoning=[Reasoning(text="think")])
+    call1, full1 = send(r, history, reply)
+    history += [reply.model_copy(update={"reasoning": []}), Message(role="user", content="u0")]
+    call2, full2 = send(r, history, Message(role="assistant", content="a1"))
+    trace = r.recorder.trace
+    assert len(trace.branches) == 2
+    assert_aligned(trace, {call1.node: full1, call2.node: full2})
+    first_total = call1.usage.input_tokens + call1.usage.output_tokens
+    assert trace.num_input_tokens == call1.usage.input_tokens + call2.usage.input_tokens - first_total

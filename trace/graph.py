@@ -11,6 +11,12 @@ Token ids (when the upstream returns them) refine "matching": a stored node is r
 its token ids are exactly the tokens the new prompt has at that position. If the chat template
 renders a past message differently now (retokenisation, e.g. a template that strips old
 reasoning), the turn branches at that node rather than inheriting tokens the model never saw.
+
+A restated reply that carries no reasoning at all matches its sampled node even though that
+node has reasoning: Chat harnesses do not send vLLM's ``reasoning_content`` back, and without
+this every turn of a reasoning model would start a new branch. The node keeps what the model
+produced. A restatement with *different* reasoning is a different message and branches; with
+token ids, the tokens decide as above (a template that rendered no reasoning does not fit).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from interceptor.trace.messages import Message, message_hash
+from interceptor.trace.messages import Message, message_hash, restated_hash
 from interceptor.trace.model import MessageNode, Trace
 
 
@@ -44,6 +50,8 @@ class Graph:
     def __init__(self, trace: Trace):
         self.trace = trace
         self.index: dict[tuple[int | None, str], list[int]] = {}
+        # sampled replies with reasoning, by the hash of their restatement without it
+        self.restated: dict[tuple[int | None, str], list[int]] = {}
         self.children: dict[int | None, list[int]] = {}
         for i, node in enumerate(trace.nodes):
             self._index(i, node)
@@ -52,6 +60,9 @@ class Graph:
         h = message_hash(node.message)
         self.index.setdefault((node.parent, h), []).append(i)
         self.children.setdefault(node.parent, []).append(i)
+        bare = restated_hash(node.message) if node.sampled else None
+        if bare is not None:
+            self.restated.setdefault((node.parent, bare), []).append(i)
 
     def _add(self, node: MessageNode, added: list[int]) -> int:
         i = len(self.trace.nodes)
@@ -130,7 +141,9 @@ class Graph:
         Plain equality is tried first: a restated message is usually the very same content,
         and comparing it costs far less than hashing it, which matters because every turn
         walks the whole history on the event loop. Only when no child is equal is the
-        canonical hash computed (tool-call arguments restated with other whitespace).
+        canonical hash computed (tool-call arguments restated with other whitespace), and
+        a reply restated without any reasoning is looked up among the sampled replies that
+        had some (see the module docstring).
         """
         nodes = self.trace.nodes
 
@@ -143,9 +156,14 @@ class Graph:
         for cand in self.children.get(parent, ()):
             if nodes[cand].message == message and fits(cand):
                 return cand
-        for cand in self.index.get((parent, message_hash(message)), ()):
+        h = message_hash(message)
+        for cand in self.index.get((parent, h), ()):
             if fits(cand):
                 return cand
+        if message.role == "assistant" and not message.reasoning:
+            for cand in self.restated.get((parent, h), ()):
+                if fits(cand):
+                    return cand
         return None
 
     def _add_reply(self, parent, reply, token_ids, logprobs, now, added) -> int:

@@ -221,3 +221,13 @@ def message_hash(message: Message) -> str:
     if data.get("content") == "":
         data.pop("content")
     return hashlib.sha256(canonical_json(data).encode()).hexdigest()
+
+
+def restated_hash(message: Message) -> str | None:
+    """The hash a harness's restatement of a sampled ``message`` has when it sends the
+    reply back without its reasoning (a Chat harness that never returns vLLM's
+    ``reasoning_content``, a client that omits past thinking blocks); None for a message
+    without reasoning, whose restatement is just ``message_hash``."""
+    if not message.reasoning:
+        return None
+    return message_hash(message.model_copy(update={"reasoning": []}))

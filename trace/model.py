@@ -26,6 +26,7 @@ from interceptor.trace.messages import (
     Tool,
     Usage,
     message_hash,
+    restated_hash,
 )
 
 SCHEMA_VERSION = 1
@@ -248,8 +249,12 @@ class Trace(_Model):
             n = self.nodes[cur]
             if not n.sampled and n.message.role == "assistant":
                 if not by_key:  # built once, and only when a copy is met
-                    by_key.update({(self.nodes[i].parent, message_hash(self.nodes[i].message)): c
-                                   for i, c in by_node.items()})
+                    for i, c in by_node.items():
+                        msg, parent = self.nodes[i].message, self.nodes[i].parent
+                        by_key[(parent, message_hash(msg))] = c
+                        bare = restated_hash(msg)  # the copy may have dropped its reasoning
+                        if bare is not None:
+                            by_key.setdefault((parent, bare), c)
                 prev = by_key.get((n.parent, message_hash(n.message)))
                 if prev is not None:
                     return prev
