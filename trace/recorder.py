@@ -38,6 +38,14 @@ def _scrub(value: Any) -> Any:
     return value
 
 
+def _counted(response: Response) -> Usage | None:
+    """Exact usage from the upstream's own token ids, or None without them."""
+    if response.prompt_token_ids is None or response.token_ids is None:
+        return None
+    output = len(response.token_ids) + sum(len(c.token_ids or ()) for c in response.choices)
+    return Usage(input_tokens=len(response.prompt_token_ids), output_tokens=output)
+
+
 def producer_version() -> str:
     try:
         return metadata.version("llm-interceptor")
@@ -195,8 +203,9 @@ class Recorder:
 
     def _fill(self, call: ModelCall, request: Request, response: Response,
               prompt_path: list[int]) -> None:
-        """The addon fills what it knows; the response supplies the rest, and usage is
-        estimated locally (marked so) when the provider reported none."""
+        """The addon fills what it knows; the response supplies the rest. Usage the provider
+        did not report (a stream without ``include_usage``) is counted from the token ids
+        when the upstream returned them, else estimated locally (marked so)."""
         for field, value in (("model", response.model), ("response_id", response.id),
                              ("requested_model", request.model),
                              ("finish_reason", response.finish_reason),
@@ -205,7 +214,7 @@ class Recorder:
             if getattr(call, field) is None:
                 setattr(call, field, value)
         if call.usage is None:
-            call.usage = response.usage or self._estimate(request, call, prompt_path)
+            call.usage = response.usage or _counted(response) or self._estimate(request, call, prompt_path)
 
     def _estimate(self, request: Request, call: ModelCall, prompt_path: list[int]) -> Usage:
         nodes = self._trace.nodes
