@@ -77,7 +77,11 @@ def json_body(turn: Turn) -> bytes:
         message["refusal"] = turn.refusal_str if turn.refusal else None
         message["annotations"] = []
         choice: dict[str, Any] = {"index": index, "message": message, "logprobs": None, "finish_reason": ctx.finish}
-        if ctx.logprobs:
+        if ctx.logprobs and ctx.vllm:
+            # vLLM scores every generated token (reasoning and tool-call tokens too),
+            # one content entry per token id.
+            choice["logprobs"] = {"content": [ctx.lp_entry(p) for p in turn.all_pieces()], "refusal": None}
+        elif ctx.logprobs:
             choice["logprobs"] = (
                 {"content": None, "refusal": [ctx.lp_entry(p) for p in turn.refusal]}
                 if turn.refusal and not turn.text
@@ -160,6 +164,8 @@ def _choice_chunks(ctx: _Ctx, index: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
 
     def choice(delta: dict[str, Any], lp: Any = None, pieces: list[Piece] = (), finish: str | None = None):
+        if ctx.vllm and ctx.logprobs and pieces and lp is None:
+            lp = {"content": [ctx.lp_entry(p) for p in pieces], "refusal": None}  # as in JSON
         c: dict[str, Any] = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
         if ctx.vllm:
             if finish is not None:
