@@ -11,6 +11,7 @@ loading the script, which is why nothing here may share a name with a module it 
 from interceptor.addons.claim import Claim
 from interceptor.addons.control import Control
 from interceptor.addons.reach import Reach
+from interceptor.addons.retry import Retry
 from interceptor.addons.rewrite import Rewrite
 from interceptor.addons.session import Registry
 from interceptor.addons.settings import Settings
@@ -26,4 +27,5 @@ addons = [
     Rewrite(),
     Reach(),
     Tee(),
+    Retry(),  # last: its capture sees the bytes the harness received
 ]

@@ -18,7 +18,6 @@ from mitmproxy import http
 from interceptor.addons.answers import error_response, refuse
 from interceptor.addons.exchange import Exchange, exchange_of
 from interceptor.dialects.base import Override
-from interceptor.trace.messages import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +83,10 @@ class Rewrite:
                 refuse(flow, error_response(provider, 400, f"request not understood by the {dialect.name} dialect: {e}"))
                 return False
             ex.overrides = dialect.apply_overrides(body, config.model, config.sampling)
-        else:
+        elif config.model and body.get("model") != config.model:
             # Side routes (token counting) get the session's model, nothing else.
-            ex.overrides = dialect.apply_overrides(body, config.model, Sampling()) if config.model else []
+            ex.overrides = [Override("model", body.get("model"), config.model)]
+            body["model"] = config.model
         ex.body = body
         if ex.overrides:
             flow.request.content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()

@@ -72,6 +72,7 @@ def commit(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: 
     try:
         if error is None and response is not None and ex.request is not None:
             recorder.commit_turn(ex.request, response, call)
+            ex.extra["turn"] = call.id
         else:
             recorder.record_call(call)
     except Exception:
@@ -129,7 +130,7 @@ class StreamTee:
 class Tee:
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)
-        if ex is None or ex.route.kind != "model" or flow.response is None:
+        if ex is None or ex.route.kind != "model" or flow.response is None or ex.committed:
             return
         ex.first_byte_at = time.time()
         ctype = flow.response.headers.get("content-type", "")

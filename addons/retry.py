@@ -1,0 +1,281 @@
+"""Retry: a retried request gets the answer already recorded for it, never a second sample.
+
+RL training needs a graph that does not fork because an SDK sent a request twice, and a
+rollout must not loop on a stale answer when a harness legitimately sends the same body
+again (compaction regenerates byte-identical requests). The rules, per session, keyed by the
+digest of the body exactly as the harness sent it:
+
+- **flagged**: ``x-stainless-retry-count`` > 0 (every OpenAI/Anthropic SDK attempt carries
+  it, 0 first), or a header named in ``intercept_retry_headers`` repeating a value seen
+  before in the session;
+- **replay**: a flagged retry of the session's last recorded exchange gets its recorded
+  status, headers and body bytes, JSON or SSE, verbatim; no upstream request, no node;
+- **coalesce**: a flagged retry of an exchange still in flight waits for it, then replays it
+  (or gets a retryable 503 if it failed);
+- **fresh**: the same body without a flag is a new turn, and drops the recorded answer so its
+  own retries coalesce on it;
+- **undelivered** (harnesses that retry without a flag: Claude Code's own loop, Codex): an
+  identical body that follows a committed answer the harness cannot have read in full is a
+  retry. "Read in full" is what the proxy can know: the answer completed, and its client
+  connection was still open when the next request came (or carried a later request). An
+  SDK's keep-alive pool keeps it open; a client that gave up closed it.
+
+Upstream errors are never replayed: the SDK's retry of a 429 must reach the provider.
+The addon is listed last so that it sees the bytes the harness received after every other
+addon had its say (its request hook runs after Rewrite, which keeps the raw body).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from mitmproxy import connection, ctx, http
+
+from interceptor.addons.answers import error_response
+from interceptor.addons.exchange import Exchange, exchange_of
+from interceptor.trace import ModelCall
+
+log = logging.getLogger(__name__)
+
+HASH_OFF_LOOP = 1 << 20  # bodies above 1 MiB are hashed in a worker thread
+HOP_BY_HOP = {"transfer-encoding", "connection", "content-length", "keep-alive"}
+
+
+@dataclass(eq=False)
+class Recorded:
+    """One exchange's answer as the harness received it, kept for replay."""
+
+    digest: str
+    call_id: str
+    conn_id: str
+    status: int = 0
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    body: bytearray = field(default_factory=bytearray)
+    committed: bool = False  # a turn is on the record
+    completed: bool = False  # every byte was handed to the client connection
+    conn_closed: bool = False
+    followed: bool = False  # a later request came on the same connection
+    failed: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def replayable(self) -> bool:
+        return self.committed and self.completed and not self.failed
+
+    @property
+    def delivered(self) -> bool:
+        return self.completed and (self.followed or not self.conn_closed)
+
+
+@dataclass(eq=False)
+class Book:
+    """A session's retry state: the last recorded exchange and those in flight."""
+
+    last: Recorded | None = None
+    inflight: dict[str, Recorded] = field(default_factory=dict)
+    seen_keys: set[tuple[str, str]] = field(default_factory=set)
+
+
+class _Capture:
+    """Outermost stream callable: keeps every byte the harness is sent, for replay."""
+
+    def __init__(self, inner, rec: Recorded) -> None:
+        self.inner = inner
+        self.rec = rec
+
+    def __call__(self, chunk: bytes) -> bytes:
+        out = self.inner(chunk) if callable(self.inner) else chunk
+        if isinstance(out, bytes):
+            self.rec.body += out
+        else:  # an iterable of chunks
+            out = b"".join(out)
+            self.rec.body += out
+        return out
+
+
+def retry_count(flow: http.HTTPFlow) -> int:
+    try:
+        return int(flow.request.headers.get("x-stainless-retry-count", "0"))
+    except ValueError:
+        return 0
+
+
+class Retry:
+    def __init__(self) -> None:
+        self.books: dict[str, Book] = {}
+        self.retry_headers: tuple[str, ...] = ()
+        self.undelivered = True
+        self._conn_last: dict[str, list[Recorded]] = {}
+
+    def load(self, loader) -> None:
+        loader.add_option(
+            "intercept_retry_headers", Sequence[str], [],
+            "Headers whose repeated value flags a retry (an idempotency key), e.g. Idempotency-Key.",
+        )
+        loader.add_option(
+            "intercept_retry_undelivered", bool, True,
+            "Treat an identical body that follows a committed but undelivered answer as a retry.",
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        if "intercept_retry_headers" in updated:
+            self.retry_headers = tuple(h.strip().lower() for h in ctx.options.intercept_retry_headers if h.strip())
+        if "intercept_retry_undelivered" in updated:
+            self.undelivered = ctx.options.intercept_retry_undelivered
+
+    def book(self, ex: Exchange) -> Book:
+        return self.books.setdefault(ex.session.id, Book())
+
+    # -- request: decide ---------------------------------------------------------------------
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        # A request on a connection proves the client read the previous answer on it.
+        for rec in self._conn_last.pop(flow.client_conn.id, ()):
+            rec.followed = True
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.error or not flow.live:
+            return
+        ex = exchange_of(flow)
+        if ex is None or ex.route.kind != "model" or flow.request.method != "POST":
+            return
+        raw = ex.raw_body
+        if len(raw) > HASH_OFF_LOOP:
+            digest = await asyncio.to_thread(lambda: hashlib.sha256(raw).hexdigest())
+        else:
+            digest = hashlib.sha256(raw).hexdigest()
+        book = self.book(ex)
+        flagged = retry_count(flow) > 0
+        new_key = False  # an idempotency key never seen before: certainly not a retry
+        for name in self.retry_headers:
+            value = flow.request.headers.get(name)
+            if value is not None:
+                key = (name, value)
+                flagged = flagged or key in book.seen_keys
+                new_key = new_key or key not in book.seen_keys
+                book.seen_keys.add(key)
+        last = book.last
+        if (not flagged and not new_key and self.undelivered and last and last.digest == digest
+                and last.replayable and not last.delivered):
+            flagged = True
+            ex.extra["retry"] = "undelivered"
+        if flagged:
+            pending = book.inflight.get(digest)
+            if pending is not None and not pending.done.is_set():
+                await pending.done.wait()
+                if not flow.live:
+                    return
+                if pending.replayable:
+                    self._replay(flow, ex, pending, coalesced=True)
+                else:
+                    flow.response = error_response(
+                        ex.dialect.provider, 503,
+                        "the original attempt of this retried request failed; retry again", retry=True,
+                    )
+                    flow.metadata.pop("interceptor", None)
+                return
+            if last is not None and last.digest == digest and last.replayable:
+                self._replay(flow, ex, last, coalesced=False)
+                return
+        elif last is not None and last.digest == digest:
+            book.last = None  # a fresh turn: its retries must coalesce on it, not replay the old one
+        rec = Recorded(digest=digest, call_id=uuid.uuid4().hex[:16], conn_id=flow.client_conn.id)
+        ex.call_id = rec.call_id
+        ex.extra["recorded"] = rec
+        book.inflight[digest] = rec
+
+    def _replay(self, flow: http.HTTPFlow, ex: Exchange, rec: Recorded, coalesced: bool) -> None:
+        resp = http.Response.make(rec.status, b"", [])
+        resp.headers = http.Headers([(k, v) for k, v in rec.headers if k.decode().lower() not in HOP_BY_HOP])
+        resp.raw_content = bytes(rec.body)
+        resp.headers["content-length"] = str(len(rec.body))
+        resp.headers["x-interceptor-replay"] = rec.call_id
+        flow.response = resp
+        now = time.time()
+        call = ModelCall(
+            id=uuid.uuid4().hex[:16],
+            dialect=ex.dialect.name,
+            endpoint=flow.request.path.split("?", 1)[0],
+            requested_model=ex.requested_model,
+            stream=ex.stream,
+            status=rec.status,
+            started_at=ex.started_at,
+            ended_at=now,
+            replay_of=rec.call_id,
+        )
+        ex.committed = True  # nothing more for the Tee to record
+        ex.extra["replayed"] = rec.call_id
+        try:
+            ex.session.recorder.record_call(call)
+        except Exception:
+            log.exception(f"interceptor: session {ex.session.id!r}: could not record replay")
+        how = "coalesced retry" if coalesced else f"retry ({ex.extra.get('retry', 'flagged')})"
+        log.info(f"interceptor: session {ex.session.id!r}: {how} answered from call {rec.call_id}")
+
+    # -- response: capture ---------------------------------------------------------------------
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        rec = self._recorded(flow)
+        if rec is None or flow.response is None:
+            return
+        rec.status = flow.response.status_code
+        rec.headers = list(flow.response.headers.fields)
+        if flow.response.stream:
+            flow.response.stream = _Capture(flow.response.stream, rec)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        rec = self._recorded(flow)
+        if rec is None or flow.response is None:
+            return
+        ex = exchange_of(flow)
+        if not isinstance(flow.response.stream, _Capture):
+            rec.status = flow.response.status_code
+            rec.headers = list(flow.response.headers.fields)
+            rec.body = bytearray(flow.response.raw_content or b"")
+        rec.committed = bool(ex and ex.extra.get("turn"))
+        rec.completed = True
+        if "close" in (flow.request.headers.get("connection", "") + flow.response.headers.get("connection", "")).lower():
+            rec.followed = True  # the connection was meant to close: closing it proves nothing
+        self._settle(flow, rec)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        rec = self._recorded(flow)
+        if rec is None:
+            return
+        ex = exchange_of(flow)
+        if ex is not None and ex.extra.get("turn"):
+            # Committed, then the client went away: the turn's bytes up to and including its
+            # terminal event were captured when the Tee let them through, so the retry that
+            # follows gets them whole. The client cannot have read them: undelivered.
+            rec.committed = rec.completed = rec.conn_closed = True
+        else:
+            rec.failed = True
+        self._settle(flow, rec)
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        for rec in self._conn_last.pop(client.id, ()):
+            rec.conn_closed = True
+
+    def _settle(self, flow: http.HTTPFlow, rec: Recorded) -> None:
+        ex = exchange_of(flow)
+        if ex is None:
+            return
+        book = self.book(ex)
+        if book.inflight.get(rec.digest) is rec:
+            del book.inflight[rec.digest]
+        if rec.committed and not rec.failed:
+            book.last = rec
+            self._conn_last.setdefault(rec.conn_id, []).append(rec)
+        rec.done.set()
+
+    @staticmethod
+    def _recorded(flow: http.HTTPFlow) -> Recorded | None:
+        ex = exchange_of(flow)
+        rec = ex.extra.get("recorded") if ex else None
+        return rec if isinstance(rec, Recorded) else None
