@@ -3,7 +3,8 @@
 It only wires the addons together, in the order a request travels through them (mitmproxy
 calls each hook in list order): Settings (options, sessions), Control (the proxy's own API),
 Claim (which session), Rewrite (model, sampling, key, upstream),
-Reach (a dead upstream answers in the dialect's shape), Tee (stream back, record).
+Reach (a dead upstream answers in the dialect's shape), WsRelay (Codex's Responses
+WebSocket, frame by frame), Tee (stream back, record).
 The code lives in ``interceptor.addons.*``; mitmproxy puts this folder on ``sys.path`` while
 loading the script, which is why nothing here may share a name with a module it imports.
 """
@@ -16,6 +17,7 @@ from interceptor.addons.rewrite import Rewrite
 from interceptor.addons.session import Registry
 from interceptor.addons.settings import Settings
 from interceptor.addons.tee import Tee
+from interceptor.addons.wsrelay import WsRelay
 
 registry = Registry()
 settings = Settings(registry)
@@ -26,6 +28,7 @@ addons = [
     Claim(registry, settings),
     Rewrite(),
     Reach(),
+    WsRelay(),  # before Tee: a WebSocket's frames are its exchanges, not the upgrade
     Tee(),
     Retry(),  # last: its capture sees the bytes the harness received
 ]

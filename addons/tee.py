@@ -38,7 +38,8 @@ def effective_sampling(ex: Exchange) -> Sampling:
         return Sampling()
 
 
-def make_call(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: ResponseError | None) -> ModelCall:
+def make_call(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: ResponseError | None,
+              status: int | None = None) -> ModelCall:
     return ModelCall(
         id=ex.call_id or uuid.uuid4().hex[:16],
         dialect=ex.dialect.name,
@@ -48,7 +49,7 @@ def make_call(ex: Exchange, flow: http.HTTPFlow, response: Response | None, erro
         stream=ex.stream,
         sampling=effective_sampling(ex),
         overrides=[o.as_dict() for o in ex.overrides],
-        status=flow.response.status_code if flow.response else None,
+        status=status if status is not None else (flow.response.status_code if flow.response else None),
         finish_reason=response.finish_reason if response else None,
         native_finish_reason=response.native_finish_reason if response else None,
         usage=response.usage if response else None,
@@ -59,15 +60,17 @@ def make_call(ex: Exchange, flow: http.HTTPFlow, response: Response | None, erro
     )
 
 
-def commit(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: ResponseError | None = None) -> None:
+def commit(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: ResponseError | None = None,
+           *, status: int | None = None) -> None:
     """Put the exchange on the record exactly once: a turn when the model answered, a call
-    with its error otherwise."""
+    with its error otherwise. ``status`` stands in for the flow's when the exchange is not
+    the flow's own (a WebSocket frame's answer; the flow's is the upgrade's 101)."""
     if ex.committed:
         return
     ex.committed = True
     if response is not None and response.error is not None and error is None:
         error = response.error
-    call = make_call(ex, flow, response, error)
+    call = make_call(ex, flow, response, error, status)
     recorder = ex.session.recorder
     try:
         if error is None and response is not None and ex.request is not None:

@@ -65,6 +65,9 @@ class RequestRecord:
     key: str | None = None  # what keyed scripts match: x-sim-key, else the API key
     reply: Any = None  # the Reply that answered it (model routes)
     json: Any = field(default=None)
+    # "websocket": a Responses WebSocket upgrade (route "websocket") or one of its
+    # `response.create` frames (route "responses", or "responses_warmup" for generate=false).
+    transport: str = "http"
 
     def __post_init__(self) -> None:
         if self.json is None and self.body:
@@ -87,6 +90,8 @@ class RequestRecord:
 
     @property
     def stream(self) -> bool:
+        if self.transport == "websocket":
+            return True  # every WebSocket answer is a stream of events
         return isinstance(self.json, dict) and self.json.get("stream") is True
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,4 +105,5 @@ class RequestRecord:
             "time": self.time,
             "route": self.route,
             "key": self.key,
+            "transport": self.transport,
         }

@@ -32,7 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Sequence
 from urllib.parse import parse_qs, urlsplit
 
-from . import anthropic_messages, errors, openai_chat, openai_responses, tokens, wire
+from . import anthropic_messages, errors, openai_chat, openai_responses, responses_ws, tokens, wire
 from .records import Headers, RequestRecord
 from .reply import Reply
 from .turn import Turn, random_id
@@ -117,6 +117,10 @@ class ProviderSimulator:
         models: Sequence[str] = DEFAULT_MODELS,
         quiet: bool = True,
     ) -> None:
+        # `GET /v1/responses` upgrades to a WebSocket (Codex's default transport) unless
+        # this is False, when it answers 404 as an upstream without the transport would.
+        self.websockets = True
+        self.websocket_deflate = True
         self.host = host
         self._port = port
         self.default = default
@@ -350,11 +354,19 @@ class _Handler(BaseHTTPRequestHandler):
                 self._control(urlsplit(path), body)
                 return
             headers = Headers(self.headers.items())
+            route_path = urlsplit(path).path.rstrip("/")
+            if (self.command == "GET" and route_path.endswith("/responses") and sim.websockets
+                    and responses_ws.is_upgrade(headers)):
+                sim._log(RequestRecord(self.command, path, headers, body, time.time(), route="websocket",
+                                       key=key_of(headers), transport="websocket"))
+                self.close_connection = True
+                responses_ws.serve(self, headers, "req_" + secrets.token_hex(16))
+                return
             route = route_of(self.command, urlsplit(path).path)
             record = RequestRecord(self.command, path, headers, body, time.time(), route=route, key=key_of(headers))
             sim._log(record)
             self._answer(record)
-        except _Cut:
+        except (_Cut, responses_ws.Cut):
             self.close_connection = True
         except (ConnectionError, TimeoutError, socket.timeout):
             # The client hung up (often on purpose, mid-stream): keep serving others.

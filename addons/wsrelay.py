@@ -1,0 +1,213 @@
+"""WsRelay: the Responses API over a WebSocket (Codex CLI's default transport), claimed,
+rewritten and recorded frame by frame.
+
+Codex opens ``GET /v1/responses`` with ``Upgrade: websocket``; Claim resolves it as a model
+route and claims it by the upgrade's credential, Rewrite swaps the key and points it at the
+session's upstream, like any request. After the 101 the exchanges are text frames: each
+client ``response.create`` is a request body and the server's ``response.*`` frames are its
+stream. So this addon takes over the flow's Exchange at the 101 (the upgrade itself is no
+model call; the Tee never sees it) and, per frame:
+
+- a client ``response.create`` gets the session's model and sampling (the responses
+  dialect's ``apply_overrides``, exactly as a POST body would) and opens a turn;
+- a server frame is relayed unchanged (mitmproxy forwards it when the hook returns; nothing
+  here waits) after being fed to the turn's assembler; the turn is committed before the
+  frame that ends it (``response.completed`` and the other terminals, or ``error``) is
+  forwarded, so Codex never sends its next frame ahead of the record;
+- ``generate: false`` frames are warm-ups: rewritten too, never turns;
+- a frame chained on ``previous_response_id`` carries only the new input items; the turn's
+  prompt is the conversation the id ends (``Recorder.conversation``, or the warm-up's
+  prompt) plus those items, so both transports give the same graph.
+
+An upgrade the upstream refuses (an upstream without the transport, e.g. vLLM) is no model
+call either: it is logged once per session, with what to do, and never recorded; Codex falls
+back to ``POST /v1/responses`` by itself after a few seconds of retries.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mitmproxy import http
+
+from interceptor.addons.exchange import KEY, Exchange, exchange_of
+from interceptor.addons.tee import commit
+from interceptor.dialects.sse import SSEEvent
+from interceptor.trace.messages import Message, Request, ResponseError, Tool
+
+log = logging.getLogger(__name__)
+
+WS_KEY = "interceptor_ws"
+# The frames that end an answer; the responses assembler knows them too, but a warm-up's
+# end must be seen without one.
+_END = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
+
+
+def is_upgrade(request: http.Request) -> bool:
+    return request.headers.get("upgrade", "").lower() == "websocket"
+
+
+@dataclass(eq=False)
+class _Pending:
+    """The answer a client frame is waiting for: a turn (with its Exchange) or a warm-up."""
+
+    ex: Exchange
+    warmup: bool
+    status: int | None = None  # from an error frame: {"type": "error", "status": 529, ...}
+    assembler: Any = None
+
+    def __post_init__(self) -> None:
+        self.assembler = self.ex.dialect.assembler()
+
+
+@dataclass(eq=False)
+class Socket:
+    """One WebSocket's state. Codex sends one ``response.create`` at a time per socket and
+    waits for its terminal frame, so one pending answer is all there is."""
+
+    upgrade: Exchange
+    pending: _Pending | None = None
+    # What a previous_response_id can name besides a committed turn: a warm-up's prompt.
+    warmups: dict[str, list[Message]] = field(default_factory=dict)
+    # Tools travel once (``additional_tools`` in the first frame); later chained frames
+    # carry none but the model still has them.
+    tools: list[Tool] = field(default_factory=list)
+
+
+class WsRelay:
+    def __init__(self) -> None:
+        self._refused: set[str] = set()  # sessions already told their upstream refused
+
+    # -- the upgrade ---------------------------------------------------------------------
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        """Listed before the Tee: takes the upgrade's Exchange away from it."""
+        ex = exchange_of(flow)
+        if ex is None or flow.request.method != "GET" or not is_upgrade(flow.request):
+            return
+        flow.metadata.pop(KEY, None)
+        if flow.websocket is not None:
+            flow.metadata[WS_KEY] = Socket(ex)
+            return
+        status = flow.response.status_code if flow.response else None
+        if ex.session.id not in self._refused:
+            self._refused.add(ex.session.id)
+            log.warning(
+                f"interceptor: session {ex.session.id!r}: the upstream answered the Responses "
+                f"WebSocket upgrade with {status}; Codex falls back to HTTPS after a few seconds "
+                "of retries (to skip them, give its provider profile supports_websockets = false)"
+            )
+
+    # -- frames --------------------------------------------------------------------------
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        sock = flow.metadata.get(WS_KEY)
+        if not isinstance(sock, Socket) or flow.websocket is None:
+            return
+        message = flow.websocket.messages[-1]
+        try:
+            if message.is_text and not message.injected:
+                if message.from_client:
+                    self._client_frame(sock, flow, message)
+                else:
+                    self._server_frame(sock, flow, message.content)
+        except Exception:  # the record must never break the harness's socket
+            log.exception(f"interceptor: session {sock.upgrade.session.id!r}: WebSocket frame not understood")
+        finally:
+            # mitmproxy keeps every frame on the flow; a long Codex session would hold its
+            # whole conversation in memory for nothing. The frame in hand is all anyone needs.
+            del flow.websocket.messages[:-1]
+
+    def _client_frame(self, sock: Socket, flow: http.HTTPFlow, message) -> None:
+        try:
+            body = json.loads(message.content)
+        except ValueError:
+            return  # not ours to judge: the upstream answers it
+        if not isinstance(body, dict) or body.get("type") != "response.create":
+            return  # response.processed and the like: relayed as they are
+        if sock.pending is not None and not sock.pending.warmup:
+            self._abandon(sock, flow, "a new response.create was sent before this one ended")
+        upgrade = sock.upgrade
+        dialect = upgrade.dialect
+        config = upgrade.session.config
+        ex = Exchange(session=upgrade.session, route=upgrade.route, raw_body=message.content, stream=True)
+        ex.requested_model = body.get("model") if isinstance(body.get("model"), str) else None
+        ex.request = self._request(sock, body)
+        ex.overrides = dialect.apply_overrides(body, config.model, config.sampling)
+        ex.body = body
+        if ex.overrides:
+            message.text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+        sock.pending = _Pending(ex, warmup=body.get("generate") is False)
+
+    def _request(self, sock: Socket, body: dict[str, Any]) -> Request:
+        """The frame as a canonical request over the whole conversation (see the module
+        docstring); a chain on an id this proxy never saw starts from the frame alone."""
+        previous = body.get("previous_response_id")
+        dialect = sock.upgrade.dialect
+        prefix: list[Message] | None = None
+        if isinstance(previous, str):
+            prefix = sock.upgrade.session.recorder.conversation(previous) or sock.warmups.get(previous)
+            if prefix is None:
+                log.warning(f"interceptor: session {sock.upgrade.session.id!r}: previous_response_id "
+                            f"{previous!r} is unknown to this proxy; the turn is recorded from its own input")
+        if prefix is None:
+            request = dialect.parse_request(body)
+        else:  # the instructions are in the prefix already
+            request = dialect.parse_request({k: v for k, v in body.items() if k != "instructions"})
+            request = request.model_copy(update={"messages": prefix + request.messages})
+        if request.tools:
+            sock.tools = list(request.tools)
+        elif sock.tools:
+            request = request.model_copy(update={"tools": list(sock.tools)})
+        return request
+
+    def _server_frame(self, sock: Socket, flow: http.HTTPFlow, content: bytes) -> None:
+        pending = sock.pending
+        if pending is None:
+            return
+        text = content.decode("utf-8", "replace")
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            obj = None
+        kind = obj.get("type") if isinstance(obj, dict) else None
+        ex = pending.ex
+        if ex.first_byte_at is None:
+            ex.first_byte_at = time.time()
+        if kind == "error" and isinstance(obj.get("status"), int):
+            pending.status = obj["status"]
+        if pending.warmup:
+            if kind in _END:
+                response_id = ((obj.get("response") or {}).get("id")) if kind != "error" else None
+                if response_id and ex.request is not None:
+                    sock.warmups[response_id] = list(ex.request.messages)
+                sock.pending = None
+            return
+        if pending.assembler.feed(SSEEvent(event=kind, data=text)):
+            response = pending.assembler.result()
+            if response.error is not None and pending.status is not None:
+                response.error = response.error.model_copy(update={"status": pending.status})
+            # A frame has no status line: a complete answer is what HTTP would have sent
+            # as 200, so both transports record the same.
+            commit(ex, flow, response, status=pending.status or (200 if response.error is None else None))
+            sock.pending = None
+
+    def _abandon(self, sock: Socket, flow: http.HTTPFlow, reason: str) -> None:
+        pending = sock.pending
+        sock.pending = None
+        if pending is None or pending.warmup or pending.ex.committed:
+            return
+        commit(pending.ex, flow, None, ResponseError(type="incomplete_stream", message=reason),
+               status=pending.status)
+
+    def websocket_end(self, flow: http.HTTPFlow) -> None:
+        sock = flow.metadata.get(WS_KEY)
+        if not isinstance(sock, Socket) or sock.pending is None:
+            return
+        ws = flow.websocket
+        code = ws.close_code if ws is not None else None
+        self._abandon(sock, flow, f"the WebSocket closed (code {code}) before the answer's terminal frame")
