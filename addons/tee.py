@@ -140,7 +140,8 @@ class Tee:
         if flow.response.status_code == 200 and ctype.startswith("text/event-stream"):
             encoding = flow.response.headers.get("content-encoding", "identity")
             try:
-                flow.response.stream = StreamTee(ex, flow, encoding)
+                # Kept on the exchange too: later addons (Collect, Retry) wrap the callable.
+                flow.response.stream = ex.extra["tee"] = StreamTee(ex, flow, encoding)
             except ValueError as e:  # an encoding we cannot read: forward, record the gap
                 flow.response.stream = True
                 commit(ex, flow, None, ResponseError(type="unsupported_encoding", message=str(e), status=200))
@@ -149,7 +150,7 @@ class Tee:
         ex = exchange_of(flow)
         if ex is None or ex.route.kind != "model" or ex.committed or flow.response is None:
             return
-        stream = flow.response.stream
+        stream = ex.extra.get("tee")
         if isinstance(stream, StreamTee):
             stream.finish()
             return
@@ -177,7 +178,7 @@ class Tee:
         if ex is None or ex.route.kind != "model" or ex.committed:
             return
         message = flow.error.msg if flow.error else "connection error"
-        stream = flow.response.stream if flow.response else None
+        stream = ex.extra.get("tee")
         if isinstance(stream, StreamTee):
             stream.finish(f"the stream broke: {message}")
         else:
