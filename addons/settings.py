@@ -18,6 +18,7 @@ import os
 import re
 import secrets
 import shlex
+import threading
 import ssl
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from interceptor.addons.session import Registry, Session, SessionConfig, UpstreamConfig
 from interceptor.trace.messages import Sampling
+from interceptor.trace.tokens import warm as warm_estimator
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +181,8 @@ class Settings:
                 f.write(self.admin_token + "\n")
             os.chmod(token_file, 0o600)
         self.bundle_path = self._write_ca_bundle(confdir)
+        # The token estimator's BPE table takes ~0.3 s to build: never on the event loop.
+        threading.Thread(target=warm_estimator, name="interceptor-warm", daemon=True).start()
         if self.file_configs:
             self._create_sessions(self.file_configs)
             log.info(f"interceptor: {len(self.file_configs)} session(s) from {ctx.options.intercept_sessions}")

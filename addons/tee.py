@@ -33,7 +33,7 @@ def effective_sampling(ex: Exchange) -> Sampling:
     if ex.body is None:
         return Sampling()
     try:
-        return ex.dialect.parse_request(ex.body).sampling
+        return ex.dialect.sampling(ex.body)
     except Exception:  # the body was forwarded; a record without sampling beats no record
         return Sampling()
 

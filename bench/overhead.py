@@ -64,13 +64,16 @@ def one(client: httpx.Client, url: str, payload: bytes, stream: bool, secret: st
     ttfe = None
     if stream:
         with client.stream("POST", url, content=payload, headers=headers) as r:
-            r.raise_for_status()
+            if r.status_code != 200:
+                r.read()
+                raise RuntimeError(f"{r.status_code}: {r.text[:300]}")
             for line in r.iter_lines():
                 if ttfe is None and line.startswith("data:"):
                     ttfe = time.perf_counter() - t0
     else:
         r = client.post(url, content=payload, headers=headers)
-        r.raise_for_status()
+        if r.status_code != 200:
+            raise RuntimeError(f"{r.status_code}: {r.text[:300]}")
     return time.perf_counter() - t0, ttfe
 
 

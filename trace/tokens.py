@@ -29,6 +29,12 @@ def _encoder() -> Any | None:
     return _encodings.load(ENCODING)
 
 
+def warm() -> None:
+    """Build the encoder now (a proxy calls this from a thread at start-up, so the first
+    estimate never stalls the event loop)."""
+    _encoder()
+
+
 def count_text(text: str) -> int:
     if not text:
         return 0

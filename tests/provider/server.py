@@ -315,6 +315,10 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "cloudflare"  # what both providers' edges announce
     sys_version = ""
+    # Small writes (headers, then one SSE event at a time) must not wait for the client's
+    # delayed ACK: without this every answer stalls ~40 ms (Nagle), which would swamp any
+    # latency measured through the proxy.
+    disable_nagle_algorithm = True
     server: _Server
 
     def version_string(self) -> str:
