@@ -51,6 +51,7 @@ class Reach:
             reason = type(e).__name__ if isinstance(e, asyncio.TimeoutError) else (e.strerror or str(e))
             message = f"the session's upstream {where} is unreachable ({reason})"
             flow.response = error_response(ex.dialect.provider, 502, message, retry=True)
-            commit(ex, flow, None, ResponseError(type="upstream_unreachable", message=message, status=502))
+            if ex.route.kind == "model":  # side routes (token counts, model lists) are never recorded
+                commit(ex, flow, None, ResponseError(type="upstream_unreachable", message=message, status=502))
             return
         self._ok[addr] = time.monotonic()
