@@ -2,7 +2,8 @@
 
 It only wires the addons together, in the order a request travels through them (mitmproxy
 calls each hook in list order): Settings (options, sessions), Control (the proxy's own API),
-Claim (which session), Rewrite (model, sampling, key, upstream),
+TlsGuard (a harness that rejects the CA is named), Claim (which session), Rewrite (model,
+sampling, key, upstream),
 Reach (a dead upstream answers in the dialect's shape), WsRelay (Codex's Responses
 WebSocket, frame by frame), Tee (stream back, record).
 The code lives in ``interceptor.addons.*``; mitmproxy puts this folder on ``sys.path`` while
@@ -17,6 +18,7 @@ from interceptor.addons.rewrite import Rewrite
 from interceptor.addons.session import Registry
 from interceptor.addons.settings import Settings
 from interceptor.addons.tee import Tee
+from interceptor.addons.tlsguard import TlsGuard
 from interceptor.addons.wsrelay import WsRelay
 
 registry = Registry()
@@ -25,6 +27,7 @@ settings = Settings(registry)
 addons = [
     settings,
     Control(registry, settings),
+    TlsGuard(registry, settings),  # before Claim, which takes the CONNECT's Proxy-Authorization
     Claim(registry, settings),
     Rewrite(),
     Reach(),

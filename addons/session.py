@@ -87,6 +87,7 @@ class Session:
     state_secret: str
     recorder: Recorder
     created_at: float = field(default_factory=time.time)
+    tls_rejections: int = 0  # handshakes the harness refused: it does not trust the CA (TlsGuard)
 
     @property
     def trace_path(self) -> Path:
@@ -107,6 +108,7 @@ class Session:
         s = self.recorder.summary()
         s["id"] = self.id
         s["trace_path"] = str(self.trace_path)
+        s["tls_rejections"] = self.tls_rejections
         return s
 
 

@@ -1,0 +1,447 @@
+#!/usr/bin/env python3
+"""Run one agent harness through the proxy as one session, and say what happened.
+
+    python scripts/run_harness.py [--model M] [--sampling JSON] \\
+        [--upstream URL --api-key-env NAME] [--proxy URL] -- <harness command...>
+
+    python scripts/run_harness.py --model gpt-5 -- codex exec --skip-git-repo-check "fix the test"
+    python scripts/run_harness.py --upstream http://127.0.0.1:8000/v1 --model Qwen/Qwen3-8B \\
+        --sampling '{"temperature": 0.7}' -- claude -p "..." --allowedTools Bash
+
+Starts a proxy on a free port (or uses the one at ``--proxy``), registers a session through
+the control API, runs the command with that session's environment (the proxy, the session
+secret in every key variable the known harnesses read, the CA variables) and an isolated
+HOME (a fresh temporary one unless ``--home DIR`` or ``--keep-home``), seals the session when
+the command exits, prints a one-screen summary on stderr and exits with the command's status.
+
+Why each piece:
+
+- The secret also goes into the proxy URL (``http://session:<secret>@host:port``; off with
+  ``--no-proxy-auth``): the proxy then knows the session of a connection from its CONNECT,
+  before any TLS. That is the only way to name the session of a harness that rejects the CA,
+  which otherwise hangs silently (Claude Code retries a failed handshake forever). The
+  summary, and a warning printed the moment it happens, say so.
+- The harness never holds a real key or a base URL: inherited ``*_BASE_URL`` variables (which
+  would send it around the proxy), ``ANTHROPIC_AUTH_TOKEN`` and the ``--api-key-env``
+  variable are removed from its environment.
+- An isolated HOME keeps the harness's own settings, logins and caches (``~/.claude``,
+  ``~/.codex``) out of the rollout, and the rollout out of them.
+- When it starts the proxy itself, ``chatgpt.com`` is intercepted too: Codex asks it for
+  its model list with the key it holds; answered locally (404), nothing leaves and Codex
+  does not wait on retries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import warnings
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "addons" / "interception.py"
+EXTRA_HOSTS = ("chatgpt.com",)
+DEFAULT_HOSTS = ("api.openai.com", "api.anthropic.com")
+
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy",
+                   "NO_PROXY", "no_proxy")
+# Would send the harness around the proxy, or hand it a credential of its own.
+BYPASS_VARIABLES = ("OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN",
+                    "CODEX_BASE_URL")
+# Point outside an isolated HOME.
+HOME_VARIABLES = ("CODEX_HOME", "CLAUDE_CONFIG_DIR", "MSWEA_GLOBAL_CONFIG_DIR", "XDG_CONFIG_HOME",
+                  "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME")
+# Harmless for every harness, needed by some; set unless the caller set them.
+HARNESS_DEFAULTS = {
+    # Claude Code: no telemetry, error reporting or update checks (they would leave
+    # through the proxy untouched, or stall without a network).
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    # mini-swe-agent: skip its first-run set-up questions (an isolated HOME is a first run).
+    "MSWEA_CONFIGURED": "true",
+    # litellm (mini-swe-agent): use the bundled model price list instead of downloading it.
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+}
+
+
+class Failure(Exception):
+    """Something the user must fix before a harness can run; the message says what."""
+
+
+# -- the proxy ------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mitmdump_bin() -> str:
+    exe = Path(sys.executable).with_name("mitmdump")
+    found = str(exe) if exe.exists() else shutil.which("mitmdump")
+    if not found:
+        raise Failure("mitmdump not found: run this with the project's Python (.venv/bin/python) "
+                      "or put mitmproxy on PATH")
+    return found
+
+
+class Proxy:
+    """Either a mitmdump this script started (and stops), or one already running."""
+
+    def __init__(self, url: str, token: str, proc: subprocess.Popen | None = None,
+                 log_path: Path | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.proc = proc
+        self.log_path = log_path
+
+    @classmethod
+    def start(cls, workdir: Path, trace_dir: Path, hosts: list[str], options: list[str],
+              timeout: float = 30.0) -> Proxy:
+        port = free_port()
+        token = secrets.token_urlsafe(32)
+        confdir = workdir / "conf"
+        confdir.mkdir(parents=True, exist_ok=True)
+        cmd = [mitmdump_bin(), "--listen-host", "127.0.0.1", "--listen-port", str(port), "-s", str(SCRIPT),
+               "--set", f"confdir={confdir}", "--set", f"intercept_trace_dir={trace_dir}",
+               "--set", f"intercept_admin_token={token}", "--set", "termlog_verbosity=info"]
+        for host in hosts:
+            cmd += ["--set", f"intercept_hosts={host}"]
+        for option in options:
+            cmd += ["--set", option]
+        log_path = workdir / "mitmdump.log"
+        env = {k: v for k, v in os.environ.items() if k not in PROXY_VARIABLES}
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, cwd=workdir)
+        proxy = cls(f"http://127.0.0.1:{port}", token, proc, log_path)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise Failure(f"mitmdump exited with {proc.returncode} at start:\n{proxy.log_tail()}")
+            if proxy.healthy():
+                return proxy
+            time.sleep(0.05)
+        proxy.stop()
+        raise Failure(f"mitmdump did not answer within {timeout:.0f}s:\n{proxy.log_tail()}")
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/_interceptor/health", timeout=0.5) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def api(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"{self.url}/_interceptor/{path}", data=data, method=method)
+        req.add_header("Authorization", f"Bearer {self.token}")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=15) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            try:
+                return e.code, json.loads(e.read() or b"null")
+            except ValueError:
+                return e.code, None
+        except (urllib.error.URLError, OSError) as e:
+            raise Failure(f"the proxy at {self.url} does not answer: {e}") from e
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)  # it seals every open session on the way out
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def log_tail(self, lines: int = 30) -> str:
+        if self.log_path is None:
+            return ""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def admin_token(args: argparse.Namespace) -> str:
+    if args.admin_token:
+        return args.admin_token
+    if os.environ.get("INTERCEPT_ADMIN_TOKEN"):
+        return os.environ["INTERCEPT_ADMIN_TOKEN"]
+    path = Path(os.path.expanduser(args.confdir or "~/.mitmproxy")) / "interceptor-admin-token"
+    try:
+        return path.read_text().strip()
+    except OSError as e:
+        raise Failure(f"no admin token for {args.proxy}: pass --admin-token, set INTERCEPT_ADMIN_TOKEN, "
+                      f"or --confdir of that proxy (could not read {path}: {e.strerror})") from e
+
+
+# -- the session and the harness's environment ----------------------------------------------
+
+
+def session_config(args: argparse.Namespace) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    if args.session:
+        try:
+            config = json.loads(args.session)
+        except ValueError as e:
+            raise Failure(f"--session is not JSON: {e}") from e
+        if not isinstance(config, dict):
+            raise Failure("--session must be a JSON object (a session config)")
+    if args.id:
+        config["id"] = args.id
+    if args.model:
+        config["model"] = args.model
+    if args.sampling:
+        try:
+            config["sampling"] = json.loads(args.sampling)
+        except ValueError as e:
+            raise Failure(f"--sampling is not JSON: {e}") from e
+    if args.upstream or args.api_key_env:
+        upstream = dict(config.get("upstream") or {})
+        if args.upstream:
+            upstream["base_url"] = args.upstream
+        if args.api_key_env:
+            upstream["api_key_env"] = args.api_key_env
+        config["upstream"] = upstream
+    config.setdefault("agent", {}).setdefault("command", Path(args.command[0]).name)
+    return config
+
+
+def with_userinfo(proxy_url: str, secret: str) -> str:
+    u = urlsplit(proxy_url)
+    netloc = f"session:{quote(secret, safe='')}@{u.hostname}" + (f":{u.port}" if u.port else "")
+    return urlunsplit((u.scheme, netloc, u.path, u.query, u.fragment))
+
+
+def harness_env(session: dict[str, Any], args: argparse.Namespace, home: Path | None,
+                base: dict[str, str]) -> dict[str, str]:
+    drop = set(PROXY_VARIABLES) | set(BYPASS_VARIABLES)
+    if home is not None:
+        drop |= set(HOME_VARIABLES)
+    key_env = ((session.get("config") or {}).get("upstream") or {}).get("api_key_env") or args.api_key_env
+    if key_env:
+        drop.add(key_env)  # the real key stays with the proxy
+    env = {k: v for k, v in base.items() if k not in drop}
+    env.update(session["env"])
+    if not args.no_proxy_auth:
+        env["HTTPS_PROXY"] = env["https_proxy"] = with_userinfo(session["env"]["HTTPS_PROXY"], session["model_secret"])
+    for k, v in HARNESS_DEFAULTS.items():
+        env.setdefault(k, v)
+    if home is not None:
+        env["HOME"] = str(home)
+        (home / ".codex").mkdir(parents=True, exist_ok=True)
+        env["CODEX_HOME"] = str(home / ".codex")  # Codex refuses a CODEX_HOME that does not exist
+    return env
+
+
+# -- running ------------------------------------------------------------------------------------
+
+
+def run(cmd: list[str], env: dict[str, str], cwd: str | None, proxy: Proxy, session_id: str,
+        timeout: float | None) -> tuple[int, bool]:
+    """The command's exit status (128 + signal if killed), and whether it timed out. Warns
+    on stderr the moment the proxy sees the harness reject its CA."""
+    try:
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd)
+    except OSError as e:
+        raise Failure(f"cannot run {cmd[0]!r}: {e.strerror}") from e
+
+    def forward(signum, _frame):
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    started = time.monotonic()
+    warned = timed_out = False
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            except KeyboardInterrupt:  # the harness got the same SIGINT; let it finish
+                continue
+            if not warned:
+                status, summary = proxy.api("GET", f"sessions/{session_id}")
+                if status == 200 and (summary or {}).get("tls_rejections"):
+                    warned = True
+                    print(f"run_harness: the harness rejected the proxy's TLS certificate: it does not trust "
+                          f"the CA (it may hang retrying). {TLS_ADVICE}", file=sys.stderr, flush=True)
+            if timeout is not None and time.monotonic() - started > timeout:
+                timed_out = True
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                code = proc.wait()
+                break
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return (128 - code if code < 0 else code), timed_out
+
+
+TLS_ADVICE = ("The session's env points NODE_EXTRA_CA_CERTS, CODEX_CA_CERTIFICATE, SSL_CERT_FILE and "
+              "REQUESTS_CA_BUNDLE at the CA bundle; a harness that reads none of them needs its own setting.")
+
+
+def trace_details(path: str) -> dict[str, Any]:
+    """Models and error lines from the sealed trace, when it is readable from here."""
+    try:
+        from interceptor.trace import read_trace
+    except ImportError:
+        return {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trace = read_trace(path)
+    except Exception:  # a remote proxy's path, or a file still being written: counts suffice
+        return {}
+    errors = []
+    for call in trace.calls:
+        if call.error is not None:
+            status = f"{call.status} " if call.status else ""
+            errors.append(f"{status}{call.error.type}: {call.error.message}"[:160])
+    return {"models": sorted({c.model for c in trace.calls if c.model}), "error_lines": errors,
+            "branches": len(trace.branches)}
+
+
+def summary_text(cmd: list[str], code: int, timed_out: bool, elapsed: float, summary: dict[str, Any],
+                 details: dict[str, Any]) -> str:
+    name = Path(cmd[0]).name
+    head = f"run_harness: {name} exited with {code} after {elapsed:.1f}s"
+    if timed_out:
+        head += " (killed: --timeout)"
+    lines = [head]
+    sealed = "sealed" if summary.get("sealed") else "NOT sealed"
+    lines.append(f"  session  {summary.get('id')} ({sealed})  trace {summary.get('trace_path')}")
+    lines.append(f"  turns {summary.get('turns', 0)}  calls {summary.get('calls', 0)}  "
+                 f"errors {summary.get('errors', 0)}  tokens in {summary.get('input_tokens', 0):,} "
+                 f"out {summary.get('output_tokens', 0):,}"
+                 + (f"  branches {details['branches']}" if "branches" in details else ""))
+    if details.get("models"):
+        lines.append(f"  models   {', '.join(details['models'])}")
+    shown = details.get("error_lines", [])[:5]
+    for line in shown:
+        lines.append(f"  error    {line}")
+    if len(details.get("error_lines", [])) > len(shown):
+        lines.append(f"  ...      {len(details['error_lines']) - len(shown)} more errors in the trace")
+    rejections = summary.get("tls_rejections", 0)
+    if rejections:
+        lines.append(f"  TLS      the harness rejected the proxy's certificate {rejections} time(s): it does not "
+                     f"trust the CA. {TLS_ADVICE}")
+    elif not summary.get("calls") and code != 0:
+        lines.append("  note     no model request reached the proxy: check that the harness honours "
+                     "HTTPS_PROXY and talks to a provider host the proxy intercepts")
+    if summary.get("store_error"):
+        lines.append(f"  STORE    {summary['store_error']}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="run_harness.py", usage="%(prog)s [options] -- <harness command...>",
+        description="Run one agent harness through the proxy as one session; see the module docstring.")
+    parser.add_argument("--model", help="model imposed on every request")
+    parser.add_argument("--sampling", help='sampling imposed on every request, a JSON object: {"temperature": 0.7}')
+    parser.add_argument("--upstream", help="upstream base URL with its version prefix (http://127.0.0.1:8000/v1); "
+                                           "unset: the provider the harness addressed")
+    parser.add_argument("--api-key-env", help="name of the variable, in this environment, holding the real key")
+    parser.add_argument("--session", help="more session config as JSON (task, agent, info, collect_tokens)")
+    parser.add_argument("--id", help="session id (names the trace file)")
+    parser.add_argument("--proxy", help="use the proxy at this URL instead of starting one")
+    parser.add_argument("--admin-token", help="control API token of --proxy (else $INTERCEPT_ADMIN_TOKEN, "
+                                              "else <confdir>/interceptor-admin-token)")
+    parser.add_argument("--confdir", help="mitmproxy confdir of --proxy (default ~/.mitmproxy)")
+    parser.add_argument("--trace-dir", default="traces", help="where a proxy this script starts writes traces")
+    parser.add_argument("--host", action="append", default=[],
+                        help="another provider host for a proxy this script starts (repeatable)")
+    parser.add_argument("--set", dest="options", action="append", default=[], metavar="NAME=VALUE",
+                        help="another mitmdump option for a proxy this script starts (repeatable)")
+    parser.add_argument("--home", help="HOME for the harness (created if missing) instead of a fresh temporary one")
+    parser.add_argument("--keep-home", action="store_true", help="run the harness with this HOME")
+    parser.add_argument("--cwd", help="working directory of the harness")
+    parser.add_argument("--timeout", type=float, help="stop the harness after this many seconds (exit 124)")
+    parser.add_argument("--no-proxy-auth", action="store_true",
+                        help="keep the secret out of the proxy URL (then a CA rejection cannot be tied to the session)")
+    parser.add_argument("--summary-json", help="also write the summary as JSON to this file")
+    if "--" in argv:
+        cut = argv.index("--")
+        args = parser.parse_args(argv[:cut])
+        args.command = argv[cut + 1:]
+    else:
+        args = parser.parse_args(argv)
+        args.command = []
+    if not args.command:
+        parser.error("give the harness command after --, e.g. -- claude -p 'hello'")
+    if args.home and args.keep_home:
+        parser.error("--home and --keep-home exclude each other")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    with tempfile.TemporaryDirectory(prefix="run-harness-") as tmp:
+        workdir = Path(tmp)
+        proxy: Proxy | None = None
+        try:
+            if args.proxy:
+                proxy = Proxy(args.proxy, admin_token(args))
+                if not proxy.healthy():
+                    raise Failure(f"no proxy answers at {args.proxy}/_interceptor/health")
+            else:
+                hosts = [*DEFAULT_HOSTS, *EXTRA_HOSTS, *args.host]
+                proxy = Proxy.start(workdir / "proxy", Path(args.trace_dir).resolve(), hosts, args.options)
+            status, session = proxy.api("POST", "sessions", session_config(args))
+            if status != 201:
+                message = ((session or {}).get("error") or {}).get("message") or session
+                raise Failure(f"the proxy refused the session ({status}): {message}")
+            home = None
+            if not args.keep_home:
+                home = Path(args.home).resolve() if args.home else workdir / "home"
+                home.mkdir(parents=True, exist_ok=True)
+            env = harness_env(session, args, home, dict(os.environ))
+            started = time.monotonic()
+            code, timed_out = run(args.command, env, args.cwd, proxy, session["id"], args.timeout)
+            if timed_out:
+                code = 124
+            elapsed = time.monotonic() - started
+            status, summary = proxy.api("DELETE", f"sessions/{session['id']}")
+            if status != 200:
+                summary = {"id": session["id"], "trace_path": session["trace_path"]}
+            text = summary_text(args.command, code, timed_out, elapsed, summary, trace_details(session["trace_path"]))
+            print(text, file=sys.stderr, flush=True)
+            if args.summary_json:
+                Path(args.summary_json).write_text(json.dumps({**summary, "exit_status": code,
+                                                               "elapsed": elapsed, "timed_out": timed_out}))
+            return code
+        except Failure as e:
+            print(f"run_harness: {e}", file=sys.stderr)
+            return 2
+        finally:
+            if proxy is not None:
+                proxy.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
