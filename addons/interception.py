@@ -11,6 +11,7 @@ loading the script, which is why nothing here may share a name with a module it 
 """
 
 from interceptor.addons.claim import Claim
+from interceptor.addons.collect import Collect
 from interceptor.addons.control import Control
 from interceptor.addons.reach import Reach
 from interceptor.addons.retry import Retry
@@ -33,5 +34,6 @@ addons = [
     Reach(),
     WsRelay(),  # before Tee: a WebSocket's frames are its exchanges, not the upgrade
     Tee(),
+    Collect(),  # after Tee (which records the tokens), before Retry (which keeps what the harness got)
     Retry(),  # last: its capture sees the bytes the harness received
 ]

@@ -14,6 +14,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -27,6 +28,9 @@ FSYNC_POLICIES = ("never", "turn", "seal")
 # reopened for append when its session writes again), so thousands of idle sessions never
 # exhaust file descriptors.
 MAX_OPEN_FILES = 256
+# Test hook, never set in production: write each record in two halves this many seconds
+# apart, so a test can SIGKILL the proxy in the middle of a record and check the reader.
+TORN_WRITE_PAUSE = float(os.environ.get("INTERCEPT_TEST_TORN_WRITES") or 0)
 
 
 def _default(value: Any) -> Any:
@@ -149,7 +153,10 @@ class Store:
             try:
                 f = self._file(path, new, dirty)
                 data = pack(record)
-                f.write(data)
+                if TORN_WRITE_PAUSE:
+                    _write_in_halves(f, data)
+                else:
+                    f.write(data)
                 self.bytes_written += len(data)
                 self.records_written += 1
                 dirty[path] = dirty.get(path, False) or sync
@@ -203,6 +210,15 @@ class Store:
             f.close()
         except OSError as e:
             log.error("trace store: close failed: %s", e)
+
+
+def _write_in_halves(f: BinaryIO, data: bytes) -> None:
+    """The ``INTERCEPT_TEST_TORN_WRITES`` hook: half a record reaches the file, then a pause."""
+    half = len(data) // 2
+    f.write(data[:half])
+    f.flush()
+    time.sleep(TORN_WRITE_PAUSE)
+    f.write(data[half:])
 
 
 def _move_aside(path: Path) -> None:

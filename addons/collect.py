@@ -1,0 +1,325 @@
+"""Collect: token ids and logprobs for training, from an upstream that returns them.
+
+A session with ``collect_tokens`` asks an OpenAI-compatible upstream (vLLM >= 0.10.2, SGLang)
+for ``return_token_ids`` and ``logprobs`` on every Chat Completions request, JSON and
+streamed. The reply's ``prompt_token_ids`` and completion ``token_ids``/logprobs are what the
+trace needs to train on exactly the tokens the model saw; the harness never asked for them,
+so they are taken out of what it receives.
+
+- ``request`` (after Rewrite): adds the two keys to the body Rewrite left in ``ex.body``,
+  re-serialises it into ``flow.request.content``, and lists them among the call's overrides
+  (reason ``collect_tokens``). A key the body already asks for (the harness's own
+  ``logprobs``) is left alone and, below, never stripped.
+- ``responseheaders`` (after Tee): wraps the Tee's stream callable, so the Tee assembles the
+  upstream's bytes, token ids included, and the harness gets each event without them. The
+  wrapper cuts the stream into whole events, O(chunk) per call, and forwards each event as
+  soon as its blank line arrives; events it does not touch go out byte for byte.
+- ``response`` (after Tee, which has parsed and recorded the full JSON body): strips the
+  body; for both, one ``rewrite`` record (direction ``response``) says what was removed.
+
+Listed after Tee and before Retry, so Retry's capture (and any replay) holds the bytes the
+harness actually received.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from mitmproxy import http
+
+from interceptor.addons.exchange import Exchange, exchange_of
+from interceptor.dialects import CHAT
+from interceptor.dialects.base import Override
+from interceptor.dialects.encoding import Decoder
+
+log = logging.getLogger(__name__)
+
+KEY = "collect"
+REASON = "collect_tokens"
+
+
+@dataclass(eq=False)
+class Plan:
+    """What the proxy added to one request, hence what it takes out of the answer."""
+
+    token_ids: bool  # asked for return_token_ids: drop prompt_token_ids and token_ids
+    logprobs: bool  # asked for logprobs: set each choice's logprobs back to null
+    removed: set[str] = field(default_factory=set)
+    streamed: bool = False  # the answer is SSE, stripped event by event
+    events: int = 0  # SSE events rewritten
+    dropped: int = 0  # SSE events that existed only to carry token ids
+    recorded: bool = False
+
+    def strip(self, obj: dict[str, Any]) -> bool:
+        """Remove what was added from one ChatCompletion body or chunk, in place; True if
+        anything was there."""
+        found = False
+        if self.token_ids and "prompt_token_ids" in obj:
+            del obj["prompt_token_ids"]
+            self.removed.add("prompt_token_ids")
+            found = True
+        for choice in obj.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            if self.token_ids and "token_ids" in choice:
+                del choice["token_ids"]
+                self.removed.add("choices[].token_ids")
+                found = True
+            if self.logprobs and choice.get("logprobs") is not None:
+                choice["logprobs"] = None
+                self.removed.add("choices[].logprobs")
+                found = True
+        return found
+
+    def record(self, ex: Exchange) -> None:
+        """One ``rewrite`` record for the exchange, once, if anything was removed."""
+        if not self.removed or self.recorded:
+            return
+        self.recorded = True
+        kind = "sse" if self.streamed else "json"
+        rewrite: dict[str, Any] = {"direction": "response", "by": REASON, "call": ex.call_id,
+                                   "body": kind, "removed": sorted(self.removed)}
+        if self.streamed:
+            rewrite["events"] = self.events
+            if self.dropped:
+                rewrite["dropped_events"] = self.dropped
+        try:
+            ex.session.recorder.record_rewrite(rewrite)
+        except Exception:
+            log.exception(f"interceptor: session {ex.session.id!r}: could not record the response rewrite")
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _only_token_carrier(obj: dict[str, Any]) -> bool:
+    """A chunk that, stripped, says nothing: vLLM sends one per token the tool or reasoning
+    parser held back, only because token ids were asked for (empty delta, no finish)."""
+    choices = obj.get("choices")
+    if not choices or obj.get("usage") or obj.get("error"):
+        return False
+    return all(isinstance(c, dict) and not c.get("delta") and c.get("finish_reason") is None
+               and c.get("logprobs") is None for c in choices)
+
+
+class EventStrip:
+    """Cuts SSE bytes into whole events and strips each one; see the module docstring.
+
+    Only the unfinished event is held (at most one event's bytes). Lines keep their own
+    terminators; an event is rewritten only when it carries something to strip, and then
+    only its ``data`` line changes.
+    """
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.event = bytearray()  # the unfinished event, as received
+        self.line = 0  # length of its unfinished last line
+        self.pending_cr = False  # a chunk ended in CR: an LF may follow in the next
+        self.dropped = False  # the last event was dropped (its split LF goes with it)
+
+    def feed(self, data: bytes) -> bytes:
+        out = bytearray()
+        i, n = 0, len(data)
+        if self.pending_cr and n:
+            self.pending_cr = False
+            if data[0] == 0x0A:  # the LF of a CRLF split across chunks
+                if self.event:
+                    self.event += b"\n"
+                elif not self.dropped:
+                    out += b"\n"
+                i = 1
+        cr = data.find(b"\r", i)  # kept across lines: CR-less streams must not rescan
+        while i < n:
+            lf = data.find(b"\n", i)
+            if cr != -1 and cr < i:
+                cr = data.find(b"\r", i)
+            if lf == -1 and cr == -1:
+                self.event += data[i:]
+                self.line += n - i
+                break
+            if cr == -1 or (lf != -1 and lf < cr):
+                end, nxt = lf, lf + 1
+            else:
+                end = cr
+                if cr + 1 < n:
+                    nxt = cr + 2 if data[cr + 1] == 0x0A else cr + 1
+                else:
+                    nxt = n
+                    self.pending_cr = True
+            blank = self.line == 0 and end == i
+            self.event += data[i:nxt]
+            self.line = 0
+            i = nxt
+            if blank:
+                sent = self._event(bytes(self.event))
+                self.dropped = not sent
+                out += sent
+                self.event.clear()
+        return bytes(out)
+
+    def flush(self) -> bytes:
+        """End of stream: a last event without its blank line goes out too."""
+        rest, self.event, self.line = bytes(self.event), bytearray(), 0
+        return self._event(rest) if rest else b""
+
+    def _event(self, block: bytes) -> bytes:
+        plan = self.plan
+        if b"token_ids" not in block and not (plan.logprobs and b"logprobs" in block):
+            return block
+        try:
+            return self._rewrite(block)
+        except Exception:  # a shape nobody foresaw must not break the harness's stream
+            log.exception("interceptor: could not strip token fields from an event; forwarded as is")
+            return block
+
+    def _rewrite(self, block: bytes) -> bytes:
+        plan = self.plan
+        lines = block.splitlines(keepends=True)
+        data = [k for k, line in enumerate(lines) if line.startswith(b"data:")]
+        if not data:
+            return block
+        payload = b"\n".join(_field_value(lines[k]) for k in data)
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            return block
+        if not isinstance(obj, dict) or not plan.strip(obj):
+            return block
+        if plan.token_ids and _only_token_carrier(obj):
+            plan.dropped += 1
+            return b""
+        plan.events += 1
+        first = lines[data[0]]
+        ending = first[len(first.rstrip(b"\r\n")):] or b"\n"
+        lines[data[0]] = b"data: " + _dumps(obj) + ending
+        return b"".join(line for k, line in enumerate(lines) if k == data[0] or k not in data)
+
+
+def _field_value(line: bytes) -> bytes:
+    value = line.rstrip(b"\r\n")[5:]
+    return value[1:] if value.startswith(b" ") else value
+
+
+class StripStream:
+    """The ``flow.response.stream`` callable around the Tee's: the inner callable sees (and
+    records) the upstream's bytes, the harness gets them stripped. The rewrite record is
+    written in the call where the Tee commits the turn, so it follows the turn on the record
+    and precedes the terminal event the harness then receives."""
+
+    def __init__(self, inner: Any, ex: Exchange, plan: Plan, content_encoding: str | None) -> None:
+        self.inner = inner
+        self.ex = ex
+        self.plan = plan
+        self.events = EventStrip(plan)
+        # An upstream that compressed despite ``accept-encoding: identity`` is decoded here
+        # and the header removed, so the harness gets plain events.
+        self.decoder = Decoder.for_encoding(content_encoding) if content_encoding else None
+
+    def __call__(self, chunk: bytes) -> bytes:
+        out = self.inner(chunk) if callable(self.inner) else chunk
+        if not isinstance(out, bytes):  # an inner callable may return an iterable of chunks
+            out = b"".join(out)
+        if self.decoder is not None:
+            out = self.decoder.decode(out) if out else b""
+            if not chunk:
+                out += self.decoder.flush()
+        out = self.events.feed(out) if chunk else self.events.feed(out) + self.events.flush()
+        if self.ex.committed:
+            self.plan.record(self.ex)
+        return out
+
+
+class Collect:
+    def __init__(self) -> None:
+        self._warned: set[str] = set()
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.error or not flow.live:
+            return
+        ex = exchange_of(flow)
+        if (ex is None or ex.route.kind != "model" or ex.dialect is not CHAT or ex.body is None
+                or not ex.session.config.collect_tokens):
+            return
+        body = ex.body
+        plan = Plan(token_ids=body.get("return_token_ids") is not True,
+                    logprobs=body.get("logprobs") is not True)
+        if not (plan.token_ids or plan.logprobs):
+            return  # the body asks for both already: nothing added, nothing to strip
+        for key, added in (("return_token_ids", plan.token_ids), ("logprobs", plan.logprobs)):
+            if added:
+                ex.overrides.append(Override(key, body.get(key), True, REASON))
+                body[key] = True
+        flow.request.content = _dumps(body)
+        # Plain bytes back, so events can be cut and rewritten as they pass.
+        flow.request.headers["accept-encoding"] = "identity"
+        ex.call_id = ex.call_id or uuid.uuid4().hex[:16]  # the rewrite record names the call
+        ex.extra[KEY] = plan
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        plan = self._plan(flow)
+        response = flow.response
+        if plan is None or response is None or not response.stream:
+            return
+        if not response.headers.get("content-type", "").startswith("text/event-stream"):
+            return
+        encoding = response.headers.get("content-encoding", "").strip()
+        if encoding.lower() in ("", "identity"):
+            encoding = ""
+        try:
+            response.stream = StripStream(response.stream, exchange_of(flow), plan, encoding or None)
+        except ValueError as e:  # an encoding nobody here can read: forward as is
+            log.warning(f"interceptor: token fields left in a {encoding} stream: {e}")
+            return
+        plan.streamed = True
+        if encoding:
+            del response.headers["content-encoding"]
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        plan = self._plan(flow)
+        response = flow.response
+        if plan is None or response is None:
+            return
+        ex = exchange_of(flow)
+        if plan.streamed:
+            self._check(ex, plan)
+            plan.record(ex)
+            return
+        if response.stream or not response.headers.get("content-type", "").startswith("application/json"):
+            return
+        try:
+            body = json.loads(response.get_content(strict=False) or b"null")
+        except ValueError:
+            return
+        if isinstance(body, dict) and plan.strip(body):
+            response.content = _dumps(body)
+        if response.status_code == 200:
+            self._check(ex, plan)
+        plan.record(ex)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        """A stream that broke after events were stripped: the rewrite is still on record."""
+        plan = self._plan(flow)
+        if plan is not None and plan.streamed:
+            plan.record(exchange_of(flow))
+
+    def _check(self, ex: Exchange, plan: Plan) -> None:
+        """Say once per session when the upstream ignores the request for token ids (not
+        vLLM >= 0.10.2 or SGLang): the trace then has no tokens to train on."""
+        if not plan.token_ids or "prompt_token_ids" in plan.removed or ex.session.id in self._warned:
+            return
+        if ex.extra.get("replayed"):
+            return
+        self._warned.add(ex.session.id)
+        log.warning(f"interceptor: session {ex.session.id!r} collects tokens, but the upstream "
+                    "returned no prompt_token_ids: use vLLM >= 0.10.2 (or SGLang) as the upstream")
+
+    @staticmethod
+    def _plan(flow: http.HTTPFlow) -> Plan | None:
+        ex = exchange_of(flow)
+        plan = ex.extra.get(KEY) if ex is not None else None
+        return plan if isinstance(plan, Plan) else None

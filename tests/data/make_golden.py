@@ -1,0 +1,49 @@
+"""Write ``tests/data/trace-v<SCHEMA_VERSION>.msgpack``: a trace the real proxy recorded, kept
+so that later readers prove they still fold what this version wrote.
+
+    .venv/bin/python tests/data/make_golden.py
+
+Run it once when the schema version moves on (it refuses to overwrite a file): a three-turn
+tool conversation with token ids, through mitmdump, from the simulator playing vLLM, sealed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # tests/: the simulator and the helpers
+
+from conftest import KEY_ENV, REAL_KEY, session_clients  # noqa: E402
+from interceptor.trace import SCHEMA_VERSION, read_trace  # noqa: E402
+from mitm import MitmProcess  # noqa: E402
+from provider import ProviderSimulator  # noqa: E402
+from test_trace_proxy import FakeVLLM, chat_loop, step_reply  # noqa: E402
+
+
+def main() -> int:
+    out = HERE / f"trace-v{SCHEMA_VERSION}.msgpack"
+    if out.exists():
+        print(f"{out} exists; a golden file is never rewritten", file=sys.stderr)
+        return 1
+    with ProviderSimulator() as sim, MitmProcess(
+            options={"intercept_upstream": sim.url("/v1"), "intercept_api_key_env": KEY_ENV},
+            env={KEY_ENV: REAL_KEY}) as proxy:
+        s = proxy.create_session(id="golden", collect_tokens=True, task={"name": "golden"},
+                                 upstream={"base_url": sim.url("/v1"), "api_key_env": KEY_ENV})
+        os.environ.update(s["env"])
+        sim.default = FakeVLLM([step_reply(k, 2) for k in range(3)])
+        oai, _ = session_clients(s)
+        chat_loop(oai, 3, stream=True)
+        proxy.api("DELETE", "sessions/golden")
+        shutil.copyfile(s["trace_path"], out)
+    trace = read_trace(out)
+    print(f"{out}: {trace.num_turns} turns, {len(trace.nodes)} nodes, {out.stat().st_size} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""The Collect addon's stream rewrite at unit level: vLLM's chunks lose exactly what the proxy
+asked for, whatever the chunking, and everything else passes byte for byte."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from types import SimpleNamespace
+
+from hypothesis import given, settings, strategies as st
+
+from interceptor.addons.collect import EventStrip, Plan, StripStream
+
+
+def event(obj, ending=b"\n") -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + ending + ending
+
+
+def chunk(delta, *, token_ids=None, logprobs=None, finish=None, **top):
+    choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "m", "choices": [choice], **top}
+
+
+LP = {"content": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": []}], "refusal": None}
+VLLM = [
+    chunk({"role": "assistant", "content": ""}, token_ids=[], prompt_token_ids=[1, 2, 3]),
+    chunk({"content": "Hi"}, token_ids=[7], logprobs=LP),
+    chunk({}, token_ids=[8], logprobs=LP),  # a token the tool parser held back
+    chunk({}, token_ids=[], finish="stop"),
+    {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "m", "choices": [],
+     "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}},
+]
+
+
+def stream(ending=b"\n") -> bytes:
+    return b": keep-alive" + ending + b"".join(event(o, ending) for o in VLLM) + b"data: [DONE]" + ending + ending
+
+
+def stripped(plan: Plan, data: bytes, cuts=()) -> bytes:
+    strip = EventStrip(plan)
+    out, last = [], 0
+    for cut in sorted(cuts) + [len(data)]:
+        out.append(strip.feed(data[last:cut]))
+        last = cut
+    return b"".join(out) + strip.flush()
+
+
+def events_of(data: bytes) -> list:
+    return [json.loads(line[6:]) if line != b"data: [DONE]" else "[DONE]"
+            for line in data.splitlines() if line.startswith(b"data: ")]
+
+
+def test_removes_what_the_proxy_asked_for_and_drops_token_only_chunks():
+    plan = Plan(token_ids=True, logprobs=True)
+    out = stripped(plan, stream())
+    assert b"token_ids" not in out and b'"content":[' not in out
+    got = events_of(out)
+    assert got[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "prompt_token_ids" not in got[0]
+    assert got[1]["choices"][0] == {"index": 0, "delta": {"content": "Hi"}, "logprobs": None, "finish_reason": None}
+    assert got[2]["choices"][0]["finish_reason"] == "stop"  # the held-back token's chunk is gone
+    assert got[3]["usage"]["total_tokens"] == 5 and got[4] == "[DONE]"
+    assert out.startswith(b": keep-alive\n")
+    assert out.endswith(event(VLLM[-1]) + b"data: [DONE]\n\n")  # untouched events, same bytes
+    assert (plan.events, plan.dropped) == (3, 1)
+    assert plan.removed == {"prompt_token_ids", "choices[].token_ids", "choices[].logprobs"}
+
+
+def test_logprobs_the_harness_asked_for_stay():
+    out = stripped(Plan(token_ids=True, logprobs=False), stream())
+    got = events_of(out)
+    assert [e["choices"][0]["logprobs"] for e in got[1:3]] == [LP, LP]  # the held-back token too
+    assert b"token_ids" not in out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([b"\n", b"\r\n", b"\r"]), st.lists(st.integers(0, 2000), max_size=12))
+def test_any_chunking_and_line_ending_gives_the_same_events(ending, cuts):
+    data = stream(ending)
+    whole = stripped(Plan(token_ids=True, logprobs=True), data)
+    assert stripped(Plan(token_ids=True, logprobs=True), data, [c % (len(data) + 1) for c in cuts]) == whole
+    assert len(events_of(whole.replace(b"\r\n", b"\n").replace(b"\r", b"\n"))) == 5
+
+
+def test_every_single_byte_split():
+    data = stream(b"\r\n")
+    whole = stripped(Plan(token_ids=True, logprobs=True), data)
+    for cut in range(len(data) + 1):
+        assert stripped(Plan(token_ids=True, logprobs=True), data, [cut]) == whole
+
+
+def test_a_compressed_stream_reaches_the_harness_decoded():
+    seen = []
+
+    def tee(chunk: bytes) -> bytes:
+        seen.append(chunk)
+        return chunk
+
+    body = gzip.compress(stream())
+    wrapper = StripStream(tee, SimpleNamespace(committed=False), Plan(token_ids=True, logprobs=True), "gzip")
+    out = b"".join(wrapper(body[i:i + 50]) for i in range(0, len(body), 50)) + wrapper(b"")
+    assert b"".join(seen) == body  # the tee got the upstream's bytes
+    assert out == stripped(Plan(token_ids=True, logprobs=True), stream())
