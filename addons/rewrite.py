@@ -9,15 +9,20 @@ environment, is set; neither ever reaches a record or a log.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 from mitmproxy import http
 
 from interceptor.addons.answers import error_response, refuse
 from interceptor.addons.exchange import Exchange, exchange_of
-from interceptor.dialects.base import Override
+from interceptor.addons.session import SessionConfig
+from interceptor.dialects.base import Dialect, Override
+from interceptor.trace.messages import Request
 
 log = logging.getLogger(__name__)
 
@@ -45,51 +50,77 @@ def upstream_path(base_path: str, path: str) -> str:
     return base_path.rstrip("/") + rest
 
 
+OFF_LOOP = 1 << 20  # bodies above 1 MiB are parsed in a worker thread
+
+
+@dataclass(slots=True)
+class Prepared:
+    """The outcome of reading a body: what to forward, or why not (``refusal``)."""
+
+    body: dict[str, Any] | None = None
+    request: Request | None = None
+    overrides: list[Override] = field(default_factory=list)
+    content: bytes | None = None  # the new body, when something changed
+    requested_model: str | None = None  # as the harness sent it
+    refusal: str | None = None
+
+
+def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig) -> Prepared:
+    """Parse, understand and rewrite one request body. Pure, so that a large body can be
+    handled in a worker thread while the event loop keeps serving other sessions."""
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        return Prepared(refusal=f"request body is not valid JSON: {e}")
+    if not isinstance(body, dict):
+        return Prepared(refusal="request body must be a JSON object")
+    model = body.get("model")
+    out = Prepared(body=body, requested_model=model if isinstance(model, str) else None)
+    if kind == "model":
+        try:
+            out.request = dialect.parse_request(body)
+        except Exception as e:  # a shape the dialect does not know: refuse rather than record wrong
+            log.warning(f"interceptor: {dialect.name} request not understood: {type(e).__name__}: {e}")
+            return Prepared(refusal=f"request not understood by the {dialect.name} dialect: {e}")
+        out.overrides = dialect.apply_overrides(body, config.model, config.sampling)
+    elif config.model and body.get("model") != config.model:
+        # Side routes (token counting) get the session's model, nothing else.
+        out.overrides = [Override("model", body.get("model"), config.model)]
+        body["model"] = config.model
+    if out.overrides:
+        out.content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    return out
+
+
 class Rewrite:
-    def request(self, flow: http.HTTPFlow) -> None:
+    async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:
             return
         ex = exchange_of(flow)
         if ex is None:
             return
-        if flow.request.method == "POST" and not self._rewrite_body(flow, ex):
+        if flow.request.method == "POST" and not await self._rewrite_body(flow, ex):
             return
         self._swap_credential(flow, ex)
         self._route(flow, ex)
         if "accept-encoding" in flow.request.headers:
             flow.request.headers["accept-encoding"] = accept_encoding(flow.request.headers["accept-encoding"])
 
-    def _rewrite_body(self, flow: http.HTTPFlow, ex: Exchange) -> bool:
-        dialect = ex.dialect
-        provider = dialect.provider
+    async def _rewrite_body(self, flow: http.HTTPFlow, ex: Exchange) -> bool:
         raw = flow.request.get_content(strict=False) or b""
         ex.raw_body = raw
-        try:
-            body = json.loads(raw)
-        except ValueError as e:
-            refuse(flow, error_response(provider, 400, f"request body is not valid JSON: {e}"))
+        args = (raw, ex.dialect, ex.route.kind, ex.session.config)
+        prepared = await asyncio.to_thread(prepare, *args) if len(raw) > OFF_LOOP else prepare(*args)
+        if prepared.refusal is not None:
+            refuse(flow, error_response(ex.dialect.provider, 400, prepared.refusal))
             return False
-        if not isinstance(body, dict):
-            refuse(flow, error_response(provider, 400, "request body must be a JSON object"))
-            return False
-        ex.requested_model = body.get("model") if isinstance(body.get("model"), str) else None
-        config = ex.session.config
-        if ex.route.kind == "model":
-            ex.stream = dialect.is_stream(body)
-            try:
-                ex.request = dialect.parse_request(body)
-            except Exception as e:  # a shape the dialect does not know: refuse rather than record wrong
-                log.warning(f"interceptor: {dialect.name} request not understood: {type(e).__name__}: {e}")
-                refuse(flow, error_response(provider, 400, f"request not understood by the {dialect.name} dialect: {e}"))
-                return False
-            ex.overrides = dialect.apply_overrides(body, config.model, config.sampling)
-        elif config.model and body.get("model") != config.model:
-            # Side routes (token counting) get the session's model, nothing else.
-            ex.overrides = [Override("model", body.get("model"), config.model)]
-            body["model"] = config.model
-        ex.body = body
-        if ex.overrides:
-            flow.request.content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        ex.request = prepared.request
+        ex.overrides = prepared.overrides
+        ex.body = prepared.body
+        ex.stream = ex.dialect.is_stream(prepared.body)
+        ex.requested_model = prepared.requested_model
+        if prepared.content is not None:
+            flow.request.content = prepared.content
         return True
 
     def _swap_credential(self, flow: http.HTTPFlow, ex: Exchange) -> None:
