@@ -6,9 +6,9 @@ streamed. The reply's ``prompt_token_ids`` and completion ``token_ids``/logprobs
 trace needs to train on exactly the tokens the model saw; the harness never asked for them,
 so they are taken out of what it receives.
 
-- ``request`` (after Rewrite): adds the two keys to the body Rewrite left in ``ex.body``,
-  re-serialises it into ``flow.request.content``, and lists them among the call's overrides
-  (reason ``collect_tokens``). A key the body already asks for (the harness's own
+- ``request`` (after Rewrite): adds the two keys to the body Rewrite left in ``ex.body`` and
+  to the bytes it left in ``flow.request.content`` (spliced in, not re-serialised), and lists
+  them among the call's overrides (reason ``collect_tokens``). A key the body already asks for (the harness's own
   ``logprobs``) is left alone and, below, never stripped.
 - ``responseheaders`` (after Tee): wraps the Tee's stream callable, so the Tee assembles the
   upstream's bytes, token ids included, and the harness gets each event without them. The
@@ -95,6 +95,18 @@ class Plan:
 
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def with_true_keys(content: bytes, keys: list[str]) -> bytes | None:
+    """The JSON object ``content`` with ``"key":true`` appended for each key, or None when
+    it does not end like an object. Splicing two keys costs a copy; re-serialising a 2 MB
+    history would cost the event loop tens of milliseconds per turn."""
+    body = content.rstrip()
+    if not body.endswith(b"}"):
+        return None
+    head = body[:-1].rstrip()
+    fields = b",".join(b'"%s":true' % key.encode() for key in keys)
+    return head + (b"" if head.endswith(b"{") else b",") + fields + b"}"
 
 
 def _only_token_carrier(obj: dict[str, Any]) -> bool:
@@ -250,11 +262,13 @@ class Collect:
                     logprobs=body.get("logprobs") is not True)
         if not (plan.token_ids or plan.logprobs):
             return  # the body asks for both already: nothing added, nothing to strip
-        for key, added in (("return_token_ids", plan.token_ids), ("logprobs", plan.logprobs)):
-            if added:
-                ex.overrides.append(Override(key, body.get(key), True, REASON))
-                body[key] = True
-        flow.request.content = _dumps(body)
+        added = [key for key, add in (("return_token_ids", plan.token_ids), ("logprobs", plan.logprobs)) if add]
+        present = any(key in body for key in added)  # e.g. "logprobs": false
+        for key in added:
+            ex.overrides.append(Override(key, body.get(key), True, REASON))
+            body[key] = True
+        content = None if present else with_true_keys(flow.request.content or b"", added)
+        flow.request.content = content if content is not None else _dumps(body)
         # Plain bytes back, so events can be cut and rewritten as they pass.
         flow.request.headers["accept-encoding"] = "identity"
         ex.call_id = ex.call_id or uuid.uuid4().hex[:16]  # the rewrite record names the call

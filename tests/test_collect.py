@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from hypothesis import given, settings, strategies as st
 
-from interceptor.addons.collect import EventStrip, Plan, StripStream
+from interceptor.addons.collect import EventStrip, Plan, StripStream, with_true_keys
 
 
 def event(obj, ending=b"\n") -> bytes:
@@ -103,3 +103,11 @@ def test_a_compressed_stream_reaches_the_harness_decoded():
     out = b"".join(wrapper(body[i:i + 50]) for i in range(0, len(body), 50)) + wrapper(b"")
     assert b"".join(seen) == body  # the tee got the upstream's bytes
     assert out == stripped(Plan(token_ids=True, logprobs=True), stream())
+
+
+def test_keys_are_spliced_into_the_body_bytes():
+    keys = ["return_token_ids", "logprobs"]
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "}"}]}\n'
+    assert json.loads(with_true_keys(body, keys)) == {**json.loads(body), "return_token_ids": True, "logprobs": True}
+    assert json.loads(with_true_keys(b" { } ", keys)) == {"return_token_ids": True, "logprobs": True}
+    assert with_true_keys(b"[1]", keys) is None

@@ -387,6 +387,20 @@ def test_logprobs_the_harness_asked_for_are_kept(session, mproxy, msim, stream):
     assert trace.branches[0].logprobs[-len(got):] == got
 
 
+def test_logprobs_the_harness_turned_off_are_asked_for_and_stripped(session, mproxy, msim):
+    s = session(collect_tokens=True)
+    msim.default = FakeVLLM([Reply(text="Quiet answer.")])
+    oai, _ = session_clients(s)
+    _, seen = chat_loop(oai, 1, stream=False, logprobs=False)
+    assert_no_training_fields(seen)
+    [request] = msim.model_requests()
+    assert request.json["logprobs"] is True and request.json["return_token_ids"] is True
+    trace = sealed_trace(mproxy, s)
+    changes = {o["key"]: (o["old"], o["new"]) for o in trace.calls[0].overrides if o["reason"] == "collect_tokens"}
+    assert changes == {"return_token_ids": (None, True), "logprobs": (False, True)}
+    assert trace.branches[0].token_ids is not None
+
+
 def test_sessions_that_do_not_collect_ask_for_nothing(session, mproxy, msim):
     s = session()
     oai, _ = session_clients(s)

@@ -1,0 +1,239 @@
+"""What recording a trace costs, turn by turn, as a conversation grows to 300 turns.
+
+    .venv/bin/python bench/trace_turns.py [--turns 300] [--reads 5]
+
+1. Through the proxy: one conversation of ``--turns`` Chat Completions turns (JSON), each
+   restating the whole history and adding a ~3.4 KB user message and a ~3.4 KB reply, so
+   the last request is ~2 MB. Per turn: the CPU time mitmdump's threads used (schedstat, ns),
+   for this project's addons and, side by side, for bare mitmdump relaying the same
+   requests; and the bytes that turn's record added to the trace file.
+2. In process: ``Recorder.commit_turn`` for the same conversation (the graph walk and the
+   record, without HTTP), per turn; the writer thread's throughput in records/s; and
+   ``read_trace`` of the 300-turn file the proxy wrote.
+
+Prints markdown for docs/benchmarks.md: medians with p10-p90 per band of turns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx2 as httpx  # the HTTP client the openai and anthropic SDKs use
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from mitm import MitmProcess  # noqa: E402
+
+from interceptor.trace import Message, ModelCall, Recorder, Request, Response, Store, Usage, iter_records, read_trace  # noqa: E402
+
+KEY_ENV = "BENCH_PROVIDER_KEY"
+CHUNK = 3400  # characters a turn adds on each side: 300 turns restate ~2 MB at the end
+REPLY = ("The answer, at length. " * (CHUNK // 23 + 1))[:CHUNK]
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+            f"{platform.system()} {platform.release()}")
+
+
+def cpu_ns(pid: int) -> dict[str, int]:
+    """CPU time of each thread of ``pid`` so far (schedstat: ns on CPU), by thread id."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out[task.name] = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that just ended
+    return out
+
+
+def cpu_between(before: dict[str, int], after: dict[str, int]) -> int:
+    """CPU used between two snapshots; a thread that ended in between is left out (only its
+    last moments are lost), a thread that started is counted whole."""
+    return sum(ns - before.get(tid, 0) for tid, ns in after.items())
+
+
+def start_simulator(workdir: Path) -> tuple[subprocess.Popen, str]:
+    script = workdir / "script.json"
+    script.write_text(json.dumps({"default": {"text": REPLY, "input_tokens": 1, "output_tokens": 1}}))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "provider", "--port", "0", "--script", str(script)],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
+    )
+    line = proc.stdout.readline()
+    if "listening on" not in line:
+        proc.kill()
+        raise RuntimeError(f"simulator did not start: {line!r}")
+    return proc, line.strip().split()[-1]
+
+
+def user_text(k: int) -> str:
+    return (f"turn {k}: " + "please continue with the next step. " * (CHUNK // 36 + 1))[:CHUNK]
+
+
+def conversation(client: httpx.Client, pid: int, secret: str, turns: int) -> list[int]:
+    """Run the growing conversation; return mitmdump's CPU ns per turn."""
+    messages = [{"role": "system", "content": "You are a patient assistant."}]
+    per_turn = []
+    headers = {"authorization": f"Bearer {secret}", "content-type": "application/json"}
+    for k in range(turns):
+        messages.append({"role": "user", "content": user_text(k)})
+        payload = json.dumps({"model": "gpt-4o", "messages": messages}).encode()
+        before = cpu_ns(pid)
+        r = client.post("https://api.openai.com/v1/chat/completions", content=payload, headers=headers)
+        r.raise_for_status()
+        # the trace writer works just after the answer; let it finish inside this turn's window
+        time.sleep(0.005)
+        per_turn.append(cpu_between(before, cpu_ns(pid)))
+        messages.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
+    return per_turn
+
+
+def bands(values: list[float], turns: int, width: int, scale: float, digits: int = 2) -> list[str]:
+    """Median (p10-p90) of each band of ``width`` turns, times ``scale``."""
+    out = []
+    for lo in range(0, turns, width):
+        xs = sorted(values[lo:lo + width])
+        if len(xs) < 2:
+            continue
+        q = statistics.quantiles(xs, n=10)
+        m, lo_q, hi_q = (f"{v * scale:,.{digits}f}" for v in (statistics.median(xs), q[0], q[-1]))
+        out.append(f"{m} ({lo_q}-{hi_q})")
+    return out
+
+
+def turn_record_sizes(path: Path) -> list[int]:
+    records = list(iter_records(path))
+    size = path.stat().st_size
+    ends = [offset for offset, _ in records[1:]] + [size]
+    return [end - offset for (offset, rec), end in zip(records, ends) if rec["kind"] == "turn"]
+
+
+def in_process_commits(workdir: Path, turns: int) -> tuple[list[float], float]:
+    """``commit_turn`` wall time per turn for the same conversation, and the file's size."""
+    store = Store()
+    rec = Recorder(workdir / "inproc.msgpack", {"id": "inproc"}, store=store, fsync="never")
+    history = [Message(role="system", content="You are a patient assistant.")]
+    times = []
+    for k in range(turns):
+        history = history + [Message(role="user", content=user_text(k))]
+        reply = Message(role="assistant", content=REPLY)
+        call = ModelCall(id=f"c{k}", started_at=1.0, ended_at=2.0)
+        response = Response(message=reply, finish_reason="stop", usage=Usage(input_tokens=1, output_tokens=1))
+        request = Request(messages=history)  # the dialect parsed it already in the proxy
+        t0 = time.perf_counter()
+        rec.commit_turn(request, response, call)
+        times.append(time.perf_counter() - t0)
+        history = history + [reply]
+    store.flush(timeout=60)
+    store.close()
+    return times, (workdir / "inproc.msgpack").stat().st_size
+
+
+def writer_throughput(workdir: Path, sizes: list[int], files: int, fsync: bool) -> tuple[float, float]:
+    """Records/s and MB/s of one Store writing records shaped like turn records."""
+    store = Store()
+    count = 20_000 if not fsync else 4_000
+    node = {"parent": 1, "message": {"role": "assistant", "content": ""}, "sampled": True, "timestamp": 1.0}
+    blobs = [dict(node, message={"role": "assistant", "content": "x" * max(0, s - 200)}) for s in sizes[:50]]
+    paths = [workdir / f"w{files}{'s' if fsync else ''}-{j}.msgpack" for j in range(files)]
+    t0 = time.perf_counter()
+    for k in range(count):
+        record = {"kind": "turn", "nodes": [blobs[k % len(blobs)]], "call": {"id": f"c{k}"}}
+        store.append(paths[k % files], record, sync=fsync, new=k < files)
+    store.flush(timeout=300)
+    elapsed = time.perf_counter() - t0
+    store.close()
+    written = sum(p.stat().st_size for p in paths)
+    return count / elapsed, written / elapsed / 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--turns", type=int, default=300)
+    ap.add_argument("--reads", type=int, default=5)
+    args = ap.parse_args()
+    turns = args.turns
+    width = max(2, turns // 6)
+
+    work = Path(tempfile.mkdtemp(prefix="bench-trace-"))
+    sim, sim_url = start_simulator(work)
+    bare = MitmProcess(script=False, workdir=work / "bare", options={
+        "connection_strategy": "lazy", "map_remote": f"|https://api\\.openai\\.com/v1|{sim_url}/v1"})
+    addon = MitmProcess(workdir=work / "addon", options={"intercept_upstream": f"{sim_url}/v1",
+                                                         "intercept_api_key_env": KEY_ENV},
+                        env={KEY_ENV: "sk-bench-real-key"})
+    try:
+        bare.start()
+        addon.start()
+        session = addon.create_session(upstream={"base_url": f"{sim_url}/v1", "api_key_env": KEY_ENV})
+        with httpx.Client(proxy=addon.url, verify=str(addon.ca_bundle), timeout=120) as client:
+            cpu_addon = conversation(client, addon.proc.pid, session["model_secret"], turns)
+        with httpx.Client(proxy=bare.url, verify=str(bare.confdir / "mitmproxy-ca-cert.pem"), timeout=120) as client:
+            cpu_bare = conversation(client, bare.proc.pid, "sk-unused", turns)
+        addon.api("DELETE", f"sessions/{session['id']}")
+        time.sleep(1)
+        path = Path(session["trace_path"])
+        sizes = turn_record_sizes(path)
+        file_size = path.stat().st_size
+        final_request = sum(len(user_text(k)) + len(REPLY) for k in range(turns))
+        reads = []
+        for _ in range(args.reads):
+            t0 = time.perf_counter()
+            trace = read_trace(path)
+            reads.append(time.perf_counter() - t0)
+        assert trace.num_turns == turns and len(trace.branches) == 1, (trace.num_turns, len(trace.branches))
+        commits, inproc_size = in_process_commits(work, turns)
+        throughput = [(files, fsync, *writer_throughput(work, sizes, files, fsync))
+                      for files in (1, 16) for fsync in (False, True)]
+    finally:
+        addon.cleanup()
+        bare.cleanup()
+        sim.terminate()
+        sim.wait(10)
+
+    print(f"machine: {machine()}")
+    print(f"{turns} turns; each adds {CHUNK} + {CHUNK} characters; last request ~{final_request / 1e6:.1f} MB of text\n")
+    heads = [f"{lo + 1}-{min(lo + width, turns)}" for lo in range(0, turns, width)]
+    print("| per turn, median (p10-p90) | " + " | ".join(f"turns {h}" for h in heads) + " |")
+    print("|---" * (len(heads) + 1) + "|")
+    print("| mitmdump + addons, CPU ms | " + " | ".join(bands(cpu_addon, turns, width, 1e-6)) + " |")
+    print("| bare mitmdump, CPU ms | " + " | ".join(bands(cpu_bare, turns, width, 1e-6)) + " |")
+    diff = [a - b for a, b in zip(cpu_addon, cpu_bare)]
+    print("| addons' share (difference), CPU ms | " + " | ".join(bands(diff, turns, width, 1e-6)) + " |")
+    print("| `Recorder.commit_turn` in process, ms | " + " | ".join(bands(commits, turns, width, 1e3)) + " |")
+    print("| trace bytes written (turn record) | " + " | ".join(bands(sizes, turns, width, 1, digits=0)) + " |")
+    print()
+    print(f"trace file after {turns} turns: {file_size / 1e6:.2f} MB through the proxy "
+          f"({inproc_size / 1e6:.2f} MB in process) for a last request of {final_request / 1e6:.2f} MB of "
+          f"message text; a log of every request would hold ~{final_request * turns / 2 / 1e6:.0f} MB")
+    cumulative = [sum(sizes[:k]) for k in range(width, turns + 1, width)]
+    print("cumulative turn bytes every " + str(width) + " turns: " + ", ".join(f"{c / 1e6:.2f} MB" for c in cumulative))
+    q = sorted(reads)
+    print(f"read_trace of the {turns}-turn file ({file_size / 1e6:.2f} MB): median {statistics.median(q) * 1000:.0f} ms "
+          f"(min {q[0] * 1000:.0f}, max {q[-1] * 1000:.0f}) over {len(q)} reads")
+    print()
+    print("| writer | files | fsync | records/s | MB/s |")
+    print("|---|---|---|---|---|")
+    for files, fsync, rps, mbs in throughput:
+        print(f"| Store (one thread) | {files} | {'each batch' if fsync else 'never'} | {rps:,.0f} | {mbs:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
