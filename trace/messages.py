@@ -15,7 +15,7 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 Role = Literal["system", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "error"]
@@ -82,6 +82,27 @@ class Message(_Model):
     name: str | None = None
     refusal: str | None = None
     is_error: bool = False  # a tool result the harness flagged as an error
+    # message_hash's result: the graph asks for it several times per turn, and for a huge
+    # message each hash is a pass over all of it. Reset on assignment and on copy.
+    _hash: str | None = PrivateAttr(default=None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if not name.startswith("_"):
+            super().__setattr__("_hash", None)
+
+    def __eq__(self, other: object) -> bool:
+        # The cached hash is not part of a message's value.
+        if not isinstance(other, Message):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    __hash__ = None  # mutable, like every non-frozen pydantic model
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Message:
+        copy = super().model_copy(update=update, deep=deep)
+        copy._hash = None
+        return copy
 
     def text(self) -> str:
         """The message's plain text (text parts joined), for transcripts and token estimates."""
@@ -210,6 +231,8 @@ def message_hash(message: Message) -> str:
     Covers role, content, tool calls (canonical arguments), tool call id, reasoning and opaque
     provider state; excludes nothing the model saw. Used by the graph to reuse a prefix.
     """
+    if message._hash is not None:
+        return message._hash
     data = message.model_dump(exclude_defaults=True)
     for call in data.get("tool_calls", []):
         call["arguments"] = canonical_arguments(call.get("arguments", ""))
@@ -220,7 +243,26 @@ def message_hash(message: Message) -> str:
         data["content"] = "".join(p.get("text") or "" for p in data["content"])
     if data.get("content") == "":
         data.pop("content")
-    return hashlib.sha256(canonical_json(data).encode()).hexdigest()
+    message._hash = hashlib.sha256(canonical_json(_digest_long_strings(data)).encode()).hexdigest()
+    return message._hash
+
+
+_LONG = 1 << 16
+
+
+def _digest_long_strings(value: Any) -> Any:
+    """Long strings (a pasted file, a huge tool output) stand in the hash as their own
+    sha256, so hashing a 100 MB message is one pass of hashlib (which releases the GIL)
+    instead of a 100 MB JSON dump on the event loop. Equal strings still hash equal."""
+    if isinstance(value, str):
+        if len(value) > _LONG:
+            return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+        return value
+    if isinstance(value, dict):
+        return {k: _digest_long_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_digest_long_strings(v) for v in value]
+    return value
 
 
 def restated_hash(message: Message) -> str | None:

