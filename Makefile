@@ -29,7 +29,17 @@ $(TEST_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[test]'
 	@touch $@
 
-test-deps: $(TEST_STAMP)
+# The harness CLIs the end-to-end tests run (Claude Code, Codex), pinned by the lock file.
+# Without npm, those tests skip and say why; everything else still runs.
+HARNESSES := tests/harnesses
+HARNESS_STAMP := $(HARNESSES)/node_modules/.installed
+
+$(HARNESS_STAMP): $(HARNESSES)/package.json $(HARNESSES)/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		cd $(HARNESSES) && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
+	else echo "warning: npm not found: the Claude Code and Codex tests will be skipped (install Node.js >= 18 with npm)" >&2; fi
+
+test-deps: $(TEST_STAMP) $(HARNESS_STAMP)
 
 # Set up and start the proxy on its embedded default (one session, printed at start).
 run: venv

@@ -243,6 +243,17 @@ def _native_usage(usage: Usage | None) -> dict[str, Any]:
     return out
 
 
+def _without_billing_header(system: Any) -> Any:
+    """Claude Code opens ``system`` with a text block ``x-anthropic-billing-header: cc_version=…;
+    cch=<hash>;`` whose hash changes with every request. Anthropic's API lifts it out for
+    billing before the model sees the prompt, so it is no part of the conversation; kept, it
+    would make every turn's system message new and every turn a new root of the graph."""
+    if isinstance(system, list):
+        return [b for b in system if not (isinstance(b, dict) and b.get("type") == "text"
+                                           and str(b.get("text", "")).startswith("x-anthropic-billing-header:"))]
+    return system
+
+
 def _thinking_enabled(body: dict[str, Any]) -> bool:
     thinking = body.get("thinking")
     return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
@@ -256,7 +267,7 @@ class AnthropicDialect(KnobDialect):
 
     def parse_request(self, body: dict[str, Any]) -> Request:
         messages: list[Message] = []
-        system = body.get("system")
+        system = _without_billing_header(body.get("system"))
         if system:
             messages.append(Message(role="system", content=_content(system)))
         for m in body.get("messages") or []:

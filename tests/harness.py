@@ -1,0 +1,173 @@
+"""What the real-harness tests (tests/test_harness_*.py) share: where the harnesses are, one
+proxy and one simulator per test module, a run through scripts/run_harness.py, and the
+checks every harness's task must pass.
+
+The harnesses are the acceptance test of the product, so nothing about them is faked: the
+npm packages pinned in tests/harnesses (installed by `make test-deps`) and mini-swe-agent
+from the `test` extra. A harness that is not installed fails its tests with what to run; only
+a machine without Node.js/npm skips the Node harnesses, and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from interceptor.trace import Trace, read_trace
+from conftest import KEY_ENV, REAL_KEY
+from mitm import ROOT, MitmProcess
+from provider import ProviderSimulator, RequestRecord
+
+NODE_BIN = ROOT / "tests" / "harnesses" / "node_modules" / ".bin"
+RUN_HARNESS = ROOT / "scripts" / "run_harness.py"
+# Codex asks chatgpt.com for its model list with the key it holds; intercepted, it is
+# answered locally at once instead of failing slowly through retries (no network here).
+HOSTS = ["api.openai.com", "api.anthropic.com", "chatgpt.com"]
+
+FINAL = "FINAL-ANSWER-42"
+TOOL_OUTPUT = "hello-from-tool"
+PROMPT = f"Run `echo {TOOL_OUTPUT}` and then tell me the answer."
+
+
+def node_harness(name: str) -> str:
+    """Path of an npm-installed harness CLI; skips only when Node.js/npm are absent."""
+    missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"{name} is an npm package and {' and '.join(missing)} is not installed here; "
+                    "install Node.js >= 18 with npm, then `make test-deps`")
+    exe = NODE_BIN / name
+    if not exe.exists():
+        pytest.fail(f"{exe} is missing: run `make test-deps` (npm ci in tests/harnesses)")
+    return str(exe)
+
+
+def mini_harness() -> str:
+    exe = Path(sys.executable).with_name("mini")
+    if not exe.exists():
+        pytest.fail(f"{exe} is missing: mini-swe-agent comes with the test extra (`make test-deps`)")
+    return str(exe)
+
+
+@pytest.fixture(scope="module")
+def hsim() -> Iterator[ProviderSimulator]:
+    with ProviderSimulator() as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def hproxy(hsim: ProviderSimulator) -> Iterator[MitmProcess]:
+    """One mitmdump per module (each run is its own session, so runs cannot mix); starting
+    one per test would double the harness tests' time."""
+    proc = MitmProcess(options={"intercept_upstream": hsim.url("/v1"), "intercept_api_key_env": KEY_ENV,
+                                "intercept_hosts": HOSTS}, env={KEY_ENV: REAL_KEY})
+    proc.start()
+    yield proc
+    proc.cleanup()
+
+
+@pytest.fixture
+def sim(hsim: ProviderSimulator) -> ProviderSimulator:
+    """The module's simulator, emptied for this test (overrides conftest's per-test one)."""
+    hsim.clear_scripts()
+    hsim.clear()
+    hsim.websockets = True
+    return hsim
+
+
+def run_harness(proxy: MitmProcess, sim: ProviderSimulator, command: list[str], *, sid: str, cwd: Path,
+                session: dict, extra: list[str] = (), timeout: float = 120) -> subprocess.CompletedProcess:
+    """The harness run as a user runs it: scripts/run_harness.py against the module's proxy."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, str(RUN_HARNESS), "--proxy", proxy.url, "--admin-token", proxy.admin_token,
+            "--id", sid, "--upstream", sim.url("/v1"), "--api-key-env", KEY_ENV, "--cwd", str(cwd),
+            "--timeout", str(int(timeout - 15)), "--summary-json", str(cwd / "summary.json")]
+    if session.get("model"):
+        args += ["--model", session["model"]]
+    if session.get("sampling"):
+        args += ["--sampling", json.dumps(session["sampling"])]
+    return subprocess.run([*args, *extra, "--", *command], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=timeout, cwd=cwd)
+
+
+def direct_env(session: dict, secret: str, home: Path) -> dict[str, str]:
+    """A harness environment built by hand from a session's env, with ``secret`` as the key
+    (for runs run_harness would not make, such as one with an unknown secret)."""
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env.update(session["env"])
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "CODEX_API_KEY"):
+        env[name] = secret
+    (home / ".codex").mkdir(parents=True, exist_ok=True)
+    env.update(HOME=str(home), CODEX_HOME=str(home / ".codex"), CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+               MSWEA_CONFIGURED="true", LITELLM_LOCAL_MODEL_COST_MAP="True")
+    return env
+
+
+def trace_of(proxy: MitmProcess, sid: str) -> Trace:
+    return read_trace(proxy.trace_dir / f"{sid}.msgpack")
+
+
+def output_of(result: subprocess.CompletedProcess) -> str:
+    return result.stdout + result.stderr
+
+
+def check_ran(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}\n" \
+                                   f"--- stderr\n{result.stderr[-3000:]}"
+    assert FINAL in result.stdout, result.stdout[-3000:]
+    assert "run_harness:" in result.stderr and "(sealed)" in result.stderr  # the summary
+
+
+SECRET_PREFIX = "sk-ic-"  # every session secret starts so (addons/session.py new_secret)
+
+
+def check_sim_saw_only_the_session(requests: list[RequestRecord], trace: Trace, session: dict, wire: dict) -> None:
+    """Only the session's model and settings, only the real key, never a session secret, and
+    nothing that was not claimed: every request that reached the simulator went through
+    Rewrite (only it adds the real key), and each is one call of the trace."""
+    assert requests, "nothing reached the simulator"
+    for r in requests:
+        auth = r.headers.get("x-api-key") or r.headers.get("authorization", "").removeprefix("Bearer ")
+        assert auth == REAL_KEY, (r.method, r.path, auth)
+        assert SECRET_PREFIX not in r.body.decode(errors="replace") + str(r.headers.items_raw())
+    models = [r for r in requests if r.route in ("messages", "chat", "responses", "responses_warmup")]
+    assert models
+    for r in models:
+        assert r.json["model"] == session["model"], r.json.get("model")
+        for key, value in wire.items():
+            assert r.json.get(key) == value, (key, r.json.get(key))
+    answered = [r for r in models if r.route != "responses_warmup"]
+    assert len(answered) == len(trace.calls)
+
+
+def check_task_trace(trace: Trace, *, turns: int, tool: str) -> None:
+    """One branch; the tool call and its result as separate nodes; usage on every call."""
+    assert len(trace.branches) == 1, [len(b.messages) for b in trace.branches]
+    assert trace.num_turns == turns and len(trace.calls) == turns and not trace.errors
+    messages = trace.branches[0].messages
+    calls = [i for i, m in enumerate(messages) if m.role == "assistant" and m.tool_calls]
+    assert calls, [m.role for m in messages]
+    first = calls[0]
+    assert messages[first].tool_calls[0].name == tool
+    result = messages[first + 1]
+    assert result.role == "tool" and result.tool_call_id == messages[first].tool_calls[0].id
+    assert TOOL_OUTPUT in result.text()
+    for call in trace.calls:
+        assert call.usage is not None and call.usage.input_tokens > 0 and call.usage.output_tokens > 0
+        assert call.status == 200 and call.error is None
+
+
+def normalized(trace: Trace) -> list[dict]:
+    """Messages as comparable across two runs: tool timings and reasoning blobs vary."""
+    out = []
+    for m in trace.branches[0].messages:
+        d = m.model_dump(exclude={"reasoning"})
+        out.append(json.loads(re.sub(r"Wall time [0-9.]+ seconds", "Wall time N seconds", json.dumps(d))))
+    return out

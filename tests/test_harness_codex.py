@@ -1,0 +1,142 @@
+"""Codex CLI (`codex exec`) through the proxy, over both its transports: the Responses API
+over a WebSocket (its default: warm-up frame, then frames chained on previous_response_id)
+and over SSE (a provider profile with supports_websockets = false). Its freeform `exec`
+tool runs the command; both transports must leave the same trace."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+
+import pytest
+
+from harness import (  # noqa: F401 (fixtures)
+    FINAL,
+    PROMPT,
+    TOOL_OUTPUT,
+    check_ran,
+    check_sim_saw_only_the_session,
+    check_task_trace,
+    direct_env,
+    hproxy,
+    hsim,
+    node_harness,
+    normalized,
+    output_of,
+    run_harness,
+    sim,
+    trace_of,
+)
+from provider import Reply, ToolCall
+
+SESSION = {"model": "codex-session-model", "sampling": {"temperature": 0.3, "max_tokens": 2048}}
+WIRE = {"temperature": 0.3, "max_output_tokens": 2048}
+# Codex's `exec` tool takes JavaScript that calls its other tools.
+SCRIPT = f'const r = await tools.exec_command({{cmd: "echo {TOOL_OUTPUT}"}}); text(r.output ?? JSON.stringify(r));'
+SSE_PROFILE = """model_provider = "openai-https"
+
+[model_providers.openai-https]
+name = "OpenAI over HTTPS (no WebSocket)"
+base_url = "https://api.openai.com/v1"
+env_key = "CODEX_API_KEY"
+wire_api = "responses"
+supports_websockets = false
+"""
+
+
+def _codex() -> list[str]:
+    return [node_harness("codex"), "exec", "--skip-git-repo-check", PROMPT]
+
+
+def _script_task(sim) -> None:
+    sim.script(
+        Reply(reasoning="Run it with exec.", tool_calls=[ToolCall(name="exec", arguments=SCRIPT, type="custom",
+                                                                 id="call_codex_exec")]),
+        Reply(text=["The answer is ", FINAL]),
+    )
+
+
+def _home(path, transport: str):
+    """A fresh HOME at ``path``; over SSE with the provider profile that turns WebSockets off."""
+    shutil.rmtree(path, ignore_errors=True)
+    (path / ".codex").mkdir(parents=True)
+    if transport == "sse":
+        (path / ".codex" / "config.toml").write_text(SSE_PROFILE)
+    return path
+
+
+def _run(proxy, sim, tmp_path, transport: str, name: str):
+    sid = f"codex-{name}-{uuid.uuid4().hex[:8]}"
+    # The same HOME and working directory for both transports: Codex writes both into its
+    # prompt, and the transports are compared.
+    extra = ["--home", str(_home(tmp_path.parent / "codex-home", transport))]
+    if transport == "sse":
+        extra.append("--no-proxy-auth")  # also the claim by the key header alone
+    result = run_harness(proxy, sim, _codex(), sid=sid, cwd=tmp_path.parent / "codex-work", session=SESSION,
+                         extra=extra)
+    return result, sid
+
+
+@pytest.fixture(scope="module")
+def codex_runs(hproxy, hsim, tmp_path_factory):
+    """The task once per transport (shared by the checks below: a Codex run is seconds)."""
+    runs = {}
+    for transport in ("websocket", "sse"):
+        hsim.clear_scripts()
+        hsim.clear()
+        _script_task(hsim)
+        result, sid = _run(hproxy, hsim, tmp_path_factory.mktemp(transport), transport, "task")
+        runs[transport] = (result, sid, list(hsim.requests))
+    return runs
+
+
+@pytest.mark.parametrize("transport", ["websocket", "sse"])
+def test_codex_runs_a_tool_task_through_the_proxy(codex_runs, hproxy, transport):
+    result, sid, requests = codex_runs[transport]
+    check_ran(result)
+    trace = trace_of(hproxy, sid)
+    check_sim_saw_only_the_session(requests, trace, SESSION, WIRE)
+    check_task_trace(trace, turns=2, tool="exec")
+    frames = [r for r in requests if r.route in ("responses", "responses_warmup")]
+    if transport == "websocket":
+        assert all(r.transport == "websocket" for r in requests)
+        # The warm-up (generate: false) went through rewritten, and is no turn.
+        assert [r.route for r in frames] == ["responses_warmup", "responses", "responses"]
+        assert frames[2].json.get("previous_response_id")  # chained: only the new items sent
+    else:
+        assert all(r.transport == "http" and r.method == "POST" for r in requests)
+        assert len(frames) == 2
+    assert trace.tools and any(t.name == "exec" for t in trace.tools)
+
+
+def test_codex_transports_give_the_same_trace(codex_runs, hproxy):
+    ws, sse = (trace_of(hproxy, codex_runs[t][1]) for t in ("websocket", "sse"))
+    assert normalized(ws) == normalized(sse)
+    assert [(c.finish_reason, c.model, c.status) for c in ws.calls] == \
+           [(c.finish_reason, c.model, c.status) for c in sse.calls]
+
+
+@pytest.mark.parametrize("transport", ["websocket", "sse"])
+def test_codex_retries_a_529_and_the_graph_has_one_turn(hproxy, sim, tmp_path, transport):
+    sim.script(Reply(status=529, error_message="Overloaded"))
+    _script_task(sim)
+    result, sid = _run(hproxy, sim, tmp_path, transport, "529")
+    check_ran(result)
+    trace = trace_of(hproxy, sid)
+    assert [c.status for c in trace.calls] == [529, 200, 200]
+    assert trace.calls[0].error is not None and trace.calls[0].node is None
+    assert trace.num_turns == 2 and len(trace.branches) == 1
+
+
+def test_codex_with_an_unknown_secret_fails_and_nothing_is_recorded(hproxy, sim, tmp_path):
+    node_harness("codex")
+    session = hproxy.create_session(**SESSION)
+    home = tmp_path / "home"
+    home.mkdir()
+    result = subprocess.run(_codex(), env=direct_env(session, "sk-ic-m-unknown-secret", home), cwd=tmp_path,
+                            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=90)
+    assert result.returncode != 0
+    assert "unknown session secret" in output_of(result), output_of(result)[-2000:]
+    assert sim.requests == []
+    assert hproxy.api("GET", f"sessions/{session['id']}")[1]["calls"] == 0

@@ -1,0 +1,112 @@
+"""scripts/run_harness.py with a stand-in harness (a Python one-liner): the environment it
+hands over, the exit status it passes back, the proxy it starts and stops, the summary.
+The real harnesses run through it in tests/test_harness_*.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from interceptor.trace import read_trace
+from conftest import KEY_ENV, REAL_KEY
+from harness import RUN_HARNESS, node_harness
+from provider import Reply
+
+# Prints what a harness would see, then asks the model through the OpenAI SDK (its default
+# base URL: only HTTPS_PROXY and the CA bundle lead it to the proxy).
+DUMP_AND_ASK = """
+import json, os, sys, openai
+keys = ["HOME", "CODEX_HOME", "HTTPS_PROXY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "CODEX_API_KEY",
+        "SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "CODEX_CA_CERTIFICATE", "OPENAI_BASE_URL",
+        "ANTHROPIC_AUTH_TOKEN", "%s", "MSWEA_CONFIGURED"]
+json.dump({k: os.environ.get(k) for k in keys}, open(sys.argv[1], "w"))
+reply = openai.OpenAI(max_retries=0).chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": "hi"}])
+print(reply.choices[0].message.content)
+sys.exit(int(sys.argv[2]))
+""" % KEY_ENV
+
+
+def _run(args: list[str], command: list[str], env: dict | None = None, timeout: float = 90):
+    return subprocess.run([sys.executable, str(RUN_HARNESS), *args, "--", *command], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=timeout, env=env)
+
+
+def test_it_starts_a_proxy_hands_over_the_session_and_passes_the_exit_status_back(sim, tmp_path, monkeypatch):
+    sim.script(Reply(text="hello through the proxy"))
+    monkeypatch.setenv(KEY_ENV, REAL_KEY)
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # would bypass the proxy
+    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "a-real-looking-token")
+    dump = tmp_path / "env.json"
+    result = _run(["--upstream", sim.url("/v1"), "--api-key-env", KEY_ENV, "--model", "imposed",
+                   "--trace-dir", str(tmp_path / "traces"), "--id", "stand-in",
+                   "--summary-json", str(tmp_path / "summary.json")],
+                  [sys.executable, "-c", DUMP_AND_ASK, str(dump), "3"])
+    assert result.returncode == 3, result.stderr
+    assert "hello through the proxy" in result.stdout
+    seen = json.loads(dump.read_text())
+    secret = seen["OPENAI_API_KEY"]
+    assert secret.startswith("sk-ic-m-") and seen["ANTHROPIC_API_KEY"] == seen["CODEX_API_KEY"] == secret
+    assert seen["HTTPS_PROXY"].startswith("http://session:") and secret in seen["HTTPS_PROXY"]
+    assert seen[KEY_ENV] is None and seen["OPENAI_BASE_URL"] is None and seen["ANTHROPIC_AUTH_TOKEN"] is None
+    assert seen["HOME"].startswith("/tmp") and seen["CODEX_HOME"] == seen["HOME"] + "/.codex"
+    assert seen["SSL_CERT_FILE"] == seen["NODE_EXTRA_CA_CERTS"] == seen["CODEX_CA_CERTIFICATE"]
+    assert seen["MSWEA_CONFIGURED"] == "true"
+
+    assert "run_harness: python" in result.stderr and "exited with 3" in result.stderr
+    assert "turns 1  calls 1  errors 0" in result.stderr and "(sealed)" in result.stderr
+    assert secret not in result.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["sealed"] and summary["exit_status"] == 3 and summary["tls_rejections"] == 0
+    trace = read_trace(tmp_path / "traces" / "stand-in.msgpack")
+    assert trace.calls[0].model == "imposed" and trace.sealed
+    assert sim.requests[0].headers["authorization"] == f"Bearer {REAL_KEY}"
+
+
+def test_it_uses_a_running_proxy_and_leaves_it_running(proxy, sim, tmp_path):
+    sim.script(Reply(text="from the running proxy"))
+    home = tmp_path / "myhome"
+    result = _run(["--proxy", proxy.url, "--admin-token", proxy.admin_token, "--upstream", sim.url("/v1"),
+                   "--api-key-env", KEY_ENV, "--home", str(home), "--no-proxy-auth"],
+                  [sys.executable, "-c", DUMP_AND_ASK, str(tmp_path / "env.json"), "0"])
+    assert result.returncode == 0, result.stderr
+    seen = json.loads((tmp_path / "env.json").read_text())
+    assert seen["HOME"] == str(home) and "@" not in seen["HTTPS_PROXY"]
+    assert proxy.proc.poll() is None
+    sessions = proxy.api("GET", "sessions")[1]["sessions"]
+    ours = [s for s in sessions if s["id"] != "default"]
+    assert len(ours) == 1 and ours[0]["sealed"] and ours[0]["turns"] == 1
+
+
+def test_it_says_what_is_wrong_instead_of_running(tmp_path):
+    result = _run(["--proxy", "http://127.0.0.1:9", "--admin-token", "x" * 20], ["true"])
+    assert result.returncode == 2 and "no proxy answers" in result.stderr
+    result = _run(["--sampling", "{not json"], ["true"])
+    assert result.returncode == 2 and "--sampling is not JSON" in result.stderr
+    result = _run(["--sampling", '{"temprature": 1}', "--trace-dir", str(tmp_path)], ["true"])
+    assert result.returncode == 2 and "temprature" in result.stderr
+
+
+def test_it_names_a_harness_that_rejects_the_ca(tmp_path, sim, monkeypatch):
+    """Claude Code without any CA variable retries the failed handshake forever (its first
+    attempt comes some 6 s after start); the run is stopped by --timeout and both the warning
+    printed while it hangs and the summary say why nothing happened."""
+    claude = node_harness("claude")
+    monkeypatch.setenv(KEY_ENV, REAL_KEY)
+    result = _run(["--upstream", sim.url("/v1"), "--api-key-env", KEY_ENV, "--timeout", "12",
+                   "--trace-dir", str(tmp_path), "--summary-json", str(tmp_path / "summary.json")],
+                  ["env", "-u", "NODE_EXTRA_CA_CERTS", "-u", "SSL_CERT_FILE", "-u", "REQUESTS_CA_BUNDLE",
+                   claude, "-p", "hello"])
+    assert result.returncode == 124
+    assert "rejected the proxy's TLS certificate" in result.stderr  # said while it was hanging
+    assert "does not trust the CA" in result.stderr and "NODE_EXTRA_CA_CERTS" in result.stderr
+    assert json.loads((tmp_path / "summary.json").read_text())["tls_rejections"] >= 1
+    assert sim.requests == []
+
+
+@pytest.mark.parametrize("code", [0, 1, 7])
+def test_the_harness_status_is_the_exit_status(tmp_path, code):
+    result = _run(["--trace-dir", str(tmp_path)], [sys.executable, "-c", f"import sys; sys.exit({code})"])
+    assert result.returncode == code, result.stderr
