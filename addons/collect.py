@@ -232,7 +232,9 @@ class StripStream:
         # and the header removed, so the harness gets plain events.
         self.decoder = Decoder.for_encoding(content_encoding) if content_encoding else None
 
-    def __call__(self, chunk: bytes) -> bytes:
+    def __call__(self, chunk: bytes) -> list[bytes]:
+        """A list, never ``b""``: mitmproxy sends an empty bytes result as an empty chunk,
+        which in a chunked HTTP/1.1 body is its end (a held partial event yields none)."""
         out = self.inner(chunk) if callable(self.inner) else chunk
         if not isinstance(out, bytes):  # an inner callable may return an iterable of chunks
             out = b"".join(out)
@@ -243,7 +245,7 @@ class StripStream:
         out = self.events.feed(out) if chunk else self.events.feed(out) + self.events.flush()
         if self.ex.committed:
             self.plan.record(self.ex)
-        return out
+        return [out] if out else []
 
 
 class Collect:

@@ -96,7 +96,7 @@ class _Capture:
         else:  # an iterable of chunks
             out = b"".join(out)
             self.rec.body += out
-        return out
+        return out or []  # never b"": mitmproxy would send it as a chunked body's last chunk
 
 
 def retry_count(flow: http.HTTPFlow) -> int:

@@ -100,7 +100,9 @@ def test_a_compressed_stream_reaches_the_harness_decoded():
 
     body = gzip.compress(stream())
     wrapper = StripStream(tee, SimpleNamespace(committed=False), Plan(token_ids=True, logprobs=True), "gzip")
-    out = b"".join(wrapper(body[i:i + 50]) for i in range(0, len(body), 50)) + wrapper(b"")
+    calls = [wrapper(body[i:i + 50]) for i in range(0, len(body), 50)] + [wrapper(b"")]
+    assert all(isinstance(c, list) and b"" not in c for c in calls)  # b"" would end the body
+    out = b"".join(b"".join(c) for c in calls)
     assert b"".join(seen) == body  # the tee got the upstream's bytes
     assert out == stripped(Plan(token_ids=True, logprobs=True), stream())
 

@@ -387,6 +387,39 @@ def test_logprobs_the_harness_asked_for_are_kept(session, mproxy, msim, stream):
     assert trace.branches[0].logprobs[-len(got):] == got
 
 
+def vllm_chunk(delta, token_ids, logprob=None, finish=None, **top) -> bytes:
+    lp = {"content": [{"token": "t", "logprob": logprob, "bytes": [116], "top_logprobs": []}],
+          "refusal": None} if logprob is not None else None
+    choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish, "token_ids": token_ids}
+    obj = {"id": "chatcmpl-v", "object": "chat.completion.chunk", "created": 1, "model": "q", "choices": [choice], **top}
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def test_a_chunk_that_only_carried_token_ids_is_dropped_and_the_stream_goes_on(session, mproxy, msim):
+    """vLLM sends an empty delta for a token its parser held back, only because token ids
+    were asked for: the harness does not get it, and its stream still ends properly."""
+    s = session(collect_tokens=True)
+    raw = b"".join([
+        vllm_chunk({"role": "assistant", "content": ""}, [], prompt_token_ids=[1, 2, 3]),
+        vllm_chunk({"content": "Hel"}, [11], -0.1),
+        vllm_chunk({}, [12], -0.2),  # the held-back token
+        vllm_chunk({"content": "lo"}, [13], -0.3),
+        vllm_chunk({}, [], finish="stop"),
+        b"data: [DONE]\n\n"])
+    msim.script(Reply(raw=raw, content_type="text/event-stream"))
+    oai, _ = session_clients(s)
+    chunks = list(oai.chat.completions.create(model="q", messages=[{"role": "user", "content": "hi"}], stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Hello"
+    assert chunks[-1].choices[0].finish_reason == "stop" and len(chunks) == 4
+    assert_no_training_fields([c.model_dump() for c in chunks])
+    trace = sealed_trace(mproxy, s)
+    [branch] = trace.branches
+    assert branch.token_ids == [1, 2, 3, 11, 12, 13]
+    assert branch.logprobs == [0.0, 0.0, 0.0, -0.1, -0.2, -0.3]
+    [rewrite] = trace.response_rewrites
+    assert (rewrite["events"], rewrite["dropped_events"]) == (4, 1)
+
+
 def test_logprobs_the_harness_turned_off_are_asked_for_and_stripped(session, mproxy, msim):
     s = session(collect_tokens=True)
     msim.default = FakeVLLM([Reply(text="Quiet answer.")])
