@@ -171,3 +171,27 @@ def normalized(trace: Trace) -> list[dict]:
         d = m.model_dump(exclude={"reasoning"})
         out.append(json.loads(re.sub(r"Wall time [0-9.]+ seconds", "Wall time N seconds", json.dumps(d))))
     return out
+
+
+def check_retried_529(trace: Trace) -> None:
+    """The simulator answered the first request 529 and the harness retried it: the failed
+    exchange is a call on the record with its error and no node, the retry is the turn."""
+    assert [c.status for c in trace.calls] == [529, 200, 200]
+    assert trace.calls[0].error is not None and trace.calls[0].node is None
+    assert trace.num_turns == 2 and len(trace.branches) == 1
+
+
+def check_unknown_secret_fails(proxy: MitmProcess, sim: ProviderSimulator, command: list[str], tmp_path: Path,
+                               session: dict, **env: str) -> None:
+    """The harness run by hand with a secret no session has: it fails showing the proxy's
+    401 text, nothing reaches the simulator, and the (valid, unused) session records nothing."""
+    created = proxy.create_session(**session)
+    home = tmp_path / "home"
+    home.mkdir()
+    result = subprocess.run(command, env={**direct_env(created, "sk-ic-m-unknown-secret", home), **env},
+                            cwd=tmp_path, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=90)
+    assert result.returncode != 0 or FINAL not in result.stdout
+    assert "unknown session secret" in output_of(result), output_of(result)[-2000:]
+    assert sim.requests == []
+    assert proxy.api("GET", f"sessions/{created['id']}")[1]["calls"] == 0
+

@@ -4,27 +4,15 @@ session's; its settings and telemetry calls answered locally, never forwarded.""
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 
 import pytest
 
-from harness import (  # noqa: F401 (fixtures)
-    FINAL,
-    PROMPT,
-    TOOL_OUTPUT,
-    check_ran,
-    check_sim_saw_only_the_session,
-    check_task_trace,
-    direct_env,
-    hproxy,
-    hsim,
-    node_harness,
-    output_of,
-    run_harness,
-    sim,
-    trace_of,
+from harness import (
+    FINAL, PROMPT, TOOL_OUTPUT, check_ran, check_retried_529, check_sim_saw_only_the_session,
+    check_task_trace, check_unknown_secret_fails, node_harness, run_harness, trace_of,
 )
+from harness import hproxy, hsim, sim  # noqa: F401 (this module's fixtures)
 from provider import Reply, ToolCall
 
 SESSION = {"model": "claude-session-model",
@@ -67,20 +55,9 @@ def test_claude_code_retries_a_529_and_the_graph_has_one_turn(hproxy, sim, claud
     result = run_harness(hproxy, sim, claude, sid=sid, cwd=tmp_path / "work", session=SESSION)
     check_ran(result)
     trace = trace_of(hproxy, sid)
-    assert [c.status for c in trace.calls] == [529, 200, 200]
-    assert trace.calls[0].error.type == "overloaded_error" and trace.calls[0].node is None
-    assert trace.num_turns == 2 and len(trace.branches) == 1
+    check_retried_529(trace)
+    assert trace.calls[0].error.type == "overloaded_error"
 
 
 def test_claude_code_with_an_unknown_secret_fails_and_nothing_is_recorded(hproxy, sim, claude, tmp_path):
-    session = hproxy.create_session(**SESSION)
-    home = tmp_path / "home"
-    home.mkdir()
-    result = subprocess.run(claude, env=direct_env(session, "sk-ic-m-unknown-secret", home), cwd=tmp_path,
-                            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
-    assert result.returncode != 0
-    assert "unknown session secret" in output_of(result), output_of(result)[-2000:]
-    assert sim.requests == []
-    assert hproxy.api("GET", f"sessions/{session['id']}")[1]["calls"] == 0
-    assert FINAL not in result.stdout
-
+    check_unknown_secret_fails(hproxy, sim, claude, tmp_path, SESSION)

@@ -6,28 +6,15 @@ tool runs the command; both transports must leave the same trace."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import uuid
 
 import pytest
 
-from harness import (  # noqa: F401 (fixtures)
-    FINAL,
-    PROMPT,
-    TOOL_OUTPUT,
-    check_ran,
-    check_sim_saw_only_the_session,
-    check_task_trace,
-    direct_env,
-    hproxy,
-    hsim,
-    node_harness,
-    normalized,
-    output_of,
-    run_harness,
-    sim,
-    trace_of,
+from harness import (
+    FINAL, PROMPT, TOOL_OUTPUT, check_ran, check_retried_529, check_sim_saw_only_the_session,
+    check_task_trace, check_unknown_secret_fails, node_harness, normalized, run_harness, trace_of,
 )
+from harness import hproxy, hsim, sim  # noqa: F401 (this module's fixtures)
 from provider import Reply, ToolCall
 
 SESSION = {"model": "codex-session-model", "sampling": {"temperature": 0.3, "max_tokens": 2048}}
@@ -123,20 +110,8 @@ def test_codex_retries_a_529_and_the_graph_has_one_turn(hproxy, sim, tmp_path, t
     _script_task(sim)
     result, sid = _run(hproxy, sim, tmp_path, transport, "529")
     check_ran(result)
-    trace = trace_of(hproxy, sid)
-    assert [c.status for c in trace.calls] == [529, 200, 200]
-    assert trace.calls[0].error is not None and trace.calls[0].node is None
-    assert trace.num_turns == 2 and len(trace.branches) == 1
+    check_retried_529(trace_of(hproxy, sid))
 
 
 def test_codex_with_an_unknown_secret_fails_and_nothing_is_recorded(hproxy, sim, tmp_path):
-    node_harness("codex")
-    session = hproxy.create_session(**SESSION)
-    home = tmp_path / "home"
-    home.mkdir()
-    result = subprocess.run(_codex(), env=direct_env(session, "sk-ic-m-unknown-secret", home), cwd=tmp_path,
-                            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=90)
-    assert result.returncode != 0
-    assert "unknown session secret" in output_of(result), output_of(result)[-2000:]
-    assert sim.requests == []
-    assert hproxy.api("GET", f"sessions/{session['id']}")[1]["calls"] == 0
+    check_unknown_secret_fails(hproxy, sim, _codex(), tmp_path, SESSION)

@@ -3,25 +3,13 @@ its `bash` tool until it submits (its final answer is what the submit command pr
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 
-from harness import (  # noqa: F401 (fixtures)
-    FINAL,
-    PROMPT,
-    TOOL_OUTPUT,
-    check_ran,
-    check_sim_saw_only_the_session,
-    check_task_trace,
-    direct_env,
-    hproxy,
-    hsim,
-    mini_harness,
-    output_of,
-    run_harness,
-    sim,
-    trace_of,
+from harness import (
+    FINAL, PROMPT, TOOL_OUTPUT, check_ran, check_retried_529, check_sim_saw_only_the_session,
+    check_task_trace, check_unknown_secret_fails, mini_harness, run_harness, trace_of,
 )
+from harness import hproxy, hsim, sim  # noqa: F401 (this module's fixtures)
 from provider import Reply, ToolCall
 
 SESSION = {"model": "mini-session-model", "sampling": {"temperature": 0.2, "max_tokens": 1024}}
@@ -59,21 +47,9 @@ def test_mini_swe_agent_retries_a_529_and_the_graph_has_one_turn(hproxy, sim, tm
     sid = f"mini-529-{uuid.uuid4().hex[:8]}"
     result = run_harness(hproxy, sim, _mini(), sid=sid, cwd=tmp_path / "work", session=SESSION)
     check_ran(result)
-    trace = trace_of(hproxy, sid)
-    assert [c.status for c in trace.calls] == [529, 200, 200]
-    assert trace.calls[0].error is not None and trace.calls[0].node is None
-    assert trace.num_turns == 2 and len(trace.branches) == 1
+    check_retried_529(trace_of(hproxy, sid))
 
 
 def test_mini_swe_agent_with_an_unknown_secret_fails_and_nothing_is_recorded(hproxy, sim, tmp_path):
-    session = hproxy.create_session(**SESSION)
-    home = tmp_path / "home"
-    home.mkdir()
-    env = direct_env(session, "sk-ic-m-unknown-secret", home)
-    env["MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT"] = "1"  # its retry loop would wait 4 s per attempt
-    result = subprocess.run(_mini(), env=env, cwd=tmp_path, capture_output=True, text=True,
-                            stdin=subprocess.DEVNULL, timeout=90)
-    assert result.returncode != 0 or FINAL not in result.stdout
-    assert "unknown session secret" in output_of(result), output_of(result)[-2000:]
-    assert sim.requests == []
-    assert hproxy.api("GET", f"sessions/{session['id']}")[1]["calls"] == 0
+    # Its own retry loop would wait 4 s per attempt before giving up.
+    check_unknown_secret_fails(hproxy, sim, _mini(), tmp_path, SESSION, MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT="1")
