@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from hypothesis import given, settings, strategies as st
 
-from interceptor.addons.collect import EventStrip, Plan, StripStream, with_true_keys
+from interceptor.addons.collect import EventStrip, Plan, StripStream, cut_prompt_ids, with_true_keys
 
 
 def event(obj, ending=b"\n") -> bytes:
@@ -113,3 +113,16 @@ def test_keys_are_spliced_into_the_body_bytes():
     assert json.loads(with_true_keys(body, keys)) == {**json.loads(body), "return_token_ids": True, "logprobs": True}
     assert json.loads(with_true_keys(b" { } ", keys)) == {"return_token_ids": True, "logprobs": True}
     assert with_true_keys(b"[1]", keys) is None
+
+
+def test_prompt_ids_are_cut_from_the_bytes_wherever_they_stand():
+    for obj in ({"prompt_token_ids": [1, 2], "id": "x"}, {"id": "x", "prompt_token_ids": [1, 2]},
+                {"id": "x", "prompt_token_ids": [], "choices": []}, {"prompt_token_ids": [3]}):
+        for sep in ((",", ":"), (", ", ": ")):
+            raw = json.dumps(obj, separators=sep).encode()
+            out, cut = cut_prompt_ids(raw)
+            assert cut and json.loads(out) == {k: v for k, v in obj.items() if k != "prompt_token_ids"}
+    text = {"choices": [{"delta": {"content": 'say "prompt_token_ids": [1]'}}]}
+    raw = json.dumps(text).encode()
+    assert cut_prompt_ids(raw) == (raw, False)  # quoted inside a string: escaped, never matched
+    assert cut_prompt_ids(b'{"prompt_token_ids":null}') == (b'{"prompt_token_ids":null}', False)
