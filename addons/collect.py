@@ -75,6 +75,22 @@ class Plan:
                 found = True
         return found
 
+    def stripped(self, payload: bytes) -> dict[str, Any] | None:
+        """The body or chunk ``payload`` without what was added, or None when it carries
+        none of it (or is no JSON object): then it goes on as it came."""
+        cut = False
+        if self.token_ids:
+            payload, cut = cut_prompt_ids(payload)
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            return None
+        if not isinstance(obj, dict):
+            return None
+        if cut:
+            self.removed.add("prompt_token_ids")
+        return obj if self.strip(obj) or cut else None
+
     def record(self, ex: Exchange) -> None:
         """One ``rewrite`` record for the exchange, once, if anything was removed."""
         if not self.removed or self.recorded:
@@ -195,19 +211,8 @@ class EventStrip:
         data = [k for k, line in enumerate(lines) if line.startswith(b"data:")]
         if not data:
             return block
-        payload = b"\n".join(_field_value(lines[k]) for k in data)
-        cut = False
-        if plan.token_ids:
-            payload, cut = cut_prompt_ids(payload)
-        try:
-            obj = json.loads(payload)
-        except ValueError:
-            return block
-        if not isinstance(obj, dict):
-            return block
-        if cut:
-            plan.removed.add("prompt_token_ids")
-        if not (plan.strip(obj) or cut):
+        obj = plan.stripped(b"\n".join(_field_value(lines[k]) for k in data))
+        if obj is None:
             return block
         if plan.token_ids and _only_token_carrier(obj):
             plan.dropped += 1
@@ -338,11 +343,8 @@ class Collect:
             return
         if response.stream or not response.headers.get("content-type", "").startswith("application/json"):
             return
-        try:
-            body = json.loads(response.get_content(strict=False) or b"null")
-        except ValueError:
-            return
-        if isinstance(body, dict) and plan.strip(body):
+        body = plan.stripped(response.get_content(strict=False) or b"")
+        if body is not None:
             response.content = _dumps(body)
         if response.status_code == 200:
             self._check(ex, plan)
