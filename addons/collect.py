@@ -8,14 +8,15 @@ so they are taken out of what it receives.
 
 - ``request`` (after Rewrite): adds the two keys to the body Rewrite left in ``ex.body`` and
   to the bytes it left in ``flow.request.content`` (spliced in, not re-serialised), and lists
-  them among the call's overrides (reason ``collect_tokens``). A key the body already asks for (the harness's own
-  ``logprobs``) is left alone and, below, never stripped.
+  them among the call's overrides (reason ``collect_tokens``). A key the body already asks
+  for (the harness's own ``logprobs``) is left alone and, below, never stripped.
 - ``responseheaders`` (after Tee): wraps the Tee's stream callable, so the Tee assembles the
   upstream's bytes, token ids included, and the harness gets each event without them. The
   wrapper cuts the stream into whole events, O(chunk) per call, and forwards each event as
   soon as its blank line arrives; events it does not touch go out byte for byte.
 - ``response`` (after Tee, which has parsed and recorded the full JSON body): strips the
-  body; for both, one ``rewrite`` record (direction ``response``) says what was removed.
+  body. Either way one ``rewrite`` record (direction ``response``) says what was removed,
+  written right after the turn and before the harness has the answer.
 
 Listed after Tee and before Retry, so Retry's capture (and any replay) holds the bytes the
 harness actually received.
