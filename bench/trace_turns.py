@@ -6,7 +6,9 @@
    restating the whole history and adding a ~3.4 KB user message and a ~3.4 KB reply, so
    the last request is ~2 MB. Per turn: the CPU time mitmdump's threads used (schedstat, ns),
    for this project's addons and, side by side, for bare mitmdump relaying the same
-   requests; and the bytes that turn's record added to the trace file.
+   requests (streaming SSE through, as the addons do); and the bytes that turn's record added to the trace file. Once more streamed,
+   in a ``collect_tokens`` session with the simulator playing vLLM (its answer carries the
+   whole prompt's token ids, ~0.5 M at the end, which the proxy reads and strips).
 2. In process: ``Recorder.commit_turn`` for the same conversation (the graph walk and the
    record, without HTTP), per turn; the writer thread's throughput in records/s; and
    ``read_trace`` of the 300-turn file the proxy wrote.
@@ -68,11 +70,46 @@ def cpu_between(before: dict[str, int], after: dict[str, int]) -> int:
     return sum(ns - before.get(tid, 0) for tid, ns in after.items())
 
 
+ROLE_IDS = {"system": 200_001, "user": 200_002, "assistant": 200_003, "tool": 200_004}
+
+
+def serve() -> None:
+    """The simulator for this bench, in its own process: always the same long reply; asked
+    for token ids, it plays vLLM with a chat template whose renderings of a conversation
+    are prefixes of each other (``[role] text`` per message, then ``[assistant]``), so the
+    trace stays one branch as with a real model."""
+    import signal
+
+    from provider import ProviderSimulator, Reply
+    from provider import tokens
+
+    def reply(record) -> Reply:
+        if not record.json.get("return_token_ids"):
+            return Reply(text=REPLY, input_tokens=1, output_tokens=1)
+        ids = []
+        for m in record.json["messages"]:
+            ids += [ROLE_IDS[m["role"]], *tokens.ids(tokens.split(m["content"]))]
+        return Reply(text=REPLY, prompt_token_ids=ids + [ROLE_IDS["assistant"]], output_tokens=1)
+
+    sim = ProviderSimulator(default=reply).start()
+    print(f"listening on {sim.base_url}", flush=True)
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    sim.stop()
+
+
+def stream_sse_script(workdir: Path) -> Path:
+    """For bare mitmdump: stream SSE answers through, as the addons do (a plain
+    ``stream = True``, no tee), so the comparison is streaming against streaming."""
+    path = workdir / "stream_sse.py"
+    path.write_text("def responseheaders(flow):\n"
+                    "    if flow.response.headers.get('content-type', '').startswith('text/event-stream'):\n"
+                    "        flow.response.stream = True\n")
+    return path
+
+
 def start_simulator(workdir: Path) -> tuple[subprocess.Popen, str]:
-    script = workdir / "script.json"
-    script.write_text(json.dumps({"default": {"text": REPLY, "input_tokens": 1, "output_tokens": 1}}))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "provider", "--port", "0", "--script", str(script)],
+        [sys.executable, __file__, "--serve"],
         stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
     )
     line = proc.stdout.readline()
@@ -86,21 +123,35 @@ def user_text(k: int) -> str:
     return (f"turn {k}: " + "please continue with the next step. " * (CHUNK // 36 + 1))[:CHUNK]
 
 
-def conversation(client: httpx.Client, pid: int, secret: str, turns: int) -> list[int]:
+def ask(client: httpx.Client, payload: bytes, headers: dict, stream: bool) -> str:
+    url = "https://api.openai.com/v1/chat/completions"
+    if not stream:
+        r = client.post(url, content=payload, headers=headers)
+        r.raise_for_status()
+        return r.json()["choices"][0]["message"]["content"]
+    parts = []
+    with client.stream("POST", url, content=payload, headers=headers) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                parts += [c["delta"].get("content") or "" for c in json.loads(line[6:])["choices"]]
+    return "".join(parts)
+
+
+def conversation(client: httpx.Client, pid: int, secret: str, turns: int, stream: bool = False) -> list[int]:
     """Run the growing conversation; return mitmdump's CPU ns per turn."""
     messages = [{"role": "system", "content": "You are a patient assistant."}]
     per_turn = []
     headers = {"authorization": f"Bearer {secret}", "content-type": "application/json"}
     for k in range(turns):
         messages.append({"role": "user", "content": user_text(k)})
-        payload = json.dumps({"model": "gpt-4o", "messages": messages}).encode()
+        payload = json.dumps({"model": "gpt-4o", "messages": messages, "stream": stream}).encode()
         before = cpu_ns(pid)
-        r = client.post("https://api.openai.com/v1/chat/completions", content=payload, headers=headers)
-        r.raise_for_status()
+        content = ask(client, payload, headers, stream)
         # the trace writer works just after the answer; let it finish inside this turn's window
         time.sleep(0.005)
         per_turn.append(cpu_between(before, cpu_ns(pid)))
-        messages.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
+        messages.append({"role": "assistant", "content": content})
     return per_turn
 
 
@@ -167,29 +218,43 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--turns", type=int, default=300)
     ap.add_argument("--reads", type=int, default=5)
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the simulator process
     args = ap.parse_args()
+    if args.serve:
+        serve()
+        return 0
     turns = args.turns
     width = max(2, turns // 6)
 
     work = Path(tempfile.mkdtemp(prefix="bench-trace-"))
     sim, sim_url = start_simulator(work)
     bare = MitmProcess(script=False, workdir=work / "bare", options={
-        "connection_strategy": "lazy", "map_remote": f"|https://api\\.openai\\.com/v1|{sim_url}/v1"})
+        "connection_strategy": "lazy", "map_remote": f"|https://api\\.openai\\.com/v1|{sim_url}/v1",
+        "scripts": str(stream_sse_script(work))})
     addon = MitmProcess(workdir=work / "addon", options={"intercept_upstream": f"{sim_url}/v1",
                                                          "intercept_api_key_env": KEY_ENV},
                         env={KEY_ENV: "sk-bench-real-key"})
     try:
         bare.start()
         addon.start()
-        session = addon.create_session(upstream={"base_url": f"{sim_url}/v1", "api_key_env": KEY_ENV})
+        upstream = {"base_url": f"{sim_url}/v1", "api_key_env": KEY_ENV}
+        sessions = {name: addon.create_session(upstream=upstream, collect_tokens=collect)
+                    for name, collect in (("json", False), ("sse", False), ("collect", True))}
+        cpu = {}
         with httpx.Client(proxy=addon.url, verify=str(addon.ca_bundle), timeout=120) as client:
-            cpu_addon = conversation(client, addon.proc.pid, session["model_secret"], turns)
+            for name, s in sessions.items():
+                cpu[name] = conversation(client, addon.proc.pid, s["model_secret"], turns, stream=name != "json")
         with httpx.Client(proxy=bare.url, verify=str(bare.confdir / "mitmproxy-ca-cert.pem"), timeout=120) as client:
-            cpu_bare = conversation(client, bare.proc.pid, "sk-unused", turns)
-        addon.api("DELETE", f"sessions/{session['id']}")
+            for name in ("json", "sse"):
+                cpu["bare " + name] = conversation(client, bare.proc.pid, "sk-unused", turns, stream=name == "sse")
+        for s in sessions.values():
+            addon.api("DELETE", f"sessions/{s['id']}")
         time.sleep(1)
-        path = Path(session["trace_path"])
+        path = Path(sessions["json"]["trace_path"])
         sizes = turn_record_sizes(path)
+        collect_sizes = turn_record_sizes(Path(sessions["collect"]["trace_path"]))
+        collected = read_trace(sessions["collect"]["trace_path"])
+        assert collected.num_turns == turns and len(collected.branches) == 1 and collected.branches[0].token_ids
         file_size = path.stat().st_size
         final_request = sum(len(user_text(k)) + len(REPLY) for k in range(turns))
         reads = []
@@ -212,12 +277,16 @@ def main() -> int:
     heads = [f"{lo + 1}-{min(lo + width, turns)}" for lo in range(0, turns, width)]
     print("| per turn, median (p10-p90) | " + " | ".join(f"turns {h}" for h in heads) + " |")
     print("|---" * (len(heads) + 1) + "|")
-    print("| mitmdump + addons, CPU ms | " + " | ".join(bands(cpu_addon, turns, width, 1e-6)) + " |")
-    print("| bare mitmdump, CPU ms | " + " | ".join(bands(cpu_bare, turns, width, 1e-6)) + " |")
-    diff = [a - b for a, b in zip(cpu_addon, cpu_bare)]
-    print("| addons' share (difference), CPU ms | " + " | ".join(bands(diff, turns, width, 1e-6)) + " |")
+    rows = (("JSON: mitmdump + addons", "json"), ("JSON: bare mitmdump", "bare json"),
+            (f"SSE ({len(REPLY.split())} words, one event per token): mitmdump + addons", "sse"),
+            ("SSE: mitmdump + addons, collect_tokens (vLLM)", "collect"), ("SSE: bare mitmdump", "bare sse"))
+    for label, name in rows:
+        print(f"| {label}, CPU ms | " + " | ".join(bands(cpu[name], turns, width, 1e-6)) + " |")
+    diff = [a - b for a, b in zip(cpu["json"], cpu["bare json"])]
+    print("| JSON: the addons' share (difference), CPU ms | " + " | ".join(bands(diff, turns, width, 1e-6)) + " |")
     print("| `Recorder.commit_turn` in process, ms | " + " | ".join(bands(commits, turns, width, 1e3)) + " |")
     print("| trace bytes written (turn record) | " + " | ".join(bands(sizes, turns, width, 1, digits=0)) + " |")
+    print("| trace bytes written, collect_tokens | " + " | ".join(bands(collect_sizes, turns, width, 1, digits=0)) + " |")
     print()
     print(f"trace file after {turns} turns: {file_size / 1e6:.2f} MB through the proxy "
           f"({inproc_size / 1e6:.2f} MB in process) for a last request of {final_request / 1e6:.2f} MB of "
