@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mitmproxy import http
+from mitmproxy import ctx, http
 
 from interceptor.addons.exchange import KEY, Exchange, exchange_of
 from interceptor.addons.tee import commit
@@ -94,6 +94,8 @@ class WsRelay:
             flow.metadata[WS_KEY] = Socket(ex)
             return
         status = flow.response.status_code if flow.response else None
+        if ex.committed:
+            return  # Reach found the upstream down and recorded it already
         if ex.session.id not in self._refused:
             self._refused.add(ex.session.id)
             log.warning(
@@ -136,12 +138,26 @@ class WsRelay:
         config = upgrade.session.config
         ex = Exchange(session=upgrade.session, route=upgrade.route, raw_body=message.content, stream=True)
         ex.requested_model = body.get("model") if isinstance(body.get("model"), str) else None
-        ex.request = self._request(sock, body)
-        ex.overrides = dialect.apply_overrides(body, config.model, config.sampling)
+        try:
+            ex.request = self._request(sock, body)
+            ex.overrides = dialect.apply_overrides(body, config.model, config.sampling)
+        except Exception as e:  # never forward a frame the session's settings were not imposed on
+            log.warning(f"interceptor: session {upgrade.session.id!r}: response.create frame not understood: "
+                        f"{type(e).__name__}: {e}")
+            self._refuse(flow, message, dialect, f"request not understood by the {dialect.name} dialect: {e}")
+            return
         ex.body = body
         if ex.overrides:
             message.text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
         sock.pending = _Pending(ex, warmup=body.get("generate") is False)
+
+    @staticmethod
+    def _refuse(flow: http.HTTPFlow, message, dialect, text: str) -> None:
+        """What Rewrite's 400 is for a POST: the frame goes nowhere, the harness gets the
+        error as the API sends one over the socket, and nothing is recorded."""
+        message.drop()
+        error = {"type": "error", "status": 400, **dialect.error_body(400, text)}
+        ctx.master.commands.call("inject.websocket", flow, True, json.dumps(error).encode(), True)
 
     def _request(self, sock: Socket, body: dict[str, Any]) -> Request:
         """The frame as a canonical request over the whole conversation (see the module

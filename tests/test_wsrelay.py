@@ -165,3 +165,19 @@ def test_an_upstream_without_websockets_records_nothing_and_says_so(proxy, new_s
     assert refused.value.status == 404
     assert _sealed(proxy, session).calls == []
     assert "supports_websockets = false" in proxy.log()
+
+
+def test_a_frame_the_dialect_cannot_read_is_refused_not_forwarded(proxy, new_session, sim):
+    session = new_session(**SESSION)
+    with _client(proxy, session) as ws:
+        ws.send_json(_create(input=5))  # not a list of items: the session's model cannot be imposed
+        error = ws.recv_json()
+        assert error["type"] == "error" and error["status"] == 400
+        assert "not understood" in error["error"]["message"]
+        sim.script(Reply(text="still usable"))
+        ws.send_json(_create(input=[USER]))  # the socket stays usable
+        assert ws.until("response.completed")[-1]["response"]["status"] == "completed"
+    assert [r.route for r in sim.requests if r.route != "websocket"] == ["responses"]
+    trace = _sealed(proxy, session)
+    assert len(trace.calls) == 1 and trace.num_turns == 1
+
