@@ -21,6 +21,7 @@ machine's). Prints markdown for docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
 import shutil
@@ -39,8 +40,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 from mitm import MitmProcess  # noqa: E402
 from provider import ProviderSimulator, Reply, ToolCall  # noqa: E402
 
-from interceptor.scripts.run_harness import harness_env  # noqa: E402
 from interceptor.trace import read_trace  # noqa: E402
+
+# run_harness's own environment-building code, loaded from its file (scripts/ is not a package).
+_spec = importlib.util.spec_from_file_location("run_harness", ROOT / "scripts" / "run_harness.py")
+run_harness = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(run_harness)
+harness_env = run_harness.harness_env
 
 KEY_ENV = "BENCH_PROVIDER_KEY"
 KEY = "sk-bench-real-key"
