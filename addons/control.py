@@ -7,6 +7,7 @@ but ``health`` needs ``Authorization: Bearer <admin token>``; a wrong token chan
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -45,10 +46,18 @@ class Control:
         if is_control(flow):
             flow.metadata["interceptor_control"] = True
 
-    def request(self, flow: http.HTTPFlow) -> None:
+    async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live or not flow.metadata.get("interceptor_control"):
             return
         flow.response = self._handle(flow)
+        if flow.request.method == "DELETE" and flow.response.status_code == 200:
+            # A sealed session's file is complete when DELETE answers: the orchestrator reads
+            # it next. The wait happens in a thread, never on the event loop.
+            try:
+                await asyncio.to_thread(self.registry.store.flush, 30)
+            except TimeoutError as e:
+                log.error(f"interceptor: {e}")
+                flow.response = _error(503, "the trace writer is behind; the footer is queued, retry the GET later")
 
     def _authorized(self, flow: http.HTTPFlow) -> bool:
         auth = flow.request.headers.get("authorization", "")
