@@ -33,10 +33,14 @@ from interceptor.trace.tokens import warm as warm_estimator
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HOSTS = ["api.openai.com", "api.anthropic.com"]
+# chatgpt.com: Codex asks it for its model list with the key it holds (the session secret);
+# a host that receives a secret must be intercepted, so that request is answered locally.
+DEFAULT_HOSTS = ["api.openai.com", "api.anthropic.com", "chatgpt.com"]
 FSYNC_POLICIES = ("never", "turn", "seal")
 TOKEN_FILE = "interceptor-admin-token"
 BUNDLE_FILE = "interceptor-ca-bundle.pem"
+SECRET_FILE = "interceptor-default-secret"
+ENV_FILE = "interceptor-default.env"
 KEY_VARIABLES = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "CODEX_API_KEY")
 CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "CODEX_CA_CERTIFICATE")
 _SYSTEM_ROOTS = (
@@ -175,11 +179,7 @@ class Settings:
         confdir.mkdir(parents=True, exist_ok=True)
         if self.admin_token is None:
             self.admin_token = secrets.token_urlsafe(32)
-            token_file = confdir / TOKEN_FILE
-            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(self.admin_token + "\n")
-            os.chmod(token_file, 0o600)
+            _write_private(confdir / TOKEN_FILE, self.admin_token + "\n")
         self.bundle_path = self._write_ca_bundle(confdir)
         # The token estimator's BPE table takes ~0.3 s to build: never on the event loop.
         threading.Thread(target=warm_estimator, name="interceptor-warm", daemon=True).start()
@@ -233,13 +233,33 @@ class Settings:
         return bundle
 
     def _banner(self, session: Session) -> None:
+        """The ready-to-paste environment of the default session. The secret itself goes to
+        files of mode 0600 beside the CA and the log names them: a secret never stands in a
+        log line, and ``source`` of the env file (or the exports below) is all a harness needs."""
+        confdir = Path(os.path.expanduser(ctx.options.confdir))
         env = self.harness_env(session)
+        secret_file = confdir / SECRET_FILE
+        env_file = confdir / ENV_FILE
+        _write_private(secret_file, session.model_secret + "\n")
+        _write_private(env_file, "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()))
         lines = [
-            "interceptor: ready; default session "
-            f"{session.id!r} records to {session.trace_path}",
-            f"interceptor: CA certificate: {Path(os.path.expanduser(ctx.options.confdir)) / 'mitmproxy-ca-cert.pem'}",
+            f"interceptor: ready; default session {session.id!r} records to {session.trace_path}",
+            f"interceptor: CA certificate: {confdir / 'mitmproxy-ca-cert.pem'}",
             "interceptor: point a harness at the proxy with:",
+            f"  source {shlex.quote(str(env_file))}",
+            "interceptor: or, variable by variable:",
         ]
-        lines += [f"  export {k}={shlex.quote(v)}" for k, v in env.items() if k != "https_proxy"]
+        for k, v in env.items():
+            if k == "https_proxy":
+                continue
+            value = f'"$(cat {shlex.quote(str(secret_file))})"' if v == session.model_secret else shlex.quote(v)
+            lines.append(f"  export {k}={value}")
         for line in lines:
             log.info(line)
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)

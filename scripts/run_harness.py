@@ -26,9 +26,9 @@ Why each piece:
   variable are removed from its environment.
 - An isolated HOME keeps the harness's own settings, logins and caches (``~/.claude``,
   ``~/.codex``) out of the rollout, and the rollout out of them.
-- When it starts the proxy itself, ``chatgpt.com`` is intercepted too: Codex asks it for
-  its model list with the key it holds; answered locally (404), nothing leaves and Codex
-  does not wait on retries.
+- ``chatgpt.com`` is one of the proxy's default hosts: Codex asks it for its model list
+  with the key it holds; answered locally (404), nothing leaves and Codex does not wait on
+  retries.
 """
 
 from __future__ import annotations
@@ -53,8 +53,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "addons" / "interception.py"
-EXTRA_HOSTS = ("chatgpt.com",)
-DEFAULT_HOSTS = ("api.openai.com", "api.anthropic.com")
+DEFAULT_HOSTS = ("api.openai.com", "api.anthropic.com", "chatgpt.com")  # as addons/settings.py
 
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy",
                    "NO_PROXY", "no_proxy")
@@ -410,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not proxy.healthy():
                     raise Failure(f"no proxy answers at {args.proxy}/_interceptor/health")
             else:
-                hosts = [*DEFAULT_HOSTS, *EXTRA_HOSTS, *args.host]
+                hosts = [*DEFAULT_HOSTS, *args.host]
                 proxy = Proxy.start(workdir / "proxy", Path(args.trace_dir).resolve(), hosts, args.options)
             status, session = proxy.api("POST", "sessions", session_config(args))
             if status != 201:

@@ -4,6 +4,7 @@ as the provider. Claim, rewrite, route, stream back, record."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import re
 import subprocess
 import sys
@@ -269,13 +270,23 @@ def test_control_api_needs_the_admin_token(proxy):
 
 
 def test_default_session_from_the_banner_works(sim, proxy, monkeypatch):
-    """`mitmdump -s addons/interception.py` alone: the printed environment is all a harness needs."""
+    """`mitmdump -s addons/interception.py` alone: the printed environment is all a harness
+    needs, and the secret itself never stands in the log."""
     log = proxy.log()
-    env = dict(re.findall(r"export (\w+)=(\S+)", log))
-    assert set(env) >= {"HTTPS_PROXY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS"}
+    [env_file] = re.findall(r"^\S+\s+source (\S+)$", log, re.M)
+    out = subprocess.run(["bash", "-c", f"source {env_file} && env"], capture_output=True, text=True, check=True).stdout
+    env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    assert {"HTTPS_PROXY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "CODEX_API_KEY", "SSL_CERT_FILE",
+            "NODE_EXTRA_CA_CERTS", "CODEX_CA_CERTIFICATE", "REQUESTS_CA_BUNDLE"} <= set(env)
+    assert env["OPENAI_API_KEY"] not in log
     assert "mitmproxy-ca-cert.pem" in log
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
+    assert (Path(env_file).stat().st_mode & 0o777) == 0o600
+    # The variable-by-variable form evaluates to the same environment.
+    exports = "\n".join(re.findall(r"^\S+\s+(export \w+=.*)$", log, re.M))
+    out2 = subprocess.run(["bash", "-c", f"{exports}\nenv"], capture_output=True, text=True, check=True).stdout
+    assert f"OPENAI_API_KEY={env['OPENAI_API_KEY']}" in out2.splitlines()
+    for k in ("HTTPS_PROXY", "OPENAI_API_KEY", "SSL_CERT_FILE"):
+        monkeypatch.setenv(k, env[k])
     r = openai.OpenAI(max_retries=0).chat.completions.create(model="m", messages=[{"role": "user", "content": "ping"}])
     assert r.choices[0].message.content
     assert len(sim.model_requests()) == 1
