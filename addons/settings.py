@@ -178,7 +178,9 @@ class Settings:
         confdir = Path(os.path.expanduser(ctx.options.confdir))
         confdir.mkdir(parents=True, exist_ok=True)
         if self.admin_token is None:
-            self.admin_token = secrets.token_urlsafe(32)
+            # Prefixed: a bare token_urlsafe starts with "-" one time in 64, and then reads as
+            # an option to every command line it is pasted into.
+            self.admin_token = "ic-admin-" + secrets.token_urlsafe(32)
             _write_private(confdir / TOKEN_FILE, self.admin_token + "\n")
         self.bundle_path = self._write_ca_bundle(confdir)
         # The token estimator's BPE table takes ~0.3 s to build: never on the event loop.

@@ -68,7 +68,7 @@ def test_it_starts_a_proxy_hands_over_the_session_and_passes_the_exit_status_bac
 def test_it_uses_a_running_proxy_and_leaves_it_running(proxy, sim, tmp_path):
     sim.script(Reply(text="from the running proxy"))
     home = tmp_path / "myhome"
-    result = _run(["--proxy", proxy.url, "--admin-token", proxy.admin_token, "--upstream", sim.url("/v1"),
+    result = _run(["--proxy", proxy.url, f"--admin-token={proxy.admin_token}", "--upstream", sim.url("/v1"),
                    "--api-key-env", KEY_ENV, "--home", str(home), "--no-proxy-auth"],
                   [sys.executable, "-c", DUMP_AND_ASK, str(tmp_path / "env.json"), "0"])
     assert result.returncode == 0, result.stderr
