@@ -10,7 +10,7 @@ environment, is set; neither ever reaches a record or a log.
 from __future__ import annotations
 
 import asyncio
-import json
+import copy
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +22,7 @@ from interceptor.addons.answers import error_response, refuse
 from interceptor.addons.exchange import Exchange, exchange_of
 from interceptor.addons.session import SessionConfig
 from interceptor.dialects.base import Dialect, Override
+from interceptor.dialects.body import parse_body
 from interceptor.trace.messages import Request
 
 log = logging.getLogger(__name__)
@@ -65,17 +66,26 @@ class Prepared:
     refusal: str | None = None
 
 
+SMALL = 4096  # top-level values up to this size are compared to find what an override changed
+
+
 def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig) -> Prepared:
     """Parse, understand and rewrite one request body. Pure, so that a large body can be
-    handled in a worker thread while the event loop keeps serving other sessions."""
+    handled in a worker thread while the event loop keeps serving other sessions. A changed
+    body is spliced: only the top-level keys an override touched are written anew, the
+    history is copied as the harness wrote it (``dialects.body``)."""
     try:
-        body = json.loads(raw)
+        parsed = parse_body(raw)
     except ValueError as e:
         return Prepared(refusal=f"request body is not valid JSON: {e}")
+    body = parsed.data
     if not isinstance(body, dict):
         return Prepared(refusal="request body must be a JSON object")
     model = body.get("model")
     out = Prepared(body=body, requested_model=model if isinstance(model, str) else None)
+    # Overrides edit nested settings in place (reasoning.effort): keep the small top-level
+    # values as they were, to see afterwards which ones changed.
+    before = {k: copy.deepcopy(body[k]) for k, (a, b) in parsed.spans.items() if b - a <= SMALL}
     if kind == "model":
         try:
             out.request = dialect.parse_request(body)
@@ -88,7 +98,9 @@ def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig) -> P
         out.overrides = [Override("model", body.get("model"), config.model)]
         body["model"] = config.model
     if out.overrides:
-        out.content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        changed = {o.key.split(".", 1)[0] for o in out.overrides}
+        changed.update(k for k, v in before.items() if k not in body or body[k] != v)
+        out.content = parsed.encode(changed)
     return out
 
 

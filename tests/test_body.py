@@ -1,0 +1,70 @@
+"""dialects.body: parsing equals json.loads, and a spliced rewrite equals a full re-serialisation
+while every untouched key keeps the harness's own bytes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from interceptor.dialects.body import parse_body
+
+scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4), max_leaves=12)
+objects = st.dictionaries(st.text(max_size=8), values, max_size=8)
+
+
+def dump(obj, style: int) -> str:
+    if style == 0:
+        return json.dumps(obj)
+    if style == 1:
+        return json.dumps(obj, indent=2, ensure_ascii=False)
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(obj=objects, style=st.integers(0, 2), edits=st.dictionaries(st.text(max_size=8), st.one_of(st.just("DROP"), values), max_size=4))
+def test_splice_equals_reserialising_and_keeps_untouched_bytes(obj, style, edits):
+    text = dump(obj, style)
+    body = parse_body(text.encode())
+    assert body.data == json.loads(text)
+    expected = dict(body.data)
+    for k, v in edits.items():
+        if v == "DROP":
+            body.data.pop(k, None)
+            expected.pop(k, None)
+        else:
+            body.data[k] = v
+            expected[k] = v
+    out = body.encode(set(edits))
+    assert json.loads(out) == expected
+    for k in obj:
+        if k not in edits:
+            start, end = body.spans[k]
+            assert text[start:end].encode() in out
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b'{"a":1,}', b'{"a" 1}', b"{'a':1}", b'{"a":1} x', b"[1,", b'{"a":tru}'])
+def test_malformed_bodies_raise_like_json_loads(raw):
+    with pytest.raises(ValueError):
+        json.loads(raw)
+    with pytest.raises(ValueError):
+        parse_body(raw)
+
+
+def test_duplicate_keys_last_wins_and_non_objects_pass_through():
+    assert parse_body(b'{"a": 1, "a": 2}').data == {"a": 2}
+    assert parse_body(b"[1, 2]").data == [1, 2]
+    assert parse_body(json.dumps({"x": "é"}).encode("utf-16")).data == {"x": "é"}
+
+
+def test_unchanged_history_is_copied_as_written():
+    raw = b'{"model": "gpt-4o",  "messages": [ {"role":"user", "content":"caf\\u00e9"} ], "temperature": 1}'
+    body = parse_body(raw)
+    body.data["temperature"] = 0.2
+    body.data["model"] = "m"
+    out = body.encode({"temperature", "model"})
+    assert b'"messages": [ {"role":"user", "content":"caf\\u00e9"} ]' in out
+    assert json.loads(out) == {"model": "m", "messages": [{"role": "user", "content": "café"}], "temperature": 0.2}
