@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/trace_turns.py [--turns 300] [--reads 5]
 
-1. Through the proxy: one conversation of ``--turns`` Chat Completions turns (JSON), each
-   restating the whole history and adding a ~3.4 KB user message and a ~3.4 KB reply, so
-   the last request is ~2 MB. Per turn: the CPU time mitmdump's threads used (schedstat, ns),
+1. Through the proxy: a conversation of ``--turns`` Chat Completions turns, each restating
+   the whole history and adding a ~3.4 KB user message and a ~3.4 KB reply, so the last
+   request is ~2 MB; run in several lanes in lockstep (each turn goes through every lane
+   before the next turn), so that the machine's load hits every lane alike. Per turn: the CPU time mitmdump's threads used (schedstat, ns),
    for this project's addons and, side by side, for bare mitmdump relaying the same
    requests (streaming SSE through, as the addons do); and the bytes that turn's record added to the trace file. Once more streamed,
    in a ``collect_tokens`` session with the simulator playing vLLM (its answer carries the
@@ -27,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx2 as httpx  # the HTTP client the openai and anthropic SDKs use
@@ -138,21 +141,36 @@ def ask(client: httpx.Client, payload: bytes, headers: dict, stream: bool) -> st
     return "".join(parts)
 
 
-def conversation(client: httpx.Client, pid: int, secret: str, turns: int, stream: bool = False) -> list[int]:
-    """Run the growing conversation; return mitmdump's CPU ns per turn."""
+@dataclass
+class Lane:
+    """One conversation: who it goes through, how, and mitmdump's CPU ns per turn."""
+
+    client: httpx.Client
+    pid: int
+    secret: str
+    stream: bool = False
+    extra: dict = field(default_factory=dict)  # more request keys
+    cpu: list[int] = field(default_factory=list)
+
+
+def lockstep(lanes: dict[str, Lane], turns: int) -> None:
+    """Grow every lane's conversation by one turn in turn, so that the machine's moods hit
+    all of them alike and per-turn differences between lanes mean something. Every reply is
+    the same text, so the lanes' histories are equal."""
     messages = [{"role": "system", "content": "You are a patient assistant."}]
-    per_turn = []
-    headers = {"authorization": f"Bearer {secret}", "content-type": "application/json"}
     for k in range(turns):
         messages.append({"role": "user", "content": user_text(k)})
-        payload = json.dumps({"model": "gpt-4o", "messages": messages, "stream": stream}).encode()
-        before = cpu_ns(pid)
-        content = ask(client, payload, headers, stream)
-        # the trace writer works just after the answer; let it finish inside this turn's window
-        time.sleep(0.005)
-        per_turn.append(cpu_between(before, cpu_ns(pid)))
-        messages.append({"role": "assistant", "content": content})
-    return per_turn
+        for lane in lanes.values():
+            headers = {"authorization": f"Bearer {lane.secret}", "content-type": "application/json"}
+            payload = json.dumps({"model": "gpt-4o", "messages": messages, "stream": lane.stream,
+                                  **lane.extra}).encode()
+            before = cpu_ns(lane.pid)
+            content = ask(lane.client, payload, headers, lane.stream)
+            # the trace writer works just after the answer; let it finish inside this turn's window
+            time.sleep(0.005)
+            lane.cpu.append(cpu_between(before, cpu_ns(lane.pid)))
+            assert content == REPLY, content[:80]
+        messages.append({"role": "assistant", "content": REPLY})
 
 
 def bands(values: list[float], turns: int, width: int, scale: float, digits: int = 2) -> list[str]:
@@ -239,14 +257,20 @@ def main() -> int:
         addon.start()
         upstream = {"base_url": f"{sim_url}/v1", "api_key_env": KEY_ENV}
         sessions = {name: addon.create_session(upstream=upstream, collect_tokens=collect)
-                    for name, collect in (("json", False), ("sse", False), ("collect", True))}
-        cpu = {}
-        with httpx.Client(proxy=addon.url, verify=str(addon.ca_bundle), timeout=120) as client:
-            for name, s in sessions.items():
-                cpu[name] = conversation(client, addon.proc.pid, s["model_secret"], turns, stream=name != "json")
-        with httpx.Client(proxy=bare.url, verify=str(bare.confdir / "mitmproxy-ca-cert.pem"), timeout=120) as client:
-            for name in ("json", "sse"):
-                cpu["bare " + name] = conversation(client, bare.proc.pid, "sk-unused", turns, stream=name == "sse")
+                    for name, collect in (("json", False), ("sse", False), ("vllm", False), ("collect", True))}
+        vllm_fields = {"return_token_ids": True, "logprobs": True}  # asked by the client itself
+        with ExitStack() as stack:
+            def client(proxy: MitmProcess, ca: Path) -> httpx.Client:
+                return stack.enter_context(httpx.Client(proxy=proxy.url, verify=str(ca), timeout=120))
+
+            bare_ca = bare.confdir / "mitmproxy-ca-cert.pem"
+            lanes = {name: Lane(client(addon, addon.ca_bundle), addon.proc.pid, s["model_secret"],
+                                stream=name != "json", extra=vllm_fields if name == "vllm" else {})
+                     for name, s in sessions.items()}
+            lanes["bare json"] = Lane(client(bare, bare_ca), bare.proc.pid, "sk-unused")
+            lanes["bare sse"] = Lane(client(bare, bare_ca), bare.proc.pid, "sk-unused", stream=True)
+            lockstep(lanes, turns)
+        cpu = {name: lane.cpu for name, lane in lanes.items()}
         for s in sessions.values():
             addon.api("DELETE", f"sessions/{s['id']}")
         time.sleep(1)
@@ -279,11 +303,14 @@ def main() -> int:
     print("|---" * (len(heads) + 1) + "|")
     rows = (("JSON: mitmdump + addons", "json"), ("JSON: bare mitmdump", "bare json"),
             (f"SSE ({len(REPLY.split())} words, one event per token): mitmdump + addons", "sse"),
+            ("SSE: mitmdump + addons, the client asks vLLM for token ids and logprobs itself", "vllm"),
             ("SSE: mitmdump + addons, collect_tokens (vLLM)", "collect"), ("SSE: bare mitmdump", "bare sse"))
     for label, name in rows:
         print(f"| {label}, CPU ms | " + " | ".join(bands(cpu[name], turns, width, 1e-6)) + " |")
-    diff = [a - b for a, b in zip(cpu["json"], cpu["bare json"])]
-    print("| JSON: the addons' share (difference), CPU ms | " + " | ".join(bands(diff, turns, width, 1e-6)) + " |")
+    for label, more, less in (("JSON: the addons' share", "json", "bare json"),
+                              ("SSE: Collect's own share (collect_tokens - asked by the client)", "collect", "vllm")):
+        diff = [a - b for a, b in zip(cpu[more], cpu[less])]
+        print(f"| {label}, CPU ms | " + " | ".join(bands(diff, turns, width, 1e-6)) + " |")
     print("| `Recorder.commit_turn` in process, ms | " + " | ".join(bands(commits, turns, width, 1e3)) + " |")
     print("| trace bytes written (turn record) | " + " | ".join(bands(sizes, turns, width, 1, digits=0)) + " |")
     print("| trace bytes written, collect_tokens | " + " | ".join(bands(collect_sizes, turns, width, 1, digits=0)) + " |")

@@ -89,7 +89,8 @@ def show_text(trace: Trace) -> str:
             if common > shared:
                 shared, owner = common, k
         lines.append("")
-        head = f"== branch {b.index} ({len(b.nodes)} messages, {len(b.calls)} calls)"
+        tokens = f", {len(b.token_ids)} tokens" if b.token_ids is not None else ""
+        head = f"== branch {b.index} ({len(b.nodes)} messages, {len(b.calls)} calls{tokens})"
         if owner is not None:
             head += f", first {shared} shared with branch {owner}"
         lines.append(head + " ==")
@@ -101,7 +102,19 @@ def show_text(trace: Trace) -> str:
     lines.append("")
     lines.append("== calls ==")
     lines.extend(_call_line(c) for c in trace.calls)
+    rewrites = [*trace.request_rewrites, *trace.response_rewrites]
+    if rewrites:
+        lines.append("")
+        lines.append("== rewrites ==")
+        lines.extend(_rewrite_line(r) for r in rewrites)
     return "\n".join(lines)
+
+
+def _rewrite_line(rewrite: dict) -> str:
+    rest = {k: v for k, v in rewrite.items() if k not in ("direction", "call", "by")}
+    where = f"call {rewrite['call']}  " if rewrite.get("call") else ""
+    return (f"{rewrite.get('direction', 'request')}  {where}{rewrite.get('by', '')}  "
+            + json.dumps(rest, ensure_ascii=False))
 
 
 def show_json(trace: Trace) -> dict:
@@ -116,6 +129,8 @@ def show_json(trace: Trace) -> dict:
         "total_tokens": trace.num_total_tokens,
         "branches": len(trace.branches),
         "nodes": len(trace.nodes),
+        "request_rewrites": trace.request_rewrites,
+        "response_rewrites": trace.response_rewrites,
         "calls": [
             {
                 "id": c.id,

@@ -365,6 +365,10 @@ def test_training_fields_from_vllm_align_and_never_reach_the_harness(session, mp
     assert [(r["call"], set(r["removed"]), r["body"]) for r in trace.response_rewrites] == \
         [(c.id, removed, "sse" if stream else "json") for c in trace.calls]
     assert_sound(trace, s["trace_path"])
+    shown = replay_cli("show", s["trace_path"]).stdout
+    assert "== rewrites ==" in shown and shown.count("collect_tokens") == 4
+    assert f"{len(trace.branches[-1].token_ids)} tokens" in shown
+    assert len(json.loads(replay_cli("show", "--json", s["trace_path"]).stdout)["response_rewrites"]) == 4
     out = replay_cli("export", s["trace_path"], "--out", "-")
     samples = [json.loads(line) for line in out.stdout.splitlines()]
     assert [smp["token_ids"] for smp in samples] == [b.token_ids for b in trace.branches]
