@@ -16,7 +16,6 @@ import argparse
 import json
 import sys
 import warnings
-from pathlib import Path
 
 from interceptor.trace import Message, ModelCall, Trace, read_trace
 from interceptor.trace.verify import problems
