@@ -35,13 +35,16 @@ from mitm import MitmProcess  # noqa: E402
 KEY_ENV = "BENCH_PROVIDER_KEY"
 
 
-def start_simulator(workdir: Path) -> tuple[subprocess.Popen, str]:
-    script = workdir / "script.json"
-    # A short fixed answer: the request size is what varies, not the reply.
-    script.write_text(json.dumps({"default": {"text": ["The ", "answer ", "is ", "forty-two", "."]}}))
+def start_simulator(workdir: Path, command: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+    """The simulator in its own process; ``command`` runs another one that prints the same
+    ``listening on URL`` banner (bench/trace_turns.py's)."""
+    if command is None:
+        script = workdir / "script.json"
+        # A short fixed answer: the request size is what varies, not the reply.
+        script.write_text(json.dumps({"default": {"text": ["The ", "answer ", "is ", "forty-two", "."]}}))
+        command = [sys.executable, "-m", "provider", "--port", "0", "--script", str(script)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "provider", "--port", "0", "--script", str(script)],
-        stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
+        command, stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
     )
     line = proc.stdout.readline()
     if "listening on" not in line:

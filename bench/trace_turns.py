@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from mitm import MitmProcess  # noqa: E402
+from overhead import start_simulator  # noqa: E402  (bench/ is this script's folder)
 
 from interceptor.trace import Message, ModelCall, Recorder, Request, Response, Store, Usage, iter_records, read_trace  # noqa: E402
 
@@ -108,18 +108,6 @@ def stream_sse_script(workdir: Path) -> Path:
                     "    if flow.response.headers.get('content-type', '').startswith('text/event-stream'):\n"
                     "        flow.response.stream = True\n")
     return path
-
-
-def start_simulator(workdir: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve"],
-        stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
-    )
-    line = proc.stdout.readline()
-    if "listening on" not in line:
-        proc.kill()
-        raise RuntimeError(f"simulator did not start: {line!r}")
-    return proc, line.strip().split()[-1]
 
 
 def user_text(k: int) -> str:
@@ -245,7 +233,7 @@ def main() -> int:
     width = max(2, turns // 6)
 
     work = Path(tempfile.mkdtemp(prefix="bench-trace-"))
-    sim, sim_url = start_simulator(work)
+    sim, sim_url = start_simulator(work, [sys.executable, __file__, "--serve"])
     bare = MitmProcess(script=False, workdir=work / "bare", options={
         "connection_strategy": "lazy", "map_remote": f"|https://api\\.openai\\.com/v1|{sim_url}/v1",
         "scripts": str(stream_sse_script(work))})
