@@ -36,6 +36,7 @@ from interceptor.addons.exchange import Exchange, exchange_of
 from interceptor.dialects import CHAT
 from interceptor.dialects.base import Override
 from interceptor.dialects.encoding import Decoder
+from interceptor.dialects.sse import split_lines
 
 log = logging.getLogger(__name__)
 
@@ -153,42 +154,27 @@ class EventStrip:
 
     def feed(self, data: bytes) -> bytes:
         out = bytearray()
-        i, n = 0, len(data)
-        if self.pending_cr and n:
-            self.pending_cr = False
-            if data[0] == 0x0A:  # the LF of a CRLF split across chunks
-                if self.event:
-                    self.event += b"\n"
-                elif not self.dropped:
-                    out += b"\n"
-                i = 1
-        cr = data.find(b"\r", i)  # kept across lines: CR-less streams must not rescan
-        while i < n:
-            lf = data.find(b"\n", i)
-            if cr != -1 and cr < i:
-                cr = data.find(b"\r", i)
-            if lf == -1 and cr == -1:
-                self.event += data[i:]
-                self.line += n - i
-                break
-            if cr == -1 or (lf != -1 and lf < cr):
-                end, nxt = lf, lf + 1
-            else:
-                end = cr
-                if cr + 1 < n:
-                    nxt = cr + 2 if data[cr + 1] == 0x0A else cr + 1
-                else:
-                    nxt = n
-                    self.pending_cr = True
-            blank = self.line == 0 and end == i
-            self.event += data[i:nxt]
+        if not data:
+            return b""  # an empty chunk must not forget a pending CR
+        i = 0
+        if self.pending_cr and data[0] == 0x0A:  # the LF of a CRLF split across chunks
+            if self.event:
+                self.event += b"\n"
+            elif not self.dropped:
+                out += b"\n"
+            i = 1
+        for begin, end, i in split_lines(data, i):
+            blank = self.line == 0 and end == begin
+            self.event += data[begin:i]
             self.line = 0
-            i = nxt
             if blank:
                 sent = self._event(bytes(self.event))
                 self.dropped = not sent
                 out += sent
                 self.event.clear()
+        self.event += data[i:]
+        self.line += len(data) - i
+        self.pending_cr = data.endswith(b"\r")
         return bytes(out)
 
     def flush(self) -> bytes:

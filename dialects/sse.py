@@ -8,6 +8,7 @@ never O(stream): a 10 MB stream must not be re-scanned per chunk.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 
@@ -33,6 +34,30 @@ class SSEEvent:
             out.append(f"data: {line}\n")
         out.append("\n")
         return "".join(out).encode()
+
+
+def split_lines(data: bytes, i: int = 0) -> Iterator[tuple[int, int, int]]:
+    """``(start, end, next)`` of each complete line of ``data`` from ``i``: the line is
+    ``data[start:end]``, its terminator (CRLF, LF or CR) ends at ``next``. What follows the
+    last one is an unfinished line. A CR that is the last byte ends its line; the caller
+    remembers it, because an LF at the start of the next chunk belongs to it. The next CR is
+    looked up only once the scan has passed it, so a chunk of many LF-only lines costs
+    O(chunk), not O(lines x chunk)."""
+    n = len(data)
+    cr = data.find(b"\r", i)
+    while i < n:
+        lf = data.find(b"\n", i)
+        if cr != -1 and cr < i:
+            cr = data.find(b"\r", i)
+        if lf == -1 and cr == -1:
+            return
+        if cr == -1 or (lf != -1 and lf < cr):
+            yield i, lf, lf + 1
+            i = lf + 1
+        else:
+            nxt = cr + 2 if data[cr + 1 : cr + 2] == b"\n" else cr + 1
+            yield i, cr, nxt
+            i = nxt
 
 
 @dataclass(slots=True)
@@ -67,30 +92,15 @@ class SSEDecoder:
                 start = 3  # a UTF-8 byte order mark is not part of the first line
         if self._pending_cr and chunk[start : start + 1] == b"\n":
             start += 1  # the LF of a CRLF split across chunks
-        self._pending_cr = False
         i = start
-        while i < n:
-            # Find the next line terminator from i without rescanning earlier bytes.
-            lf = chunk.find(b"\n", i)
-            cr = chunk.find(b"\r", i)
-            if lf == -1 and cr == -1:
-                self._line += chunk[i:]
-                break
-            if cr == -1 or (lf != -1 and lf < cr):
-                end, nxt = lf, lf + 1
-            else:
-                end = cr
-                if cr + 1 < n:
-                    nxt = cr + 2 if chunk[cr + 1 : cr + 2] == b"\n" else cr + 1
-                else:
-                    nxt = n
-                    self._pending_cr = True
-            self._line += chunk[i:end]
+        for begin, end, i in split_lines(chunk, start):
+            self._line += chunk[begin:end]
             ev = self._line_done(bytes(self._line))
             self._line.clear()
             if ev is not None:
                 events.append(ev)
-            i = nxt
+        self._line += chunk[i:]
+        self._pending_cr = chunk.endswith(b"\r")
         return events
 
     def flush(self) -> list[SSEEvent]:
