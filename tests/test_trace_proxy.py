@@ -69,13 +69,11 @@ def session(mproxy, msim, harness_env):
     msim.clear()
     msim.clear_scripts()
     msim.default = None
-    made = []
 
     def create(**config):
         config.setdefault("upstream", {"base_url": msim.url("/v1"), "api_key_env": KEY_ENV})
         s = mproxy.create_session(**config)
         harness_env(s["env"])
-        made.append(s)
         return s
 
     yield create
