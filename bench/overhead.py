@@ -6,7 +6,8 @@ through mitmdump with this project's addons.
 For each path, JSON and SSE chat completions with a 20 KB and a 1 MB request body, sent
 sequentially and from 16 concurrent clients. Bare mitmdump intercepts TLS for
 api.openai.com and maps it to the simulator (``map_remote``), so it does the same TLS and
-HTTP work as the addon path minus the addons. Prints a markdown table of per-request
+HTTP work as the addon path minus the addons; "bare + stream" adds bench/stream_sse.py, the
+one line that makes mitmproxy stream SSE at all (by default it buffers whole bodies). Prints a markdown table of per-request
 latency (median, p10-p90) and, for SSE, time to the first event; paste it into
 docs/benchmarks.md with the machine noted.
 """
@@ -120,27 +121,31 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
     sim, sim_url = start_simulator(work)
-    bare = MitmProcess(script=False, workdir=work / "bare", options={
-        "connection_strategy": "lazy",
-        "map_remote": f"|https://api\\.openai\\.com/v1|{sim_url}/v1",
-    })
+    remap = f"|https://api\\.openai\\.com/v1|{sim_url}/v1"
+    bare = MitmProcess(script=False, workdir=work / "bare", options={"connection_strategy": "lazy", "map_remote": remap})
+    # mitmproxy buffers whole bodies by default; streaming SSE is the fair baseline for it.
+    streaming = MitmProcess(script=False, workdir=work / "stream", options={
+        "connection_strategy": "lazy", "map_remote": remap, "scripts": str(ROOT / "bench" / "stream_sse.py")})
     addon = MitmProcess(workdir=work / "addon", options={"intercept_upstream": f"{sim_url}/v1", "intercept_api_key_env": KEY_ENV},
                         env={KEY_ENV: "sk-bench-real-key"})
     try:
         bare.start()
+        streaming.start()
         addon.start()
         session = addon.create_session(upstream={"base_url": f"{sim_url}/v1", "api_key_env": KEY_ENV})
         paths = {
             "direct": (lambda: httpx.Client(timeout=60), f"{sim_url}/v1/chat/completions"),
             "bare mitmdump": (lambda: httpx.Client(proxy=bare.url, verify=str(bare.confdir / "mitmproxy-ca-cert.pem"), timeout=60),
                               "https://api.openai.com/v1/chat/completions"),
+            "bare + stream": (lambda: httpx.Client(proxy=streaming.url, verify=str(streaming.confdir / "mitmproxy-ca-cert.pem"), timeout=60),
+                              "https://api.openai.com/v1/chat/completions"),
             "interceptor": (lambda: httpx.Client(proxy=addon.url, verify=str(addon.ca_bundle), timeout=60),
                             "https://api.openai.com/v1/chat/completions"),
         }
         print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.platform()}")
         print(f"{args.requests} requests per cell; latency ms: median (p10-p90)\n")
-        print("| body | mode | clients | direct | bare mitmdump | interceptor | SSE first event: direct | bare | interceptor |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| body | mode | clients | direct | bare mitmdump | bare + stream | interceptor | SSE first event: direct | bare | bare + stream | interceptor |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for size, size_name in ((20_000, "20 KB"), (1_000_000, "1 MB")):
             for stream in (False, True):
                 payload = body(size, stream)
@@ -155,6 +160,7 @@ def main() -> int:
                     print(f"| {size_name} | {mode} | {conc} | " + " | ".join(cells) + " | " + " | ".join(firsts) + " |", flush=True)
     finally:
         addon.cleanup()
+        streaming.cleanup()
         bare.cleanup()
         sim.terminate()
         sim.wait(10)
