@@ -1,13 +1,23 @@
 """The script mitmdump loads: ``mitmdump -s addons/interception.py``.
 
 It only wires the addons together, in the order a request travels through them (mitmproxy
-calls each hook in list order): Settings (options, sessions), Control (the proxy's own API),
-TlsGuard (a harness that rejects the CA is named), Claim (which session), Rewrite (model,
-sampling, key, upstream),
-Reach (a dead upstream answers in the dialect's shape), WsRelay (Codex's Responses
-WebSocket, frame by frame), Tee (stream back, record).
+calls each hook in list order):
+
+- Settings: the ``intercept_*`` options, sessions, what the proxy imposes on itself;
+- Control: the proxy's own API under ``/_interceptor/``;
+- TlsGuard: names a harness that rejects the CA (it would hang silently);
+- Claim: which session a request belongs to, or a 401 in the dialect's shape;
+- Rewrite: the session's model, sampling, key and upstream;
+- Reach: a dead upstream answers 502 in the dialect's shape, on the record;
+- WsRelay: Codex's Responses WebSocket, frame by frame;
+- Tee: the answer streamed back untouched while the turn is assembled and committed;
+- Collect: token ids and logprobs from a vLLM upstream for the trace, not the harness;
+- Retry: a retried request gets the recorded answer, never a second sample.
+
 The code lives in ``interceptor.addons.*``; mitmproxy puts this folder on ``sys.path`` while
 loading the script, which is why nothing here may share a name with a module it imports.
+Editing this file while mitmdump runs makes mitmproxy reload it, which starts a new registry:
+live sessions are forgotten (their traces on disk stay whole).
 """
 
 from interceptor.addons.claim import Claim
