@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -20,19 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from interceptor.scripts.run_harness import free_port, mitmdump_bin  # one definition of each
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "addons" / "interception.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def mitmdump_bin() -> str:
-    exe = Path(sys.executable).with_name("mitmdump")
-    return str(exe) if exe.exists() else "mitmdump"
 
 
 @dataclass
