@@ -87,7 +87,9 @@ class Control:
             return json_response(200, session.summary())
         if req.method == "DELETE":
             session.recorder.seal("deleted")
-            return json_response(200, session.summary())
+            summary = session.summary()
+            session.release()  # a long night of rollouts keeps summaries, not graphs
+            return json_response(200, summary)
         return _error(405, "use GET or DELETE on a session")
 
     def _create(self, req: http.Request) -> http.Response:

@@ -108,7 +108,6 @@ def retry_count(flow: http.HTTPFlow) -> int:
 
 class Retry:
     def __init__(self) -> None:
-        self.books: dict[str, Book] = {}
         self.retry_headers: tuple[str, ...] = ()
         self.undelivered = True
         self._conn_last: dict[str, list[Recorded]] = {}
@@ -129,8 +128,10 @@ class Retry:
         if "intercept_retry_undelivered" in updated:
             self.undelivered = ctx.options.intercept_retry_undelivered
 
-    def book(self, ex: Exchange) -> Book:
-        return self.books.setdefault(ex.session.id, Book())
+    @staticmethod
+    def book(ex: Exchange) -> Book:
+        # Kept on the session, so it goes when the sealed session is released.
+        return ex.session.state.setdefault("retry", Book())
 
     # -- request: decide ---------------------------------------------------------------------
 

@@ -87,6 +87,8 @@ class Session:
     state_secret: str
     recorder: Recorder
     created_at: float = field(default_factory=time.time)
+    # Per-session state of other addons (Retry's book), let go of with the trace on release.
+    state: dict[str, Any] = field(default_factory=dict)
     tls_rejections: int = 0  # handshakes the harness refused: it does not trust the CA (TlsGuard)
 
     @property
@@ -103,6 +105,11 @@ class Session:
         matters is that it is never copied into the session config or a record)."""
         name = self.config.upstream.api_key_env
         return os.environ.get(name) if name else None
+
+    def release(self) -> None:
+        """After the seal: keep the summary, drop the graph and every addon's state."""
+        self.recorder.release()
+        self.state.clear()
 
     def summary(self) -> dict[str, Any]:
         s = self.recorder.summary()

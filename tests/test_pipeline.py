@@ -307,6 +307,11 @@ def test_delete_seals_and_show_reports_it(new_session, sim, proxy, harness_env):
     assert status == 200 and summary["turns"] == 2 and not summary["sealed"]
     status, summary = proxy.api("DELETE", f"sessions/{session['id']}")
     assert summary["sealed"] and summary["turns"] == 2
+    # The proxy lets go of the sealed graph but still answers for the session.
+    status, again = proxy.api("GET", f"sessions/{session['id']}")
+    assert status == 200 and again["released"] and again["turns"] == 2 and again["calls"] == 2
+    with pytest.raises(openai.AuthenticationError, match="sealed"):
+        oai.chat.completions.create(model="x", messages=msgs)
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "replay_trace.py"), "show", "--json", session["trace_path"]],
                          capture_output=True, text=True, check=True)
     shown = json.loads(out.stdout)

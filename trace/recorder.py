@@ -14,7 +14,7 @@ from typing import Any
 
 from interceptor.trace import tokens
 from interceptor.trace.graph import Graph
-from interceptor.trace.messages import Message, Request, Response, Usage
+from interceptor.trace.messages import Message, Request, Response, ResponseError, Usage
 from interceptor.trace.model import SCHEMA_VERSION, ModelCall, Trace
 from interceptor.trace.records import HEADER_FIELDS, call_record, node_record
 from interceptor.trace.store import FSYNC_POLICIES, Store
@@ -86,6 +86,7 @@ class Recorder:
         self._estimates: dict[int, int] = {}
         self._by_response_id: dict[str, int] = {}
         self._tools_estimate: int | None = None  # of trace.tools; reset when they change
+        self._released: dict | None = None  # the summary, once the graph was let go
         record = {"kind": "header", "schema_version": SCHEMA_VERSION}
         record.update(self._trace.model_dump(include=set(HEADER_FIELDS)))
         self._append(record, sync=fsync == "turn", new=True)
@@ -103,6 +104,12 @@ class Recorder:
     def commit_turn(self, request: Request, response: Response, call: ModelCall) -> ModelCall:
         """Add the turn's new nodes and its sampled reply, link ``call`` to the reply
         (``call.node``), fill what the call lacks from the response, append and record."""
+        if self._released is not None:
+            # The graph is gone (see ``release``); the exchange still goes on the record.
+            call.error = call.error or ResponseError(
+                type="after_seal", message="the session was sealed while this exchange was in flight")
+            self.record_call(call)
+            return call
         trace = self._trace
         turn = self._graph.add_turn(
             request.messages,
@@ -180,7 +187,22 @@ class Recorder:
             footer["metrics"] = dict(metrics)
         self._append(footer, sync=self.fsync != "never", close=True)
 
+    def release(self) -> None:
+        """Let go of a sealed trace's graph: a proxy that runs thousands of rollouts in a
+        night keeps each one's summary, not its messages; the file is the record. An exchange
+        still in flight when the session was sealed is appended as a call without nodes."""
+        if not self._trace.sealed or self._released is not None:
+            return
+        self._released = self.summary()
+        t = self._trace
+        self._trace = Trace(id=t.id, started_at=t.started_at, ended_at=t.ended_at, sealed=True,
+                            stop_condition=t.stop_condition)
+        self._graph = Graph(self._trace)
+        self._estimates, self._by_response_id = {}, {}
+
     def summary(self) -> dict:
+        if self._released is not None:
+            return {**self._released, "released": True}
         trace = self._trace
         out = {"id": trace.id, **self._totals(), "stop_condition": trace.stop_condition,
                "sealed": trace.sealed, "trace_path": str(self.path)}
