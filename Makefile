@@ -43,7 +43,7 @@ test-deps: $(TEST_STAMP) $(HARNESS_STAMP)
 
 # Set up and start the proxy on its embedded default (one session, printed at start).
 run: venv
-	$(VENV)/bin/mitmdump -s addons/interception.py $(ARGS)
+	$(VENV)/bin/mitmdump -s addons/interception.py --listen-host 127.0.0.1 $(ARGS)
 
 # Set up and run the whole test suite.
 test: test-deps

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from mitmproxy import ctx, exceptions
+from mitmproxy import certs, ctx, exceptions
 from pydantic import TypeAdapter, ValidationError
 
 from interceptor.addons.session import Registry, Session, SessionConfig, UpstreamConfig
@@ -70,6 +70,7 @@ class Settings:
         self.default_config = SessionConfig()
         self.bundle_path: Path | None = None
         self.started = False
+        self._rebind = False
 
     def load(self, loader) -> None:
         loader.add_option(
@@ -168,6 +169,7 @@ class Settings:
             changes["allow_hosts"] = allow
         if not self.started and o.listen_host == "":
             changes["listen_host"] = "127.0.0.1"  # the proxy holds real keys
+            self._rebind = True
         if changes:
             o.update(**changes)
 
@@ -175,6 +177,12 @@ class Settings:
         if self.started:
             return
         self.started = True
+        if self._rebind:
+            # mitmproxy loads a script while its servers are already binding, so the
+            # loopback default above came too late for them: restart them on it. (Pass
+            # --listen-host to bind right from the start; `make run` does.)
+            ctx.options.update(server=False)
+            ctx.options.update(server=True)
         confdir = Path(os.path.expanduser(ctx.options.confdir))
         confdir.mkdir(parents=True, exist_ok=True)
         if self.admin_token is None:
@@ -222,6 +230,12 @@ class Settings:
         the file (``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``) must still reach every host the
         proxy passes through untouched."""
         ca = confdir / "mitmproxy-ca-cert.pem"
+        if not ca.exists():
+            # On a fresh confdir mitmproxy makes its CA only when its TLS addon starts, which
+            # can be after this script: make it now, as that addon would (it then loads it).
+            passphrase = ctx.options.cert_passphrase
+            certs.CertStore.from_store(confdir, "mitmproxy", ctx.options.key_size,
+                                       passphrase.encode() if passphrase else None)
         if not ca.exists():
             log.warning(f"interceptor: no CA certificate at {ca}; harness CA variables are not set")
             return None

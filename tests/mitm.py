@@ -53,6 +53,8 @@ class MitmProcess:
         else:
             cmd += ["--set", "termlog_verbosity=warn"]
         for k, v in opts.items():
+            if v is None:  # left to the script's and mitmproxy's own defaults
+                continue
             if isinstance(v, (list, tuple)):
                 for item in v:
                     cmd += ["--set", f"{k}={item}"]

@@ -321,3 +321,34 @@ def test_delete_seals_and_show_reports_it(new_session, sim, proxy, harness_env):
     text = subprocess.run([sys.executable, str(ROOT / "scripts" / "replay_trace.py"), "show", session["trace_path"]],
                           capture_output=True, text=True, check=True).stdout
     assert "list files" in text and "a.txt" in text and "done" in text
+
+
+def _listening(port: int) -> set[str]:
+    """The local addresses a TCP port listens on, from /proc/net/tcp{,6} (state 0A)."""
+    found = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(name).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            addr, hexport = local.rsplit(":", 1)
+            if state == "0A" and int(hexport, 16) == port:
+                found.add(addr)
+    return found
+
+
+def test_bare_start_listens_on_loopback_only_and_has_a_ca_on_a_fresh_home(tmp_path):
+    """`mitmdump -s addons/interception.py` with nothing else, on a machine that never ran
+    mitmproxy: loopback only (the proxy holds real keys), and the harness CA variables set."""
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = MitmProcess(options={"confdir": None, "listen_host": None}, env={"HOME": str(home)}).start()
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline and _listening(proc.port) != {"0100007F"}:
+            time.sleep(0.1)
+        assert _listening(proc.port) == {"0100007F"}, _listening(proc.port)
+        env_file = home / ".mitmproxy" / "interceptor-default.env"
+        text = env_file.read_text()
+        assert "SSL_CERT_FILE=" in text and "NODE_EXTRA_CA_CERTS=" in text
+        assert (home / ".mitmproxy" / "interceptor-ca-bundle.pem").read_text().count("BEGIN CERTIFICATE") >= 2
+    finally:
+        proc.cleanup()
