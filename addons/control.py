@@ -72,7 +72,7 @@ class Control:
             return json_response(200, {"ok": True, "sessions": len(self.registry.all())})
         if not self._authorized(flow):
             return _error(401, "missing or wrong admin token: send Authorization: Bearer <token from <confdir>/interceptor-admin-token>")
-        if parts[0] != "sessions" or len(parts) > 2:
+        if parts[0] != "sessions" or len(parts) > 3 or (len(parts) == 3 and parts[2] != "env"):
             return _error(404, f"no such endpoint: {req.method} {req.path}")
         if len(parts) == 1:
             if req.method == "POST":
@@ -83,6 +83,12 @@ class Control:
         session = self.registry.get(parts[1])
         if session is None:
             return _error(404, f"no session {parts[1]!r}")
+        if len(parts) == 3:
+            if req.method != "GET":
+                return _error(405, "use GET on a session's env")
+            # Sessions from a sessions file were never answered a POST: this is how an
+            # orchestrator gets their secrets and harness environment.
+            return json_response(200, self._credentials(session))
         if req.method == "GET":
             return json_response(200, session.summary())
         if req.method == "DELETE":
@@ -105,10 +111,14 @@ class Control:
         except ValueError as e:
             return _error(409, str(e))
         log.info(f"interceptor: session {session.id!r} created")
-        return json_response(201, {
+        return json_response(201, self._credentials(session))
+
+    def _credentials(self, session) -> dict:
+        return {
             "id": session.id,
             "model_secret": session.model_secret,
             "state_secret": session.state_secret,
             "trace_path": str(session.trace_path),
             "env": self.settings.harness_env(session),
-        })
+        }
+

@@ -255,6 +255,16 @@ def test_sessions_file_sessions_are_claimable(sim, start_proxy, tmp_path, harnes
     proxy = start_proxy({"intercept_sessions": str(f)})
     status, listing = proxy.api("GET", "sessions")
     assert status == 200 and [s["id"] for s in listing["sessions"]] == ["fixed-1"]
+    assert proxy.api("GET", "sessions/fixed-1/env", token=None)[0] == 401
+    status, creds = proxy.api("GET", "sessions/fixed-1/env")
+    assert status == 200 and creds["id"] == "fixed-1"
+    harness_env(creds["env"])
+    oai, _ = session_clients(creds)
+    assert oai.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}]).choices[0].message.content
+    [seen] = sim.model_requests()
+    assert seen.json["model"] == "file-model"
+    proxy.api("DELETE", "sessions/fixed-1")
+    assert read_trace(creds["trace_path"]).num_turns == 1
 
 
 def test_control_api_needs_the_admin_token(proxy):
