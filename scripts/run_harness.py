@@ -82,6 +82,25 @@ class Failure(Exception):
 # -- the proxy ------------------------------------------------------------------------------
 
 
+def control_api(url: str, token: str | None, method: str, path: str, body: Any = None,
+                timeout: float = 15) -> tuple[int, Any]:
+    """One call of the proxy's control API: (status, JSON answer or None)."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(f"{url}/_interceptor/{path.lstrip('/')}", data=data, method=method)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        try:
+            return e.code, json.loads(e.read() or b"null")
+        except ValueError:
+            return e.code, None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -145,19 +164,8 @@ class Proxy:
             return False
 
     def api(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"{self.url}/_interceptor/{path}", data=data, method=method)
-        req.add_header("Authorization", f"Bearer {self.token}")
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=15) as r:
-                return r.status, json.loads(r.read() or b"null")
-        except urllib.error.HTTPError as e:
-            try:
-                return e.code, json.loads(e.read() or b"null")
-            except ValueError:
-                return e.code, None
+            return control_api(self.url, self.token, method, path, body)
         except (urllib.error.URLError, OSError) as e:
             raise Failure(f"the proxy at {self.url} does not answer: {e}") from e
 

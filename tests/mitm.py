@@ -6,7 +6,6 @@ test is always the real entry script; only the provider is simulated.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from interceptor.scripts.run_harness import free_port, mitmdump_bin  # one definition of each
+from interceptor.scripts.run_harness import control_api, free_port, mitmdump_bin  # one definition of each
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "addons" / "interception.py"
@@ -145,19 +144,7 @@ class MitmProcess:
         return (self.confdir / "interceptor-admin-token").read_text().strip()
 
     def api(self, method: str, path: str, body: Any = None, token: str | None = "admin") -> tuple[int, Any]:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"{self.url}/_interceptor/{path.lstrip('/')}", data=data, method=method)
-        if token == "admin":
-            token = self.admin_token
-        if token:
-            req.add_header("Authorization", f"Bearer {token}")
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return r.status, json.loads(r.read() or b"null")
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"null")
+        return control_api(self.url, self.admin_token if token == "admin" else token, method, path, body)
 
     def create_session(self, **config: Any) -> dict[str, Any]:
         status, body = self.api("POST", "sessions", config)
