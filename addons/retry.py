@@ -89,13 +89,11 @@ class _Capture:
         self.inner = inner
         self.rec = rec
 
-    def __call__(self, chunk: bytes) -> bytes:
+    def __call__(self, chunk: bytes) -> bytes | list[bytes]:
         out = self.inner(chunk) if callable(self.inner) else chunk
-        if isinstance(out, bytes):
-            self.rec.body += out
-        else:  # an iterable of chunks
+        if not isinstance(out, bytes):  # an iterable of chunks
             out = b"".join(out)
-            self.rec.body += out
+        self.rec.body += out
         return out or []  # never b"": mitmproxy would send it as a chunked body's last chunk
 
 

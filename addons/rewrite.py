@@ -155,7 +155,3 @@ class Rewrite:
         flow.request.path = upstream_path(u.path, flow.request.path)
         default_port = (scheme == "https" and port == 443) or (scheme == "http" and port == 80)
         flow.request.host_header = u.hostname if default_port else f"{u.hostname}:{port}"
-
-
-def overrides_record(overrides: list[Override]) -> list[dict]:
-    return [o.as_dict() for o in overrides]
