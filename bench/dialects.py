@@ -5,7 +5,7 @@ MB, and the request rewrite's work per body.
 
 1. **Assembly**: the tee's own path, ``SSEDecoder.feed`` on every network chunk, then
    ``assembler.feed`` on every event, then ``result()`` (the canonical response), on
-   - the largest SSE capture in ``../shared/fixtures`` (one chunk per event, as providers
+   - the largest SSE capture in ``tests/fixtures`` (one chunk per event, as providers
      flush them, and in 16 KiB chunks);
    - synthetic streams of each dialect of 1, 2, 5 and 10 MB written by the provider
      simulator (reasoning, text and one tool call with long arguments; Anthropic's padded
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT.parent / "shared" / "fixtures"
+FIXTURES = ROOT / "tests" / "fixtures"
 sys.path.insert(0, str(ROOT / "tests"))  # the simulator writes the synthetic streams
 
 from provider import Reply, ToolCall  # noqa: E402

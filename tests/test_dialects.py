@@ -1,6 +1,6 @@
 """Dialects against real provider bytes and the real SDKs.
 
-Ground truth is twofold: the captures in ``../shared/fixtures`` (what providers send) and the
+Ground truth is twofold: the captures in ``tests/fixtures`` (copied from the project's shared captures) (what providers send) and the
 SDKs' own stream accumulators (what a harness would make of the same bytes). The assembler
 must agree with both however the network chunks the stream.
 """
@@ -34,7 +34,7 @@ from interceptor.trace.messages import (
     message_hash,
 )
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CHAT_STREAMS = sorted((FIXTURES / "openai-chat-sse").glob("*.sse"))
 ANTHROPIC_STREAMS = sorted((FIXTURES / "anthropic-messages-sse").glob("*.sse"))
 EXCHANGES = sorted((FIXTURES / "anthropic-exchanges").glob("*.json"))

@@ -16,7 +16,7 @@ from interceptor.dialects import CHAT
 from interceptor.dialects.encoding import Decoder
 from interceptor.dialects.sse import SSEDecoder
 
-DATA = (Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "openai-chat-sse" / "d61558011839.sse").read_bytes()
+DATA = (Path(__file__).resolve().parent / "fixtures" / "openai-chat-sse" / "d61558011839.sse").read_bytes()
 
 
 def raw_deflate(data: bytes) -> bytes:

@@ -3,7 +3,7 @@
 Every other test trusts `tests/provider/` to stand in for OpenAI and Anthropic, so it is
 checked two ways: the real `openai` and `anthropic` SDKs (and their `.stream()` helpers)
 must accept everything it sends and end up with the scripted content, and its bytes must
-have the framing and key sets of the real captures in `shared/fixtures/`.
+have the framing and key sets of the real captures in `tests/fixtures/`.
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ except ImportError:  # run from another directory: put the repository root on th
     from tests.provider import ProviderSimulator, Reply, ToolCall
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-FIXTURES = pathlib.Path(os.environ.get("INTERCEPTOR_FIXTURES", ROOT.parent / "shared" / "fixtures"))
-needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"no captures at {FIXTURES}")
+FIXTURES = pathlib.Path(os.environ.get("INTERCEPTOR_FIXTURES", ROOT / "tests" / "fixtures"))
 
 CLAUDE = "claude-sim-test"  # a name the SDK has no deprecation notice for
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -203,7 +202,6 @@ def test_chat_stream_n_choices_refusal_and_reasoning(sim, oai):
     assert body["choices"][0]["message"]["content"] == "42"
 
 
-@needs_fixtures
 def test_chat_stream_framing_and_key_sets_match_capture(sim):
     """A tool-call-only answer has exactly the chunk shapes of `2018feb66ae1.sse`."""
     fixture = (FIXTURES / "openai-chat-sse" / "2018feb66ae1.sse").read_bytes()
@@ -356,7 +354,6 @@ def test_anthropic_stream_helper(sim, ant):
     assert sim.model_requests()[0].json["temperature"] == 0.5
 
 
-@needs_fixtures
 def test_anthropic_stream_matches_capture(sim):
     """Same event sequence (runs of deltas collapsed), framing and key sets as
     `tool_use_response.sse`; usage keys and padding as the newer 200 of
@@ -413,7 +410,6 @@ def test_anthropic_count_tokens_and_models_do_not_consume_replies(sim, oai, ant)
 # ------------------------------------------------------------------------- errors
 
 
-@needs_fixtures
 def test_anthropic_error_shape_matches_capture(sim):
     exchange = json.loads((FIXTURES / "anthropic-exchanges" / "retry-429-429-200-stream.json").read_text())
     captured = exchange[0]["response"]
@@ -501,7 +497,6 @@ def test_sdk_retries_through_scripted_exchange(sim):
     assert [r.reply.status for r in seen] == [429, 429, 200]
 
 
-@needs_fixtures
 def test_exchange_file_bodies_and_status_are_verbatim(sim, ant):
     path = FIXTURES / "anthropic-exchanges" / "tool-runner-f59a9391.json"
     captured = json.loads(path.read_text())
@@ -582,7 +577,6 @@ def test_content_encoding_json_and_incremental_sse(sim, oai, encoding):
         assert gzip.decompress(raw.body).endswith(b"data: [DONE]\n\n")
 
 
-@needs_fixtures
 def test_raw_fixture_is_served_byte_for_byte(sim, oai):
     path = FIXTURES / "openai-chat-sse" / "2018feb66ae1.sse"
     sim.script(Reply.fixture(path), Reply.fixture(path))

@@ -20,7 +20,7 @@ from conftest import session_clients
 from interceptor.trace import read_trace
 from provider import Reply
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 RETRY_EXCHANGE = FIXTURES / "anthropic-exchanges" / "retry-429-429-200-stream.json"
 
 
