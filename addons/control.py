@@ -16,7 +16,7 @@ from mitmproxy import ctx, http
 from pydantic import ValidationError
 
 from interceptor.addons.answers import json_response
-from interceptor.addons.session import Registry, SessionConfig
+from interceptor.addons.session import Registry, SealConfig, SessionConfig
 from interceptor.addons.settings import Settings, format_validation_error
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,13 @@ class Control:
         if req.method == "GET":
             return json_response(200, session.summary())
         if req.method == "DELETE":
-            session.recorder.seal("deleted")
+            try:
+                seal = SealConfig.model_validate(json.loads(req.content or b"{}"))
+            except ValidationError as e:
+                return _error(400, f"bad DELETE body: {format_validation_error(e)}")
+            except ValueError as e:
+                return _error(400, f"DELETE body is not JSON: {e}")
+            session.seal(seal)
             summary = session.summary()
             session.release()  # a long night of rollouts keeps summaries, not graphs
             return json_response(200, summary)

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator
 
 from interceptor.trace import Recorder, Store
 from interceptor.trace.messages import Sampling
+from interceptor.trace.model import Reward
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -75,6 +76,20 @@ class SessionConfig(BaseModel):
         return v
 
 
+class SealConfig(BaseModel):
+    """The optional body of ``DELETE /_interceptor/sessions/<id>``: what the evaluator knows
+    when the rollout ends, written into the footer. Unknown keys are an error, as in
+    ``SessionConfig``: a misspelt ``rewrad`` must not seal a rollout without its reward."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stop_condition: str | None = Field(default=None, min_length=1, max_length=200)
+    reward: FiniteFloat | None = None
+    rewards: dict[str, Reward] = Field(default_factory=dict)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
 def new_secret(kind: str) -> str:
     return f"sk-ic-{kind}-{secrets.token_urlsafe(24)}"
 
@@ -105,6 +120,15 @@ class Session:
         matters is that it is never copied into the session config or a record)."""
         name = self.config.upstream.api_key_env
         return os.environ.get(name) if name else None
+
+    def seal(self, seal: SealConfig | None = None, *, condition: str = "deleted",
+             by: str = "control") -> None:
+        """End the rollout: the footer gets the stop condition (the evaluator's own, else
+        ``condition``), who ended it, and the evaluator's reward, metrics and info."""
+        seal = seal or SealConfig()
+        self.recorder.seal(seal.stop_condition or condition, reward=seal.reward,
+                           rewards=seal.rewards, metrics=seal.metrics, info=seal.info,
+                           stopped_by=by)
 
     def release(self) -> None:
         """After the seal: keep the summary, drop the graph and every addon's state."""
@@ -172,7 +196,7 @@ class Registry:
 
     def seal_all(self, stop_condition: str) -> None:
         for s in self.all():
-            s.recorder.seal(stop_condition)
+            s.seal(condition=stop_condition, by="shutdown")
         self.store.flush(timeout=10)
 
 

@@ -74,6 +74,8 @@ def show_text(trace: Trace) -> str:
              f"turns {trace.num_turns}  input tokens {trace.num_input_tokens}  "
              f"output tokens {trace.num_output_tokens}  calls {len(trace.calls)}  "
              f"errors {len(trace.errors)}"]
+    if trace.sealed:
+        lines.append(_ending_line(trace))
     printed: list[set[int]] = []
     for b in trace.branches:
         # Branches share prefixes; print each node once and say where a branch forks.
@@ -109,6 +111,21 @@ def show_text(trace: Trace) -> str:
     return "\n".join(lines)
 
 
+def _ending_line(trace: Trace) -> str:
+    """How the rollout ended: the stop, who made it, the reward, the time split."""
+    line = f"stopped {trace.stop_condition} by {trace.stopped_by or '?'}"
+    if trace.truncated:
+        line += "  truncated"
+    if trace.reward is not None:
+        line += f"  reward {trace.reward:g}"
+    for name, r in trace.rewards.items():
+        line += f"  {name} {r.score:g}x{r.weight:g}"
+    if trace.timing is not None:
+        t = trace.timing
+        line += f"  wall {t.wall:.2f}s (model {t.model:.2f}s, harness {t.harness:.2f}s)"
+    return line
+
+
 def _rewrite_line(rewrite: dict) -> str:
     rest = {k: v for k, v in rewrite.items() if k not in ("direction", "call", "by")}
     where = f"call {rewrite['call']}  " if rewrite.get("call") else ""
@@ -122,6 +139,12 @@ def show_json(trace: Trace) -> dict:
         "schema_version": trace.schema_version,
         "sealed": trace.sealed,
         "stop_condition": trace.stop_condition,
+        "stopped_by": trace.stopped_by,
+        "truncated": trace.truncated,
+        "reward": trace.reward,
+        "rewards": {k: r.model_dump() for k, r in trace.rewards.items()},
+        "metrics": trace.metrics,
+        "timing": trace.timing.model_dump() if trace.timing else None,
         "turns": trace.num_turns,
         "input_tokens": trace.num_input_tokens,
         "output_tokens": trace.num_output_tokens,

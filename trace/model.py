@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
 from interceptor.trace.messages import (
     FinishReason,
@@ -95,6 +95,26 @@ class ModelCall(_Model):
         return self.ended_at - self.started_at
 
 
+class Reward(_Model):
+    """One named reward component; the rollout's ``reward`` is their weighted sum unless
+    the evaluator gives it outright."""
+
+    score: FiniteFloat
+    weight: FiniteFloat = 1.0
+
+
+class Timing(_Model):
+    """Where a rollout's wall-clock time went, written in the footer. ``model`` is the sum
+    of the upstream calls' durations (replays excluded); ``harness`` is the rest of ``wall``
+    (never negative: parallel calls can overlap). Timestamps are Unix seconds."""
+
+    wall: float = 0.0
+    model: float = 0.0
+    harness: float = 0.0
+    first_request_at: float | None = None
+    last_answer_at: float | None = None
+
+
 class Branch(_Model):
     """One root-to-leaf path: a training sample.
 
@@ -136,7 +156,11 @@ class Trace(_Model):
     stop_condition: str | None = None
     sealed: bool = False
     reward: float | None = None
+    rewards: dict[str, Reward] = Field(default_factory=dict)
     metrics: dict[str, Any] = Field(default_factory=dict)
+    truncated: bool = False  # the rollout was cut short (a limit, a context too long)
+    stopped_by: str | None = None  # limit, hook, upstream, control, shutdown
+    timing: Timing | None = None  # set by the footer
 
     # --- graph views -------------------------------------------------------------------
 

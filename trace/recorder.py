@@ -15,7 +15,7 @@ from typing import Any
 from interceptor.trace import tokens
 from interceptor.trace.graph import Graph
 from interceptor.trace.messages import Message, Request, Response, ResponseError, Usage
-from interceptor.trace.model import SCHEMA_VERSION, ModelCall, Trace
+from interceptor.trace.model import SCHEMA_VERSION, ModelCall, Reward, Timing, Trace
 from interceptor.trace.records import HEADER_FIELDS, call_record, node_record
 from interceptor.trace.store import FSYNC_POLICIES, Store
 
@@ -44,6 +44,18 @@ def _counted(response: Response) -> Usage | None:
         return None
     output = len(response.token_ids) + sum(len(c.token_ids or ()) for c in response.choices)
     return Usage(input_tokens=len(response.prompt_token_ids), output_tokens=output)
+
+
+def _timing(trace: Trace) -> Timing:
+    """Wall time from the session's start to the seal, split into model time (the sum of
+    the upstream calls' durations; replays never reached the model) and the harness's rest."""
+    calls = [c for c in trace.calls if c.replay_of is None and c.started_at]
+    model = sum(c.duration or 0.0 for c in calls)
+    wall = max(0.0, (trace.ended_at or time.time()) - trace.started_at)
+    ended = [c.ended_at for c in calls if c.ended_at is not None]
+    return Timing(wall=wall, model=model, harness=max(0.0, wall - model),
+                  first_request_at=min((c.started_at for c in calls), default=None),
+                  last_answer_at=max(ended, default=None))
 
 
 def producer_version() -> str:
@@ -165,26 +177,48 @@ class Recorder:
         self._append({"kind": "rewrite", "rewrite": rewrite})
 
     def seal(self, stop_condition: str = "sealed", *, reward: float | None = None,
-             metrics: dict | None = None) -> None:
-        """Write the footer (stop condition, totals) and close the file. Idempotent: a second
-        seal changes nothing. Exchanges recorded after it are still appended (lossless over
-        tidy); the footer's totals then describe the trace as it was at the seal."""
+             rewards: dict[str, Reward] | None = None, metrics: dict | None = None,
+             info: dict | None = None, stopped_by: str | None = None,
+             truncated: bool = False) -> None:
+        """Write the footer (stop condition, who stopped, totals, timing, the evaluator's
+        reward and metrics) and close the file. Idempotent: a second seal changes nothing.
+        Exchanges recorded after it are still appended (lossless over tidy); the footer's
+        totals then describe the trace as it was at the seal.
+
+        ``reward`` defaults to the weighted sum of ``rewards``; ``metrics`` are laid over
+        those recorded during the rollout (``record_metric``); ``info`` over the header's."""
         trace = self._trace
         if trace.sealed:
             return
         trace.sealed = True
         trace.stop_condition = stop_condition
+        trace.stopped_by = stopped_by
+        trace.truncated = truncated
         trace.ended_at = time.time()
+        if rewards:
+            trace.rewards = {k: Reward.model_validate(v) for k, v in rewards.items()}
+            if reward is None:
+                reward = sum(r.score * r.weight for r in trace.rewards.values())
         if reward is not None:
-            trace.reward = reward
+            trace.reward = float(reward)
         if metrics:
-            trace.metrics = dict(metrics)
-        footer = {"kind": "footer", "stop_condition": stop_condition,
-                  "ended_at": trace.ended_at, **self._totals()}
-        if reward is not None:
-            footer["reward"] = reward
-        if metrics:
-            footer["metrics"] = dict(metrics)
+            trace.metrics.update(_scrub(dict(metrics)))
+        if info:
+            trace.info.update(_scrub(dict(info)))
+        trace.timing = _timing(trace)
+        footer: dict[str, Any] = {
+            "kind": "footer", "stop_condition": stop_condition, "ended_at": trace.ended_at,
+            **self._totals(), "truncated": truncated, "timing": trace.timing.model_dump()}
+        if stopped_by is not None:
+            footer["stopped_by"] = stopped_by
+        if trace.reward is not None:
+            footer["reward"] = trace.reward
+        if trace.rewards:
+            footer["rewards"] = {k: r.model_dump() for k, r in trace.rewards.items()}
+        if trace.metrics:
+            footer["metrics"] = dict(trace.metrics)
+        if info:
+            footer["info"] = _scrub(dict(info))
         self._append(footer, sync=self.fsync != "never", close=True)
 
     def release(self) -> None:
@@ -206,6 +240,12 @@ class Recorder:
         trace = self._trace
         out = {"id": trace.id, **self._totals(), "stop_condition": trace.stop_condition,
                "sealed": trace.sealed, "trace_path": str(self.path)}
+        if trace.sealed:
+            out.update(stopped_by=trace.stopped_by, truncated=trace.truncated)
+            if trace.reward is not None:
+                out["reward"] = trace.reward
+            if trace.metrics:
+                out["metrics"] = dict(trace.metrics)
         error = self.store.errors.get(self.path)
         if error:
             out["store_error"] = error

@@ -9,7 +9,9 @@ A trace file is a plain concatenation of msgpack maps, each with a ``kind``:
 - ``call``    call: an exchange that committed no node (an error, a refusal)
 - ``replay``  call: a flagged retry answered from the record (``replay_of`` set)
 - ``rewrite`` rewrite: what a boundary hook changed (``direction`` request or response)
-- ``footer``  stop_condition, ended_at and totals; written when the session is sealed
+- ``footer``  stop_condition, stopped_by, truncated, ended_at, totals, timing, and what the
+              evaluator sent at the seal (reward, rewards, metrics, info); written when the
+              session is sealed
 
 Models are dumped with defaults left out, so a reader fills in the defaults of the schema
 version named in the header. Nodes omit ``mask`` when it is just ``sampled`` repeated.
@@ -30,6 +32,8 @@ from interceptor.trace.model import (
     SCHEMA_VERSION,
     MessageNode,
     ModelCall,
+    Reward,
+    Timing,
     Trace,
 )
 
@@ -162,6 +166,13 @@ def fold(records: Iterator[tuple[int, dict[str, Any]]], source: str = "trace") -
                 trace.reward = rec["reward"]
             if rec.get("metrics"):
                 trace.metrics = rec["metrics"]
+            trace.rewards = {k: Reward.model_validate(v) for k, v in (rec.get("rewards") or {}).items()}
+            trace.truncated = bool(rec.get("truncated", False))
+            trace.stopped_by = rec.get("stopped_by")
+            if rec.get("timing") is not None:
+                trace.timing = Timing.model_validate(rec["timing"])
+            if rec.get("info"):
+                trace.info.update(rec["info"])
         # other kinds: written by a newer minor producer; skipped on purpose
     if trace is None:
         raise TraceFormatError(f"{source}: no complete header record; not a trace file "
