@@ -17,7 +17,8 @@ from pydantic import ValidationError
 
 from interceptor.addons.answers import json_response
 from interceptor.addons.session import Registry, SealConfig, SessionConfig
-from interceptor.addons.settings import Settings, format_validation_error
+from interceptor.addons.settings import Settings
+from interceptor.addons.upstream import format_validation_error
 
 log = logging.getLogger(__name__)
 PREFIX = "/_interceptor/"
@@ -25,12 +26,16 @@ _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
 def is_control(flow: http.HTTPFlow) -> bool:
-    """A request addressed to the proxy itself (not tunnelled, not for another host)."""
+    """A request addressed to the proxy itself (not tunnelled, not for another host): to the
+    address and port the client connected to, whatever port that is (``--listen-port 0``,
+    none at all, a ``--mode regular@port``), never the listen_port option's value."""
     req = flow.request
     if not req.path.startswith(PREFIX) or req.scheme != "http":
         return False
-    listen_host = ctx.options.listen_host
-    return req.port == ctx.options.listen_port and (req.host in _LOOPBACK or req.host == listen_host)
+    sockname = flow.client_conn.sockname
+    if not sockname or req.port != sockname[1]:
+        return False
+    return req.host in _LOOPBACK or req.host == sockname[0] or req.host == ctx.options.listen_host
 
 
 def _error(status: int, message: str) -> http.Response:
@@ -69,9 +74,12 @@ class Control:
         req = flow.request
         parts = req.path.split("?", 1)[0][len(PREFIX):].strip("/").split("/")
         if parts == ["health"] and req.method == "GET":
+            if not self.settings.ready:  # the servers are still binding: the env would name no port
+                return json_response(503, {"ok": False, "starting": True}, retry=True)
             return json_response(200, {"ok": True, "sessions": len(self.registry.all())})
         if not self._authorized(flow):
-            return _error(401, "missing or wrong admin token: send Authorization: Bearer <token from <confdir>/interceptor-admin-token>")
+            where = self.settings.token_path or "the proxy's INTERCEPT_ADMIN_TOKEN"
+            return _error(401, f"missing or wrong admin token: send Authorization: Bearer <token from {where}>")
         if parts[0] != "sessions" or len(parts) > 3 or (len(parts) == 3 and parts[2] != "env"):
             return _error(404, f"no such endpoint: {req.method} {req.path}")
         if len(parts) == 1:
@@ -113,7 +121,11 @@ class Control:
         except ValueError as e:
             return _error(400, f"session config is not JSON: {e}")
         try:
-            session = self.registry.create(config, self.settings.trace_dir, self.settings.fsync)
+            upstream = self.settings.pick_upstream(config)
+        except ValueError as e:  # the message names the field
+            return _error(400, f"bad session config: {e}")
+        try:
+            session = self.registry.create(config, self.settings.trace_dir, self.settings.fsync, upstream)
         except ValueError as e:
             return _error(409, str(e))
         log.info(f"interceptor: session {session.id!r} created")
@@ -125,6 +137,7 @@ class Control:
             "model_secret": session.model_secret,
             "state_secret": session.state_secret,
             "trace_path": str(session.trace_path),
+            "upstream": session.upstream.public() if session.upstream else None,
             "env": self.settings.harness_env(session),
         }
 

@@ -8,7 +8,6 @@ fields are an error so a typo like ``temprature`` never silently samples at the 
 from __future__ import annotations
 
 import hmac
-import os
 import re
 import secrets
 import threading
@@ -17,39 +16,15 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator
 
+from interceptor.addons.upstream import Upstream, UpstreamRef
 from interceptor.trace import Recorder, Store
 from interceptor.trace.messages import Sampling
 from interceptor.trace.model import Reward
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-class UpstreamConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    base_url: str | None = None
-    api_key_env: str | None = None
-
-    @field_validator("base_url")
-    @classmethod
-    def _url(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        parts = urlsplit(v)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {v!r}")
-        return v.rstrip("/")
-
-    @field_validator("api_key_env")
-    @classmethod
-    def _env(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
-            raise ValueError(f"api_key_env must be an environment variable name, got {v!r}")
-        return v
 
 
 class SessionConfig(BaseModel):
@@ -58,7 +33,9 @@ class SessionConfig(BaseModel):
     id: str | None = None
     model: str | None = None
     sampling: Sampling = Field(default_factory=Sampling)
-    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    # A declared upstream by name (or a base_url equal to a declared one); None: the default
+    # upstream. Resolved once, when the session is made (``interceptor.addons.upstream``).
+    upstream: UpstreamRef | None = None
     collect_tokens: bool = False
     task: dict[str, Any] = Field(default_factory=dict)
     agent: dict[str, Any] = Field(default_factory=dict)
@@ -101,6 +78,7 @@ class Session:
     model_secret: str
     state_secret: str
     recorder: Recorder
+    upstream: Upstream | None = None  # where its requests go and whose key they carry
     created_at: float = field(default_factory=time.time)
     # Per-session state of other addons (Retry's book), let go of with the trace on release.
     state: dict[str, Any] = field(default_factory=dict)
@@ -115,11 +93,9 @@ class Session:
         return self.recorder.sealed
 
     def upstream_key(self) -> str | None:
-        """The real provider key, read from the proxy's environment at each use (so a key
-        rotated in the environment of a long-running proxy is not the point here; what
-        matters is that it is never copied into the session config or a record)."""
-        name = self.config.upstream.api_key_env
-        return os.environ.get(name) if name else None
+        """The real provider key, read from the proxy's environment at each use: never copied
+        into the session config or a record."""
+        return self.upstream.key() if self.upstream else None
 
     def seal(self, seal: SealConfig | None = None, *, condition: str = "deleted",
              by: str = "control") -> None:
@@ -158,25 +134,28 @@ class Registry:
         self._lock = threading.Lock()
         self.store: Store = Store()
 
-    def create(self, config: SessionConfig, trace_dir: Path, fsync: str) -> Session:
+    def create(self, config: SessionConfig, trace_dir: Path, fsync: str,
+               upstream: Upstream | None = None, file_stem: str | None = None) -> Session:
         sid = config.id or uuid.uuid4().hex[:16]
         with self._lock:
             if sid in self._by_id:
                 raise ValueError(f"session {sid!r} exists already")
             trace_dir.mkdir(parents=True, exist_ok=True)
-            path = trace_dir / f"{sid}.msgpack"
+            path = trace_dir / f"{file_stem or sid}.msgpack"
             header = {
                 "session": sid,
                 "model": config.model,
                 "sampling": config.sampling.set_fields(),
-                "upstream": {"base_url": config.upstream.base_url, "api_key_env": config.upstream.api_key_env},
+                "upstream": ({"name": upstream.name, "base_url": upstream.base_url,
+                              "api_key_env": upstream.api_key_env, "dialect": upstream.dialect}
+                             if upstream else None),
                 "collect_tokens": config.collect_tokens,
                 "task": config.task,
                 "agent": config.agent,
                 "info": config.info,
             }
             recorder = Recorder(path, header, store=self.store, fsync=fsync)
-            session = Session(sid, config, new_secret("m"), new_secret("s"), recorder)
+            session = Session(sid, config, new_secret("m"), new_secret("s"), recorder, upstream)
             self._by_id[sid] = session
             self._by_model_secret[session.model_secret] = session
             self._by_state_secret[session.state_secret] = session

@@ -1,25 +1,38 @@
 """The ``intercept_*`` options, parsed once, and the proxy-wide set-up that follows from them.
 
 Like mitmproxy's own addons, each option is validated in ``configure`` and a bad value is an
-``OptionsError`` saying what is wrong; during start-up that error makes mitmdump refuse to
-start (its ``errorcheck`` addon exits on any error logged before ``running``), so a broken
-sessions file never turns into a proxy that claims nothing.
+``OptionsError`` saying what is wrong. At start-up that is not enough: mitmdump loads a script
+in a background task, so an error there leaves a proxy that claims nothing (a repeated scalar
+option made the script vanish without a word; a bad value printed a traceback and then
+"listening"). So until the proxy runs, any problem with an ``intercept_*`` option (a bad,
+repeated or unknown one, an unreadable sessions file) ends mitmdump with one line on stderr
+naming it and exit status 1, before any server is announced.
 
 This addon also imposes what the proxy needs to work at all (``connection_strategy=lazy``,
-TLS interception only for provider hosts, loopback listening) so that
+TLS interception for provider hosts, loopback listening) so that
 ``mitmdump -s addons/interception.py`` alone is a working recorder.
+
+What it writes, and for whom (see the README's threat model):
+
+- ``<confdir>/interceptor-harness/``: what a harness is given (the CA bundle, the default
+  session's env file); nothing in it opens the control API or holds a provider key;
+- ``<confdir>/interceptor-admin-token`` (mode 0600): the control API's token, unless the proxy
+  was given one in ``INTERCEPT_ADMIN_TOKEN``, which is then never written anywhere.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import re
 import secrets
 import shlex
-import threading
 import ssl
+import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -27,20 +40,24 @@ from typing import Any, Optional
 from mitmproxy import certs, ctx, exceptions
 from pydantic import TypeAdapter, ValidationError
 
-from interceptor.addons.session import Registry, Session, SessionConfig, UpstreamConfig
+from interceptor.addons.session import Registry, Session, SessionConfig
+from interceptor.addons.upstream import DEFAULT, KNOWN, Upstream, format_validation_error, parse_upstreams, pick
 from interceptor.trace.messages import Sampling
+from interceptor.trace.store import FSYNC_POLICIES
 from interceptor.trace.tokens import warm as warm_estimator
+
+__all__ = ["Settings", "format_validation_error"]
 
 log = logging.getLogger(__name__)
 
 # chatgpt.com: Codex asks it for its model list with the key it holds (the session secret);
 # a host that receives a secret must be intercepted, so that request is answered locally.
 DEFAULT_HOSTS = ["api.openai.com", "api.anthropic.com", "chatgpt.com"]
-FSYNC_POLICIES = ("never", "turn", "seal")
 TOKEN_FILE = "interceptor-admin-token"
-BUNDLE_FILE = "interceptor-ca-bundle.pem"
-SECRET_FILE = "interceptor-default-secret"
-ENV_FILE = "interceptor-default.env"
+TOKEN_VARIABLE = "INTERCEPT_ADMIN_TOKEN"
+HARNESS_DIR = "interceptor-harness"
+BUNDLE_FILE = "ca-bundle.pem"
+ENV_FILE = "default.env"
 KEY_VARIABLES = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "CODEX_API_KEY")
 CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "CODEX_CA_CERTIFICATE")
 _SYSTEM_ROOTS = (
@@ -48,15 +65,11 @@ _SYSTEM_ROOTS = (
     "/etc/pki/tls/certs/ca-bundle.crt",
     "/etc/ssl/cert.pem",
 )
-
-
-def format_validation_error(err: ValidationError) -> str:
-    """One line per problem, naming the field, e.g. ``upstream.bogus: Extra inputs ...``."""
-    lines = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(root)"
-        lines.append(f"{where}: {e['msg']}")
-    return "; ".join(lines)
+PREFIX = "intercept_"
+_REMOVED = {
+    "intercept_admin_token": "it was removed: a token on the command line is readable by every user (ps); "
+                             f"give the proxy {TOKEN_VARIABLE} in its environment instead",
+}
 
 
 class Settings:
@@ -66,32 +79,82 @@ class Settings:
         self.trace_dir = Path("traces")
         self.fsync = "turn"
         self.admin_token: str | None = None
+        self.token_path: Path | None = None  # None: the token came from the environment
         self.file_configs: list[SessionConfig] | None = None
-        self.default_config = SessionConfig()
+        self.default_config = SessionConfig(id="default")
+        self.upstreams: dict[str, Upstream] = {}
+        self._declared: dict[str, Upstream] = {}  # from intercept_upstreams
+        self._default_upstream: Upstream | None = None  # from the default session's options
         self.bundle_path: Path | None = None
         self.started = False
+        self.started_at = time.time()
         self._rebind = False
+        self.ready = False  # the servers are bound and the banner is out (health says so)
+        self._pending: dict[str, Any] = {}  # intercept_* values mitmproxy deferred, applied in configure
+        self._merged_hosts_said = False
+        self._imposed_allow: set[str] = set()
 
     def load(self, loader) -> None:
+        # mitmproxy defers a --set for an option not yet known and converts it when the option
+        # is added, raising (silently, in the script's load task) on a repeated scalar: take
+        # ours now and apply them in the first configure, where an error can be reported.
+        deferred = loader.master.options.deferred
+        for name in [n for n in deferred if n.startswith(PREFIX)]:
+            self._pending[name] = deferred.pop(name)
         loader.add_option(
             "intercept_hosts", Sequence[str], list(DEFAULT_HOSTS),
             "Provider hosts whose model traffic is claimed, rewritten and recorded. "
-            "TLS is intercepted for these hosts only; every other host passes through untouched.",
+            "TLS is intercepted for these hosts (and upstream hosts) only; every other host passes through untouched.",
         )
         loader.add_option("intercept_trace_dir", str, "./traces", "One trace file per session: <dir>/<session id>.msgpack.")
         loader.add_option("intercept_sessions", Optional[str], None, "A JSON file with a list of session configs, loaded at start.")
         loader.add_option(
-            "intercept_admin_token", Optional[str], None,
-            "Bearer token for the control API. Unset: a random one is written (mode 0600) to <confdir>/interceptor-admin-token.",
+            "intercept_upstreams", Optional[str], None,
+            "Upstreams sessions may pick by name: inline JSON or a JSON file, "
+            '{"name": {"base_url": ..., "api_key_env": ..., "dialect": ...}}; known providers by name: '
+            f'["{"\", \"".join(KNOWN)}"].',
         )
-        loader.add_option("intercept_upstream", Optional[str], None, "Default session: upstream base URL incl. version prefix, e.g. http://127.0.0.1:8000/v1.")
-        loader.add_option("intercept_api_key_env", Optional[str], None, "Default session: name of the proxy-side env variable holding the real key.")
+        loader.add_option("intercept_upstream", Optional[str], None,
+                          "Default session: upstream base URL incl. version prefix (http://127.0.0.1:8000/v1), "
+                          "or the name of a declared upstream. A URL declares the upstream 'default'.")
+        loader.add_option("intercept_api_key_env", Optional[str], None,
+                          "Default session: name of the proxy-side env variable holding the real key of intercept_upstream.")
         loader.add_option("intercept_model", Optional[str], None, "Default session: model imposed on every request.")
         loader.add_option("intercept_sampling", Optional[str], None, 'Default session: sampling as a JSON object, e.g. {"temperature": 0.7}.')
-        loader.add_option("intercept_fsync", str, "turn", "When trace files are fsynced: never, turn (after each turn's records) or seal.")
+        loader.add_option("intercept_fsync", str, "turn", "When trace files are fsynced: after each turn's records, at the seal, or never.",
+                          choices=FSYNC_POLICIES)
 
     def configure(self, updated: set[str]) -> None:
+        try:
+            if self._pending:
+                self._apply_pending()
+            self._configure(updated)
+        except exceptions.OptionsError as e:
+            if self.started or not _is_real_master():
+                raise
+            _refuse_to_start(str(e))
+
+    def _apply_pending(self) -> None:
+        """The deferred ``intercept_*`` values, one option at a time so the error names it."""
+        pending, self._pending = self._pending, {}
         o = ctx.options
+        for name, value in pending.items():
+            if name not in o:
+                why = _REMOVED.get(name, "no such option (a typo?); `mitmdump --options | grep intercept_` lists them")
+                raise exceptions.OptionsError(f"{name}: {why}")
+            values = getattr(value, "val", None)
+            if values is None:  # set programmatically, already converted
+                o.update(**{name: value})
+            else:
+                o.set(*[f"{name}={v}" for v in values])
+
+    def _configure(self, updated: set[str]) -> None:
+        o = ctx.options
+        if self.admin_token is None and TOKEN_VARIABLE in os.environ:
+            token = os.environ.pop(TOKEN_VARIABLE)  # not handed on to anything this process starts
+            if len(token) < 16:
+                raise exceptions.OptionsError(f"{TOKEN_VARIABLE} must be at least 16 characters")
+            self.admin_token = token
         if "intercept_hosts" in updated:
             hosts = [h.strip().lower() for h in o.intercept_hosts if h.strip()]
             bad = [h for h in hosts if not re.fullmatch(r"[a-z0-9.-]+", h)]
@@ -105,24 +168,28 @@ class Settings:
             except OSError as e:
                 raise exceptions.OptionsError(f"intercept_trace_dir: cannot create {self.trace_dir}: {e}") from e
         if "intercept_fsync" in updated:
-            if o.intercept_fsync not in FSYNC_POLICIES:
+            if o.intercept_fsync not in FSYNC_POLICIES:  # mitmproxy lists choices, it does not check them
                 raise exceptions.OptionsError(
-                    f"intercept_fsync must be one of {', '.join(FSYNC_POLICIES)}, got {o.intercept_fsync!r}"
-                )
+                    f"intercept_fsync must be one of {', '.join(FSYNC_POLICIES)}, got {o.intercept_fsync!r}")
             self.fsync = o.intercept_fsync
-        if "intercept_admin_token" in updated and o.intercept_admin_token is not None:
-            if len(o.intercept_admin_token) < 16:
-                raise exceptions.OptionsError("intercept_admin_token must be at least 16 characters")
-            self.admin_token = o.intercept_admin_token
-        if updated & {"intercept_upstream", "intercept_api_key_env", "intercept_model", "intercept_sampling"}:
-            self.default_config = self._default_config()
+        if "intercept_upstreams" in updated:
+            try:
+                self._declared = parse_upstreams(o.intercept_upstreams) if o.intercept_upstreams else {}
+            except ValueError as e:
+                raise exceptions.OptionsError(f"intercept_upstreams: {e}") from e
+        if updated & {"intercept_upstreams", "intercept_upstream", "intercept_api_key_env",
+                      "intercept_model", "intercept_sampling"}:
+            self.default_config, self._default_upstream = self._default_config()
+            self.upstreams = dict(self._declared)
+            if self._default_upstream is not None:
+                self.upstreams[DEFAULT] = self._default_upstream
         if "intercept_sessions" in updated and o.intercept_sessions:
             self.file_configs = self._load_sessions_file(o.intercept_sessions)
         self._impose_proxy_settings(updated)
         if self.started and "intercept_sessions" in updated and self.file_configs:
             self._create_sessions(self.file_configs)
 
-    def _default_config(self) -> SessionConfig:
+    def _default_config(self) -> tuple[SessionConfig, Upstream | None]:
         o = ctx.options
         sampling = Sampling()
         if o.intercept_sampling:
@@ -132,18 +199,44 @@ class Settings:
             except ValueError as e:
                 detail = format_validation_error(e) if isinstance(e, ValidationError) else str(e)
                 raise exceptions.OptionsError(f"intercept_sampling: {detail}") from e
-        try:
-            upstream = UpstreamConfig(base_url=o.intercept_upstream, api_key_env=o.intercept_api_key_env)
-        except ValidationError as e:
-            raise exceptions.OptionsError(f"intercept_upstream: {format_validation_error(e)}") from e
-        return SessionConfig(id="default", model=o.intercept_model, sampling=sampling, upstream=upstream)
+        implicit = None
+        ref: str | None = None
+        url = o.intercept_upstream
+        if url and "://" not in url:  # the name of a declared upstream
+            if o.intercept_api_key_env:
+                raise exceptions.OptionsError(
+                    f"intercept_api_key_env: upstream {url!r} is declared with its own key variable; drop this option")
+            if url not in self._declared:
+                raise exceptions.OptionsError(
+                    f"intercept_upstream: no upstream {url!r} is declared in intercept_upstreams "
+                    f"(declared: {', '.join(sorted(self._declared)) or 'none'})")
+            ref = url
+        elif url or o.intercept_api_key_env:
+            if DEFAULT in self._declared:
+                raise exceptions.OptionsError(
+                    f"intercept_upstream: the upstream {DEFAULT!r} is declared in intercept_upstreams already")
+            try:
+                implicit = Upstream(name=DEFAULT, base_url=url, api_key_env=o.intercept_api_key_env)
+            except ValidationError as e:
+                field = "intercept_api_key_env" if any(err["loc"] == ("api_key_env",) for err in e.errors()) else "intercept_upstream"
+                raise exceptions.OptionsError(f"{field}: {format_validation_error(e)}") from e
+        config = SessionConfig(id="default", model=o.intercept_model, sampling=sampling,
+                               upstream=ref)  # type: ignore[arg-type]  (a name validates as a ref)
+        return config, implicit
+
+    def pick_upstream(self, config: SessionConfig) -> Upstream | None:
+        """The declared upstream a session config names; ValueError naming the field if none."""
+        return pick(config.upstream, self.upstreams)
+
+    def create_session(self, config: SessionConfig, file_stem: str | None = None) -> Session:
+        return self.registry.create(config, self.trace_dir, self.fsync, self.pick_upstream(config), file_stem)
 
     def _load_sessions_file(self, name: str) -> list[SessionConfig]:
         path = Path(os.path.expanduser(name))
         try:
             raw = json.loads(path.read_text())
         except OSError as e:
-            raise exceptions.OptionsError(f"intercept_sessions: cannot read {path}: {e}") from e
+            raise exceptions.OptionsError(f"intercept_sessions: cannot read {path}: {e.strerror or e}") from e
         except ValueError as e:
             raise exceptions.OptionsError(f"intercept_sessions: {path} is not JSON: {e}") from e
         try:
@@ -154,6 +247,11 @@ class Settings:
         dup = {i for i in ids if ids.count(i) > 1}
         if dup:
             raise exceptions.OptionsError(f"intercept_sessions: duplicate session id {', '.join(sorted(dup))}")
+        for i, c in enumerate(configs):
+            try:
+                self.pick_upstream(c)
+            except ValueError as e:
+                raise exceptions.OptionsError(f"intercept_sessions: {path}: [{i}].{e}") from e
         return configs
 
     def _impose_proxy_settings(self, updated: set[str]) -> None:
@@ -164,9 +262,32 @@ class Settings:
             # eager connects to the provider on CONNECT, before any addon can answer a claim
             # or redirect the flow to the session's upstream.
             changes["connection_strategy"] = "lazy"
-        allow = sorted(rf"^{re.escape(h)}(:\d+)?$" for h in self.hosts)
-        if list(o.allow_hosts) != allow:
-            changes["allow_hosts"] = allow
+        ours = sorted(self.hosts)
+        if o.ignore_hosts:
+            # mitmproxy takes one of the two lists. With the user's ignore_hosts, every host
+            # not ignored is intercepted: fine, as long as no provider host is ignored.
+            ignored = sorted({h for h in ours for pat in o.ignore_hosts if re.search(pat, f"{h}:443")})
+            if ignored:
+                raise exceptions.OptionsError(
+                    f"ignore_hosts: it matches {', '.join(ignored)}, whose requests must be claimed "
+                    "(they carry session secrets and get the real key); narrow the pattern")
+            if not self._merged_hosts_said:
+                self._merged_hosts_said = True
+                log.info("interceptor: ignore_hosts is set, so every host it does not match is intercepted (TLS), "
+                         "provider hosts included")
+        else:
+            # The user's own allow_hosts stay; ours are added (and replaced when intercept_hosts
+            # changes), and the log says so once.
+            allow = {rf"^{re.escape(h)}(:\d+)?$" for h in ours}
+            user = {p for p in o.allow_hosts if p not in self._imposed_allow}
+            self._imposed_allow = allow - user
+            merged = sorted(user | allow)
+            if user - allow and not self._merged_hosts_said:
+                self._merged_hosts_said = True
+                log.info(f"interceptor: allow_hosts: kept your {', '.join(sorted(user - allow))} and added the "
+                         "provider hosts")
+            if list(o.allow_hosts) != merged:
+                changes["allow_hosts"] = merged
         if not self.started and o.listen_host == "":
             changes["listen_host"] = "127.0.0.1"  # the proxy holds real keys
             self._rebind = True
@@ -185,26 +306,57 @@ class Settings:
             ctx.options.update(server=True)
         confdir = Path(os.path.expanduser(ctx.options.confdir))
         confdir.mkdir(parents=True, exist_ok=True)
+        harness_dir = confdir / HARNESS_DIR
+        harness_dir.mkdir(exist_ok=True)
         if self.admin_token is None:
             # Prefixed: a bare token_urlsafe starts with "-" one time in 64, and then reads as
             # an option to every command line it is pasted into.
             self.admin_token = "ic-admin-" + secrets.token_urlsafe(32)
-            _write_private(confdir / TOKEN_FILE, self.admin_token + "\n")
-        self.bundle_path = self._write_ca_bundle(confdir)
+            self.token_path = confdir / TOKEN_FILE
+            _write_private(self.token_path, self.admin_token + "\n")
+        self.bundle_path = self._write_ca_bundle(harness_dir)
         # The token estimator's BPE table takes ~0.3 s to build: never on the event loop.
         threading.Thread(target=warm_estimator, name="interceptor-warm", daemon=True).start()
+        default = None
         if self.file_configs:
             self._create_sessions(self.file_configs)
             log.info(f"interceptor: {len(self.file_configs)} session(s) from {ctx.options.intercept_sessions}")
         else:
-            session = self.registry.create(self.default_config, self.trace_dir, self.fsync)
-            self._banner(session)
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.started_at))
+            # Its own file per start, never a rename of the last one's.
+            default = self.create_session(self.default_config, file_stem=f"default-{stamp}")
+        asyncio.get_running_loop().create_task(self._announce(default, harness_dir))
+
+    async def _announce(self, default: Session | None, harness_dir: Path) -> None:
+        """Once the servers are bound (their port is what the env must name, ``--listen-port 0``
+        included): the banner, and ``ready`` for the health check."""
+        for _ in range(500):
+            if self.bound_address(wait=True):
+                break
+            await asyncio.sleep(0.02)
+        else:
+            log.warning("interceptor: the proxy server is not listening yet; the env names its configured port")
+        if default is not None:
+            self._banner(default, harness_dir)
+        self.ready = True
+
+    def bound_address(self, wait: bool = False) -> tuple[str, int] | None:
+        """The (host, port) the proxy's first server is bound to, None before it is. With
+        ``wait``, a server still on its pre-script address (see ``_rebind``) counts as not bound."""
+        server = ctx.master.addons.get("proxyserver")
+        addrs = server.listen_addrs() if server else []
+        if not addrs:
+            return None
+        host, port = addrs[0][0], addrs[0][1]
+        if wait and self._rebind and host not in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
+            return None
+        return host, port
 
     def _create_sessions(self, configs: list[SessionConfig]) -> None:
         for config in configs:
             if config.id and self.registry.get(config.id):
                 continue
-            self.registry.create(config, self.trace_dir, self.fsync)
+            self.create_session(config)
 
     def done(self) -> None:
         self.registry.seal_all("proxy_shutdown")
@@ -213,10 +365,14 @@ class Settings:
     # -- what a harness needs -------------------------------------------------------------
 
     def proxy_url(self) -> str:
-        host = ctx.options.listen_host or "127.0.0.1"
-        if host in ("0.0.0.0", "::"):
+        bound = self.bound_address()
+        host = ctx.options.listen_host or (bound[0] if bound else "127.0.0.1")
+        if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"
-        return f"http://{host}:{ctx.options.listen_port or 8080}"
+        port = bound[1] if bound else (ctx.options.listen_port or 8080)
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{port}"
 
     def harness_env(self, session: Session) -> dict[str, str]:
         env = {"HTTPS_PROXY": self.proxy_url(), "https_proxy": self.proxy_url()}
@@ -225,10 +381,12 @@ class Settings:
             env.update({k: str(self.bundle_path) for k in CA_VARIABLES})
         return env
 
-    def _write_ca_bundle(self, confdir: Path) -> Path | None:
+    def _write_ca_bundle(self, harness_dir: Path) -> Path | None:
         """mitmproxy's CA plus the system roots: clients that replace their trust store with
         the file (``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``) must still reach every host the
-        proxy passes through untouched."""
+        proxy passes through untouched. Written to the harness folder, readable by all: a
+        harness under another user must be able to trust it."""
+        confdir = harness_dir.parent
         ca = confdir / "mitmproxy-ca-cert.pem"
         if not ca.exists():
             # On a fresh confdir mitmproxy makes its CA only when its TLS addon starts, which
@@ -244,34 +402,45 @@ class Settings:
             if candidate and os.path.isfile(candidate):
                 parts.append(Path(candidate).read_text())
                 break
-        bundle = confdir / BUNDLE_FILE
+        bundle = harness_dir / BUNDLE_FILE
         bundle.write_text("\n".join(parts))
+        os.chmod(bundle, 0o644)
         return bundle
 
-    def _banner(self, session: Session) -> None:
-        """The ready-to-paste environment of the default session. The secret itself goes to
-        files of mode 0600 beside the CA and the log names them: a secret never stands in a
-        log line, and ``source`` of the env file (or the exports below) is all a harness needs."""
-        confdir = Path(os.path.expanduser(ctx.options.confdir))
+    def _banner(self, session: Session, harness_dir: Path) -> None:
+        """The ready-to-paste environment of the default session, and what the proxy is. The
+        session's secret goes to an env file of mode 0600 in the harness folder, never into a
+        log line; ``source`` of it is all a harness needs."""
         env = self.harness_env(session)
-        secret_file = confdir / SECRET_FILE
-        env_file = confdir / ENV_FILE
-        _write_private(secret_file, session.model_secret + "\n")
+        env_file = harness_dir / ENV_FILE
         _write_private(env_file, "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()))
+        up = session.upstream
+        where = (f"upstream {up.name!r} ({up.base_url or 'the provider host the harness addresses'}"
+                 f"{', key from $' + up.api_key_env if up.api_key_env else ', no key'})"
+                 if up else "the provider host the harness addresses, no key")
         lines = [
-            f"interceptor: ready; default session {session.id!r} records to {session.trace_path}",
-            f"interceptor: CA certificate: {confdir / 'mitmproxy-ca-cert.pem'}",
+            f"interceptor: ready at {self.proxy_url()}; default session {session.id!r} records to {session.trace_path}",
+            f"interceptor: default session goes to {where}",
+            f"interceptor: control API token: {self.token_path or '$' + TOKEN_VARIABLE + ' (not written)'}",
+            f"interceptor: CA bundle for harnesses: {self.bundle_path}",
             "interceptor: point a harness at the proxy with:",
             f"  source {shlex.quote(str(env_file))}",
-            "interceptor: or, variable by variable:",
         ]
-        for k, v in env.items():
-            if k == "https_proxy":
-                continue
-            value = f'"$(cat {shlex.quote(str(secret_file))})"' if v == session.model_secret else shlex.quote(v)
-            lines.append(f"  export {k}={value}")
         for line in lines:
             log.info(line)
+
+
+def _is_real_master() -> bool:
+    """mitmdump or mitmweb, not mitmproxy's test master (whose errors a test wants raised)."""
+    return type(ctx.master).__module__.startswith("mitmproxy.tools")
+
+
+def _refuse_to_start(message: str) -> None:
+    """One line, exit status 1, before any server is announced. ``os._exit``: this runs in
+    mitmproxy's script-loading task, where an exception is logged with a traceback and
+    then ignored, and nothing has been written that an orderly exit would flush."""
+    print(f"interceptor: cannot start: {message}", file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 def _write_private(path: Path, text: str) -> None:

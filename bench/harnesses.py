@@ -101,7 +101,7 @@ def direct_env(name: str, sim: ProviderSimulator, home: Path) -> dict[str, str]:
 
 def proxy_env(name: str, proxy: MitmProcess, sim: ProviderSimulator, home: Path) -> tuple[dict[str, str], str]:
     session = proxy.create_session(id=f"bench-{name}-{uuid.uuid4().hex[:8]}",
-                                   upstream={"base_url": sim.url("/v1"), "api_key_env": KEY_ENV})
+                                   upstream={"base_url": sim.url("/v1")})
     args = SimpleNamespace(api_key_env=KEY_ENV, no_proxy_auth=False)
     env = harness_env(session, args, home, dict(os.environ))
     if name == "codex-sse":

@@ -132,7 +132,7 @@ def main() -> int:
         bare.start()
         streaming.start()
         addon.start()
-        session = addon.create_session(upstream={"base_url": f"{sim_url}/v1", "api_key_env": KEY_ENV})
+        session = addon.create_session(upstream={"base_url": f"{sim_url}/v1"})
         paths = {
             "direct": (lambda: httpx.Client(timeout=60), f"{sim_url}/v1/chat/completions"),
             "bare mitmdump": (lambda: httpx.Client(proxy=bare.url, verify=str(bare.confdir / "mitmproxy-ca-cert.pem"), timeout=60),

@@ -243,7 +243,7 @@ def main() -> int:
     try:
         bare.start()
         addon.start()
-        upstream = {"base_url": f"{sim_url}/v1", "api_key_env": KEY_ENV}
+        upstream = {"base_url": f"{sim_url}/v1"}
         sessions = {name: addon.create_session(upstream=upstream, collect_tokens=collect)
                     for name, collect in (("json", False), ("sse", False), ("vllm", False), ("collect", True))}
         vllm_fields = {"return_token_ids": True, "logprobs": True}  # asked by the client itself

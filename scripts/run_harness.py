@@ -54,6 +54,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "addons" / "interception.py"
 DEFAULT_HOSTS = ("api.openai.com", "api.anthropic.com", "chatgpt.com")  # as addons/settings.py
+TOKEN_VARIABLE = "INTERCEPT_ADMIN_TOKEN"
 
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy",
                    "NO_PROXY", "no_proxy")
@@ -135,13 +136,14 @@ class Proxy:
         confdir.mkdir(parents=True, exist_ok=True)
         cmd = [mitmdump_bin(), "--listen-host", "127.0.0.1", "--listen-port", str(port), "-s", str(SCRIPT),
                "--set", f"confdir={confdir}", "--set", f"intercept_trace_dir={trace_dir}",
-               "--set", f"intercept_admin_token={token}", "--set", "termlog_verbosity=info"]
+               "--set", "termlog_verbosity=info"]
         for host in hosts:
             cmd += ["--set", f"intercept_hosts={host}"]
         for option in options:
             cmd += ["--set", option]
         log_path = workdir / "mitmdump.log"
         env = {k: v for k, v in os.environ.items() if k not in PROXY_VARIABLES}
+        env[TOKEN_VARIABLE] = token  # never on its command line, which every user can read
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env, cwd=workdir)
@@ -191,8 +193,8 @@ class Proxy:
 def admin_token(args: argparse.Namespace) -> str:
     if args.admin_token:
         return args.admin_token
-    if os.environ.get("INTERCEPT_ADMIN_TOKEN"):
-        return os.environ["INTERCEPT_ADMIN_TOKEN"]
+    if os.environ.get(TOKEN_VARIABLE):
+        return os.environ[TOKEN_VARIABLE]
     path = Path(os.path.expanduser(args.confdir or "~/.mitmproxy")) / "interceptor-admin-token"
     try:
         return path.read_text().strip()
@@ -222,13 +224,10 @@ def session_config(args: argparse.Namespace) -> dict[str, Any]:
             config["sampling"] = json.loads(args.sampling)
         except ValueError as e:
             raise Failure(f"--sampling is not JSON: {e}") from e
-    if args.upstream or args.api_key_env:
-        upstream = dict(config.get("upstream") or {})
-        if args.upstream:
-            upstream["base_url"] = args.upstream
-        if args.api_key_env:
-            upstream["api_key_env"] = args.api_key_env
-        config["upstream"] = upstream
+    if args.upstream:
+        # A URL this script declared to the proxy it started, or one the running proxy's
+        # operator declared; a name of a declared upstream as it is.
+        config["upstream"] = {"base_url": args.upstream} if "://" in args.upstream else args.upstream
     config.setdefault("agent", {}).setdefault("command", Path(args.command[0]).name)
     return config
 
@@ -244,7 +243,7 @@ def harness_env(session: dict[str, Any], args: argparse.Namespace, home: Path | 
     drop = set(PROXY_VARIABLES) | set(BYPASS_VARIABLES)
     if home is not None:
         drop |= set(HOME_VARIABLES)
-    key_env = ((session.get("config") or {}).get("upstream") or {}).get("api_key_env") or args.api_key_env
+    key_env = (session.get("upstream") or {}).get("api_key_env") or args.api_key_env
     if key_env:
         drop.add(key_env)  # the real key stays with the proxy
     env = {k: v for k, v in base.items() if k not in drop}
@@ -413,12 +412,20 @@ def main(argv: list[str] | None = None) -> int:
         proxy: Proxy | None = None
         try:
             if args.proxy:
+                if args.api_key_env:
+                    raise Failure("--api-key-env is for a proxy this script starts; the running proxy's operator "
+                                  "declared its upstreams and their keys: pick one with --upstream NAME or its base URL")
                 proxy = Proxy(args.proxy, admin_token(args))
                 if not proxy.healthy():
                     raise Failure(f"no proxy answers at {args.proxy}/_interceptor/health")
             else:
                 hosts = [*DEFAULT_HOSTS, *args.host]
-                proxy = Proxy.start(workdir / "proxy", Path(args.trace_dir).resolve(), hosts, args.options)
+                options = list(args.options)
+                if args.upstream and "://" in args.upstream:
+                    options.append(f"intercept_upstream={args.upstream}")  # declares the upstream 'default'
+                if args.api_key_env:
+                    options.append(f"intercept_api_key_env={args.api_key_env}")
+                proxy = Proxy.start(workdir / "proxy", Path(args.trace_dir).resolve(), hosts, options)
             status, session = proxy.api("POST", "sessions", session_config(args))
             if status != 201:
                 message = ((session or {}).get("error") or {}).get("message") or session

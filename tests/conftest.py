@@ -3,6 +3,7 @@ real SDK clients pointed at it with ``HTTPS_PROXY`` and nothing else (default ba
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 
@@ -13,6 +14,13 @@ from provider import ProviderSimulator
 
 REAL_KEY = "sk-real-provider-key-for-tests-0123456789"
 KEY_ENV = "INTERCEPT_TEST_PROVIDER_KEY"
+
+
+def dead_upstream() -> str:
+    """intercept_upstreams declaring ``dead``: an upstream nothing listens on (a free port)."""
+    from mitm import free_port
+
+    return json.dumps({"dead": {"base_url": f"http://127.0.0.1:{free_port()}/v1", "api_key_env": KEY_ENV}})
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +41,8 @@ def start_proxy(sim: ProviderSimulator):
     started: list[MitmProcess] = []
 
     def start(options: dict | None = None, env: dict | None = None, **kw) -> MitmProcess:
-        opts = {"intercept_upstream": sim.url("/v1"), "intercept_api_key_env": KEY_ENV}
+        opts = {"intercept_upstream": sim.url("/v1"), "intercept_api_key_env": KEY_ENV,
+                "intercept_upstreams": dead_upstream()}
         opts.update(options or {})
         proc = MitmProcess(options=opts, env={KEY_ENV: REAL_KEY, **(env or {})}, **kw)
         started.append(proc)
@@ -54,7 +63,7 @@ def new_session(proxy: MitmProcess, sim: ProviderSimulator):
     """Create a session through the control API whose upstream is the simulator."""
 
     def create(**config) -> dict:
-        config.setdefault("upstream", {"base_url": sim.url("/v1"), "api_key_env": KEY_ENV})
+        config.setdefault("upstream", {"base_url": sim.url("/v1")})
         return proxy.create_session(**config)
 
     return create

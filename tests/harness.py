@@ -87,7 +87,7 @@ def run_harness(proxy: MitmProcess, sim: ProviderSimulator, command: list[str], 
     """The harness run as a user runs it: scripts/run_harness.py against the module's proxy."""
     cwd.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, str(RUN_HARNESS), "--proxy", proxy.url, f"--admin-token={proxy.admin_token}",
-            "--id", sid, "--upstream", sim.url("/v1"), "--api-key-env", KEY_ENV, "--cwd", str(cwd),
+            "--id", sid, "--upstream", sim.url("/v1"), "--cwd", str(cwd),
             "--timeout", str(int(timeout - 15)), "--summary-json", str(cwd / "summary.json")]
     if session.get("model"):
         args += ["--model", session["model"]]

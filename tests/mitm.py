@@ -7,6 +7,7 @@ test is always the real entry script; only the provider is simulated.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -32,6 +33,9 @@ class MitmProcess:
     script: bool = True
     env: dict[str, str] | None = None
     workdir: Path | None = None
+    # Instead of ``--listen-port <free port>``: these arguments, and the port is read from the
+    # banner (``--listen-port 0``, ``--mode regular@<port>``).
+    listen: list[str] | None = None
     port: int = 0
     proc: subprocess.Popen | None = None
     _tmp: tempfile.TemporaryDirectory | None = None
@@ -40,13 +44,13 @@ class MitmProcess:
         if self.workdir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="mitm-")
             self.workdir = Path(self._tmp.name)
-        self.port = free_port()
+        self.port = free_port() if self.listen is None else 0
         self.confdir.mkdir(parents=True, exist_ok=True)
         opts = {"confdir": str(self.confdir), "connection_strategy": "lazy", "listen_host": "127.0.0.1"}
         if self.script:
             opts["intercept_trace_dir"] = str(self.trace_dir)
         opts.update(self.options)
-        cmd = [mitmdump_bin(), "--listen-port", str(self.port)]
+        cmd = [mitmdump_bin(), *(["--listen-port", str(self.port)] if self.listen is None else self.listen)]
         if self.script:
             cmd += ["-s", str(SCRIPT), "--set", "termlog_verbosity=info"]
         else:
@@ -81,6 +85,11 @@ class MitmProcess:
         raise RuntimeError(f"mitmdump did not become ready in {timeout}s:\n{self.log()}")
 
     def _ready(self) -> bool:
+        if not self.port:
+            found = re.search(r"interceptor: ready at http://[^:]+:(\d+)", self.log())
+            if not found:
+                return False
+            self.port = int(found.group(1))
         if not self.script:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
@@ -137,7 +146,7 @@ class MitmProcess:
 
     @property
     def ca_bundle(self) -> Path:
-        return self.confdir / "interceptor-ca-bundle.pem"
+        return self.confdir / "interceptor-harness" / "ca-bundle.pem"
 
     @property
     def admin_token(self) -> str:

@@ -30,7 +30,7 @@ import openai
 import pytest
 
 import provider.wire
-from conftest import KEY_ENV, REAL_KEY, session_clients
+from conftest import KEY_ENV, REAL_KEY, session_clients, dead_upstream
 from interceptor.trace import read_trace
 from mitm import MitmProcess
 from provider import ProviderSimulator, Reply
@@ -51,8 +51,8 @@ def msim() -> Iterator[ProviderSimulator]:
 
 @pytest.fixture(scope="module")
 def mproxy(msim: ProviderSimulator) -> Iterator[MitmProcess]:
-    proc = MitmProcess(options={"intercept_upstream": msim.url("/v1"), "intercept_api_key_env": KEY_ENV},
-                       env={KEY_ENV: REAL_KEY})
+    proc = MitmProcess(options={"intercept_upstream": msim.url("/v1"), "intercept_api_key_env": KEY_ENV,
+                                "intercept_upstreams": dead_upstream()}, env={KEY_ENV: REAL_KEY})
     with proc:
         yield proc
 
@@ -69,7 +69,7 @@ def make_session(mproxy: MitmProcess, sim: ProviderSimulator, harness_env):
     """A fresh session on the shared proxy, its environment applied to this process."""
 
     def create(**config) -> dict:
-        config.setdefault("upstream", {"base_url": sim.url("/v1"), "api_key_env": KEY_ENV})
+        config.setdefault("upstream", {"base_url": sim.url("/v1")})
         session = mproxy.create_session(**config)
         harness_env(session["env"])
         return session
@@ -588,9 +588,7 @@ def test_content_encoding_reaches_the_harness_and_the_record_is_decoded(make_ses
 
 
 def test_side_route_to_a_dead_upstream_is_a_502_and_still_not_recorded(make_session, sim, mproxy):
-    from mitm import free_port
-
-    session = make_session(upstream={"base_url": f"http://127.0.0.1:{free_port()}/v1"})
+    session = make_session(upstream="dead")
     _, ant = session_clients(session)
     with pytest.raises(anthropic.APIStatusError) as e:
         ant.messages.count_tokens(model="m", messages=[{"role": "user", "content": "x"}])

@@ -175,7 +175,7 @@ def test_unflagged_resend_after_client_went_away(undelivered_option, sim, start_
     from conftest import KEY_ENV
 
     sim.script(Reply(text="kept"), Reply(text="resampled"))
-    session = proxy.create_session(upstream={"base_url": sim.url("/v1"), "api_key_env": KEY_ENV})
+    session = proxy.create_session(upstream={"base_url": sim.url("/v1")})
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "go"}]}
     raw_post(proxy, session, "/v1/chat/completions", body, 0, read=False)
     status, headers, data = raw_post(proxy, session, "/v1/chat/completions", body, 0)
@@ -195,7 +195,7 @@ def test_idempotency_header_flags_a_retry(sim, start_proxy):
     from conftest import KEY_ENV
 
     sim.script(Reply(text="once"), Reply(text="twice"))
-    session = proxy.create_session(upstream={"base_url": sim.url("/v1"), "api_key_env": KEY_ENV})
+    session = proxy.create_session(upstream={"base_url": sim.url("/v1")})
     body = {"model": "m", "messages": [{"role": "user", "content": "k"}]}
     h = {"idempotency-key": "abc-1"}
     _, _, first = raw_post(proxy, session, "/v1/chat/completions", body, 0, extra_headers=h)

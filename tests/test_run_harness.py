@@ -69,7 +69,7 @@ def test_it_uses_a_running_proxy_and_leaves_it_running(proxy, sim, tmp_path):
     sim.script(Reply(text="from the running proxy"))
     home = tmp_path / "myhome"
     result = _run(["--proxy", proxy.url, f"--admin-token={proxy.admin_token}", "--upstream", sim.url("/v1"),
-                   "--api-key-env", KEY_ENV, "--home", str(home), "--no-proxy-auth"],
+                   "--home", str(home), "--no-proxy-auth"],
                   [sys.executable, "-c", DUMP_AND_ASK, str(tmp_path / "env.json"), "0"])
     assert result.returncode == 0, result.stderr
     seen = json.loads((tmp_path / "env.json").read_text())

@@ -71,7 +71,7 @@ def session(mproxy, msim, harness_env):
     msim.default = None
 
     def create(**config):
-        config.setdefault("upstream", {"base_url": msim.url("/v1"), "api_key_env": KEY_ENV})
+        config.setdefault("upstream", {"base_url": msim.url("/v1")})
         s = mproxy.create_session(**config)
         harness_env(s["env"])
         return s
@@ -450,7 +450,7 @@ def test_sessions_that_do_not_collect_ask_for_nothing(session, mproxy, msim):
 def start_crash_proxy(sim: ProviderSimulator, **env) -> tuple[MitmProcess, dict]:
     proc = MitmProcess(options={"intercept_upstream": sim.url("/v1"), "intercept_api_key_env": KEY_ENV},
                        env={KEY_ENV: REAL_KEY, **env}).start()
-    s = proc.create_session(collect_tokens=True, upstream={"base_url": sim.url("/v1"), "api_key_env": KEY_ENV})
+    s = proc.create_session(collect_tokens=True, upstream={"base_url": sim.url("/v1")})
     return proc, s
 
 

@@ -33,7 +33,7 @@ def main() -> int:
             options={"intercept_upstream": sim.url("/v1"), "intercept_api_key_env": KEY_ENV},
             env={KEY_ENV: REAL_KEY}) as proxy:
         s = proxy.create_session(id="golden", collect_tokens=True, task={"name": "golden"},
-                                 upstream={"base_url": sim.url("/v1"), "api_key_env": KEY_ENV})
+                                 upstream={"base_url": sim.url("/v1")})
         os.environ.update(s["env"])
         sim.default = FakeVLLM([step_reply(k, 2) for k in range(3)])
         oai, _ = session_clients(s)

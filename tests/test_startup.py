@@ -1,0 +1,93 @@
+"""Start-up that tells the truth: a proxy that cannot do its job does not start, in one line;
+one that starts answers its control API on whatever port it is bound to.
+
+Each case is a real mitmdump with the entry script (``tests/mitm.py``)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from conftest import KEY_ENV, REAL_KEY, session_clients
+from mitm import MitmProcess, free_port
+from provider import Reply
+
+
+def _refused(tmp_path, options: dict, env: dict | None = None) -> tuple[int, str, float]:
+    """Start mitmdump expecting it to refuse: (exit status, what it printed, seconds)."""
+    proc = MitmProcess(options=options, env=env, workdir=tmp_path)
+    started = time.monotonic()
+    proc.start(timeout=20, expect_failure=True)
+    try:
+        code = proc.wait(20)
+        return code, proc.log(), time.monotonic() - started
+    finally:
+        proc.cleanup()
+
+
+BAD = {
+    "repeated scalar": ({"intercept_model": ["a", "b"]}, "intercept_model"),
+    "bad JSON": ({"intercept_sampling": "{temperature: 1"}, "intercept_sampling"),
+    "bad value": ({"intercept_sampling": '{"temprature": 1}'}, "temprature"),
+    "bad choice": ({"intercept_fsync": "sometimes"}, "intercept_fsync"),
+    "unknown option": ({"intercept_modle": "x"}, "intercept_modle"),
+    "removed option": ({"intercept_admin_token": "x" * 30}, "INTERCEPT_ADMIN_TOKEN"),
+    "unreadable sessions file": ({"intercept_sessions": "/nonexistent/sessions.json"}, "intercept_sessions"),
+    "bad upstreams JSON": ({"intercept_upstreams": "{nope"}, "intercept_upstreams"),
+    "unknown upstream field": ({"intercept_upstreams": '{"a": {"base_url": "http://x/v1", "key": "K"}}'},
+                               "intercept_upstreams"),
+    "undeclared default upstream name": ({"intercept_upstream": "nowhere"}, "intercept_upstream"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_bad_option_stops_mitmdump_in_one_line_naming_it(tmp_path, case):
+    options, named = BAD[case]
+    code, out, took = _refused(tmp_path, options)
+    assert code == 1, out
+    # The issue asks for 5 s; on this shared 2-core machine interpreter start alone can take
+    # several: the bound is what tells "refused at start" from "ran as a proxy until killed".
+    assert took < 15, took
+    lines = [line for line in out.splitlines() if "interceptor: cannot start" in line]
+    assert len(lines) == 1 and named in lines[0], out
+    assert "Traceback" not in out and "listening" not in out and "ready" not in out, out
+
+
+def test_an_unknown_field_in_the_sessions_file_and_a_short_token_stop_it_too(tmp_path):
+    bad = tmp_path / "sessions.json"
+    bad.write_text(json.dumps([{"id": "a", "upstream": {"base_url": "http://127.0.0.1:1/v1", "api_key_env": "PATH"}}]))
+    code, out, _ = _refused(tmp_path / "a", {"intercept_sessions": str(bad)})
+    assert code == 1 and "upstream.api_key_env" in out and "Traceback" not in out, out
+    code, out, _ = _refused(tmp_path / "b", {}, env={"INTERCEPT_ADMIN_TOKEN": "short"})
+    assert code == 1 and "INTERCEPT_ADMIN_TOKEN" in out and "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("listen", [["--listen-port", "0"], "mode"], ids=["listen-port-0", "no-listen-port"])
+def test_the_control_api_answers_on_the_bound_port(sim, tmp_path, harness_env, listen):
+    """``--listen-port 0``, and no ``--listen-port`` at all (the port then comes from the mode,
+    as with mitmdump's default 8080; a free one here, so parallel tests do not collide): the
+    control API, a session's env and a claimed SDK request all use the port actually bound."""
+    if listen == "mode":
+        listen = ["--mode", f"regular@{free_port()}"]
+    proc = MitmProcess(options={"intercept_upstream": sim.url("/v1"), "intercept_api_key_env": KEY_ENV},
+                       env={KEY_ENV: REAL_KEY}, listen=listen, workdir=tmp_path)
+    with proc:
+        assert proc.port and f"ready at http://127.0.0.1:{proc.port};" in proc.log()
+        assert proc.api("GET", "health")[0] == 200
+        session = proc.create_session(model="bound")
+        assert session["env"]["HTTPS_PROXY"] == f"http://127.0.0.1:{proc.port}"
+        env_file = (proc.confdir / "interceptor-harness" / "default.env").read_text()
+        assert f"HTTPS_PROXY=http://127.0.0.1:{proc.port}\n" in env_file
+        sim.script(Reply(text="through the bound port"))
+        harness_env(session["env"])
+        oai, _ = session_clients(session)
+        r = oai.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}])
+        assert r.choices[0].message.content == "through the bound port"
+        assert sim.model_requests()[0].json["model"] == "bound"
+
+
+def test_repeated_list_options_still_add_up(start_proxy):
+    proc = start_proxy({"intercept_hosts": ["api.openai.com", "api.anthropic.com", "chatgpt.com", "example.org"]})
+    assert proc.api("GET", "health")[0] == 200
