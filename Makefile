@@ -14,7 +14,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3 \
 	/usr/local/bin/python3.1[2-9] /usr/bin/python3.1[2-9]; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
 
-.PHONY: run test venv test-deps bench clean
+.PHONY: run test venv test-deps browser bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@test -n "$(PYTHON)" || { echo "error: no Python >= 3.12 found; install python3.12 or set PYTHON=/path/to/python3.12" >&2; exit 1; }
@@ -39,7 +39,17 @@ $(HARNESS_STAMP): $(HARNESSES)/package.json $(HARNESSES)/package-lock.json
 		cd $(HARNESSES) && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
 	else echo "warning: npm not found: the Claude Code and Codex tests will be skipped (install Node.js >= 18 with npm)" >&2; fi
 
-test-deps: $(TEST_STAMP) $(HARNESS_STAMP)
+# Headless Chromium for the HTML viewer's tests (tests/test_viewer.py): Debian's package,
+# installed when this runs as root with apt-get; elsewhere those tests skip and say why.
+browser:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+		|| { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
+		|| echo "warning: could not install chromium: the viewer's browser tests will be skipped" >&2; \
+	else echo "warning: chromium not found (not root, or no apt-get): the viewer's browser tests will be skipped; install Debian's chromium package to run them" >&2; fi
+
+test-deps: $(TEST_STAMP) $(HARNESS_STAMP) browser
 
 # Set up and start the proxy on its embedded default (one session, printed at start).
 run: venv

@@ -262,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("files", nargs="+")
     p.add_argument("--out", required=True, help="output .jsonl path, or - for stdout")
     p.set_defaults(func=cmd_export)
+    from interceptor.scripts import viewer
+    viewer.add_subcommand(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 
