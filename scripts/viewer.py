@@ -83,8 +83,9 @@ def page_data(path: str | Path) -> dict[str, Any]:
         "header": trace.model_dump(mode="json", include={
             "id", "schema_version", "producer", "producer_version", "started_at", "ended_at",
             "agent", "task", "info", "config"}),
-        "footer": {"sealed": trace.sealed, "stop_condition": trace.stop_condition,
-                   "reward": trace.reward, "metrics": trace.metrics},
+        "footer": trace.model_dump(mode="json", include={
+            "sealed", "stop_condition", "stopped_by", "truncated", "reward", "rewards", "metrics",
+            "timing"}),
         "totals": summary(trace),
         "tools": [t.model_dump(mode="json", exclude_defaults=True) for t in trace.tools],
         "nodes": nodes,

@@ -22,7 +22,7 @@ import pytest
 from interceptor.scripts import viewer
 from interceptor.trace import Message, ModelCall, Reasoning, Recorder, Request, Response, Store, ToolCall, Usage, read_trace
 from browser import Browser, chromium_bin
-from conftest import KEY_ENV, session_clients
+from conftest import session_clients
 from harness import FINAL, PROMPT, TOOL_OUTPUT, check_ran, node_harness, run_harness, trace_of
 from harness import hproxy, hsim, sim  # noqa: F401 (this module's fixtures)
 from mitm import ROOT
@@ -44,7 +44,7 @@ def browser():
 @pytest.fixture
 def session(hproxy, sim, harness_env):
     def create(**config):
-        config.setdefault("upstream", {"base_url": sim.url("/v1"), "api_key_env": KEY_ENV})
+        config.setdefault("upstream", {"base_url": sim.url("/v1")})
         s = hproxy.create_session(**config)
         harness_env(s["env"])
         return s
@@ -203,7 +203,7 @@ def _rewrite_trace(path: Path) -> tuple[str, str]:
                                 "message": "tool call_1", "original": original, "delivered": delivered})
         rec.commit_turn(Request(messages=prompt), Response(message=reply, finish_reason="stop",
                                                            usage=Usage(input_tokens=5, output_tokens=2)), call)
-    rec.seal("done", reward=0.5)
+    rec.seal("done", reward=0.5, stopped_by="control", metrics={"tests_passed": 3})
     store.flush(10)
     store.close()
     return original, delivered
@@ -215,6 +215,9 @@ def test_a_rewrite_shows_its_original_beside_what_was_delivered(browser, tmp_pat
     page = html_of(trace_path, out=tmp_path / "rewrite.html")
     open_view(browser, page)
     check_branches_and_calls(browser, read_trace(trace_path), "rewrite")
+    header = browser.eval("document.querySelector('#summary').textContent")
+    assert "done (by control)" in header and "reward0.5" in header
+    assert '"tests_passed": 3' in browser.eval("document.querySelector('.metas').textContent")
     browser.click('[data-tab="conversation"]')
     browser.wait("document.body.dataset.rendered === 'conversation:0'")
     box = "document.querySelector('.rewrite[data-rewrite=\"call-1\"]')"
