@@ -64,6 +64,18 @@ class Control:
                 log.error(f"interceptor: {e}")
                 flow.response = _error(503, "the trace writer is behind; the footer is queued, retry the GET later")
 
+    def _health(self) -> http.Response:
+        """Not ok (503) while any live session's trace cannot be written (held records, or
+        a degraded file): a rollout recorded with holes must not look healthy. Names the
+        sessions, never their secrets."""
+        sessions = self.registry.all()
+        failing = {s.id: s.recorder.write_health().as_dict() for s in sessions
+                   if not s.sealed and not s.recorder.write_health().ok}
+        body = {"ok": not failing, "sessions": len(sessions)}
+        if failing:
+            body["store"] = failing
+        return json_response(503 if failing else 200, body)
+
     def _authorized(self, flow: http.HTTPFlow) -> bool:
         auth = flow.request.headers.get("authorization", "")
         token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
@@ -76,7 +88,7 @@ class Control:
         if parts == ["health"] and req.method == "GET":
             if not self.settings.ready:  # the servers are still binding: the env would name no port
                 return json_response(503, {"ok": False, "starting": True}, retry=True)
-            return json_response(200, {"ok": True, "sessions": len(self.registry.all())})
+            return self._health()
         if not self._authorized(flow):
             where = self.settings.token_path or "the proxy's INTERCEPT_ADMIN_TOKEN"
             return _error(401, f"missing or wrong admin token: send Authorization: Bearer <token from {where}>")

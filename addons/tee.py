@@ -75,7 +75,8 @@ def commit(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: 
     try:
         if error is None and response is not None and ex.request is not None:
             recorder.commit_turn(ex.request, response, call)
-            ex.extra["turn"] = call.id
+            if call.node is not None:  # else the recorder kept it as an error call
+                ex.extra["turn"] = call.id
         else:
             recorder.record_call(call)
     except Exception:

@@ -17,18 +17,19 @@ import json
 import sys
 import warnings
 
-from interceptor.trace import Message, ModelCall, Trace, read_trace
+from interceptor.trace import HoleWarning, Message, ModelCall, Trace, read_trace
 from interceptor.trace.verify import problems
 
 PREVIEW = 240  # characters of a message shown by ``show``
 
 
-def _load(path: str) -> tuple[Trace, list[str]]:
-    """The trace plus the reader's warnings (a torn tail), which are shown, not fatal."""
+def _load(path: str) -> tuple[Trace, list[str], bool]:
+    """The trace, the reader's warnings (a torn tail is shown, not fatal) and whether one
+    of them is a hole in the middle of the file (fatal to ``verify``)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trace = read_trace(path)
-    return trace, [str(w.message) for w in caught]
+    return trace, [str(w.message) for w in caught], any(issubclass(w.category, HoleWarning) for w in caught)
 
 
 def _preview(message: Message) -> str:
@@ -198,7 +199,7 @@ def samples(trace: Trace):
 
 def cmd_show(args) -> int:
     try:
-        trace, notes = _load(args.file)
+        trace, notes, _ = _load(args.file)
     except Exception as e:  # noqa: BLE001 - say what is wrong with the file, no traceback
         print(f"{args.file}: {e}", file=sys.stderr)
         return 1
@@ -214,12 +215,14 @@ def cmd_show(args) -> int:
 def cmd_verify(args) -> int:
     for path in args.files:
         try:
-            trace, notes = _load(path)
+            trace, notes, hole = _load(path)
         except Exception as e:  # noqa: BLE001 - any unreadable file is a verify failure
             print(f"{path}: {e}", file=sys.stderr)
             return 1
         for note in notes:
-            print(f"{path}: warning: {note}", file=sys.stderr)
+            print(f"{path}: {'error' if hole else 'warning'}: {note}", file=sys.stderr)
+        if hole:
+            return 1
         found = problems(trace)
         if found:
             print(f"{path}: {found[0]}", file=sys.stderr)
@@ -234,7 +237,7 @@ def cmd_export(args) -> int:
     count = 0
     try:
         for path in args.files:
-            trace, notes = _load(path)
+            trace, notes, _ = _load(path)
             for note in notes:
                 print(f"{path}: warning: {note}", file=sys.stderr)
             for sample in samples(trace):

@@ -27,6 +27,7 @@ from interceptor.trace.model import (
     Trace,
 )
 from interceptor.trace.records import (
+    HoleWarning,
     TornRecordWarning,
     TraceFormatError,
     TraceVersionError,
@@ -37,7 +38,7 @@ from interceptor.trace.recorder import Recorder
 from interceptor.trace.store import FSYNC_POLICIES, Store
 
 __all__ = [
-    "Branch", "Choice", "FSYNC_POLICIES", "MIN_SCHEMA_VERSION", "Message", "MessageNode",
+    "Branch", "Choice", "HoleWarning", "FSYNC_POLICIES", "MIN_SCHEMA_VERSION", "Message", "MessageNode",
     "ModelCall", "Part", "Reasoning", "Recorder", "Request", "Response", "ResponseError",
     "SCHEMA_VERSION", "Sampling", "Store", "Tool", "ToolCall", "TornRecordWarning", "Trace",
     "TraceFormatError", "TraceVersionError", "Usage", "canonical_json", "iter_records",

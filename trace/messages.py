@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from interceptor.trace.escape import utf8
+
 Role = Literal["system", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "error"]
 
@@ -243,7 +245,8 @@ def message_hash(message: Message) -> str:
         data["content"] = "".join(p.get("text") or "" for p in data["content"])
     if data.get("content") == "":
         data.pop("content")
-    message._hash = hashlib.sha256(canonical_json(_digest_long_strings(data)).encode()).hexdigest()
+    # utf8: a lone surrogate (valid JSON) must not make the hash raise (trace/escape.py).
+    message._hash = hashlib.sha256(utf8(canonical_json(_digest_long_strings(data)))).hexdigest()
     return message._hash
 
 

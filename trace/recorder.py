@@ -7,6 +7,7 @@ for a disk or re-serialises the history. The Store's writer thread does the rest
 
 from __future__ import annotations
 
+import logging
 import time
 from importlib import metadata
 from pathlib import Path
@@ -18,6 +19,8 @@ from interceptor.trace.messages import Message, Request, Response, ResponseError
 from interceptor.trace.model import SCHEMA_VERSION, ModelCall, Reward, Timing, Trace
 from interceptor.trace.records import HEADER_FIELDS, call_record, node_record
 from interceptor.trace.store import FSYNC_POLICIES, Store
+
+log = logging.getLogger(__name__)
 
 # Config keys that must never reach a trace, whatever the caller passes: traces are shared
 # with trainers and uploaded; a secret in one is a leaked secret.
@@ -123,6 +126,23 @@ class Recorder:
             self.record_call(call)
             return call
         trace = self._trace
+        mark = (len(trace.nodes), len(trace.calls), trace.tools, self._tools_estimate)
+        try:
+            record = self._turn(request, response, call)
+            self._append(record, sync=self.fsync == "turn")
+        except Exception as e:  # noqa: BLE001 - one bad exchange must not end the record
+            # Atomic: the turn is in memory and queued for the file, or in neither and an
+            # error call in both. The next turn starts from the graph as it was.
+            self._rollback(*mark)
+            call.node, call.choice_nodes = None, []
+            call.error = ResponseError(type="record_error",
+                                       message=f"the turn could not be recorded: {type(e).__name__}: {e}")
+            log.exception(f"trace: {self.path.name}: turn {call.id} recorded as an error call")
+            self.record_call(call)
+        return call
+
+    def _turn(self, request: Request, response: Response, call: ModelCall) -> dict[str, Any]:
+        trace = self._trace
         turn = self._graph.add_turn(
             request.messages,
             response.message,
@@ -145,8 +165,17 @@ class Recorder:
             self._by_response_id[call.response_id] = call.node
         record["nodes"] = [node_record(i, trace.nodes[i]) for i in turn.added]
         record["call"] = call_record(call)
-        self._append(record, sync=self.fsync == "turn")
-        return call
+        return record
+
+    def _rollback(self, nodes: int, calls: int, tools: list, tools_estimate: int | None) -> None:
+        trace = self._trace
+        if len(trace.nodes) > nodes:
+            del trace.nodes[nodes:]
+            self._graph = Graph(trace)  # O(nodes), on this rare path only
+            self._estimates = {i: n for i, n in self._estimates.items() if i < nodes}
+            self._by_response_id = {k: i for k, i in self._by_response_id.items() if i < nodes}
+        del trace.calls[calls:]
+        trace.tools, self._tools_estimate = tools, tools_estimate
 
     def conversation(self, response_id: str) -> list[Message] | None:
         """The messages up to and including the reply the provider called ``response_id``,
@@ -159,11 +188,21 @@ class Recorder:
         return [self._trace.nodes[i].message for i in self._trace.path(node)]
 
     def record_call(self, call: ModelCall) -> None:
-        """An exchange that committed no node: an error, a refusal, a replayed retry."""
+        """An exchange that committed no node: an error, a refusal, a replayed retry. Never
+        raises: a call whose record cannot be packed is kept as its id, status and error."""
         call.node = None
         self._trace.calls.append(call)
         kind = "replay" if call.replay_of else "call"
-        self._append({"kind": kind, "call": call_record(call)}, sync=self.fsync == "turn")
+        try:
+            self._append({"kind": kind, "call": call_record(call)}, sync=self.fsync == "turn")
+        except Exception as e:  # noqa: BLE001
+            log.exception(f"trace: {self.path.name}: call {call.id} recorded in short")
+            error = {"type": "record_error", "message": f"{type(e).__name__}: {e}"}
+            if call.error is not None:
+                error = {"type": str(call.error.type), "message": f"{call.error.message} "
+                         f"(and the call could not be recorded in full: {type(e).__name__})"}
+            self._append({"kind": kind, "call": {"id": call.id, "status": call.status, "error": error}},
+                         sync=self.fsync == "turn")
 
     def record_rewrite(self, rewrite: dict) -> None:
         """What a boundary hook changed; ``rewrite["direction"]`` is ``request`` (default)
@@ -246,10 +285,15 @@ class Recorder:
                 out["reward"] = trace.reward
             if trace.metrics:
                 out["metrics"] = dict(trace.metrics)
-        error = self.store.errors.get(self.path)
-        if error:
-            out["store_error"] = error
+        health = self.store.health(self.path)
+        if not health.ok or health.late:
+            out["store"] = health.as_dict()
+            out["store_error"] = health.error or self.store.errors.get(self.path)
         return out
+
+    def write_health(self):
+        """The store's account of this trace's file (``WriteHealth``)."""
+        return self.store.health(self.path)
 
     # --- internals ---------------------------------------------------------------------
 

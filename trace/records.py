@@ -70,9 +70,53 @@ def call_record(call: ModelCall) -> dict[str, Any]:
 
 # --- decoding ------------------------------------------------------------------------------
 
+class HoleWarning(TornRecordWarning):
+    """An undecodable record with readable records after it: not a torn tail but a hole in
+    the middle of the file (a write failure that was not rolled back). ``verify`` fails on it."""
+
+
+KINDS = frozenset({"header", "turn", "call", "replay", "rewrite", "footer"})
+_KIND_KEY = b"\xa4kind"  # every record is a map whose first key is "kind"
+
+
+def _next_record(data: bytes, start: int) -> int | None:
+    """The offset of the first complete record in ``data`` after ``start``, if any."""
+    at = data.find(_KIND_KEY, start + 1)
+    while at != -1:
+        for begin in (at - 1, at - 3):  # a fixmap or a map16 header before the first key
+            if begin > start and (0x80 <= data[begin] <= 0x8F or data[begin] == 0xDE):
+                try:
+                    rec = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=0)
+                    rec.feed(data[begin:])
+                    value = rec.unpack()
+                except Exception:  # noqa: BLE001 - not a record start
+                    continue
+                if isinstance(value, dict) and value.get("kind") in KINDS:
+                    return begin
+        at = data.find(_KIND_KEY, at + 1)
+    return None
+
+
+def _bad_tail(path: Path, offset: int, size: int, what: str) -> None:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        rest = f.read()
+    after = _next_record(rest, 0)
+    if after is not None:
+        warnings.warn(HoleWarning(
+            f"{path}: undecodable record at byte {offset} of {size} ({what}), yet a complete "
+            f"record follows at byte {offset + after}: the file has a hole in the middle; "
+            f"everything from byte {offset} on was skipped"), stacklevel=4)
+    else:
+        warnings.warn(TornRecordWarning(
+            f"{path}: torn last record at byte {offset} of {size} ({what}; {size - offset} "
+            f"bytes, a crash mid-write?); skipped, everything before it stands"), stacklevel=4)
+
+
 def iter_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(byte offset, record)``; a torn or garbled tail is warned about once (with
-    its offset) and ends the iteration, so every complete record before it stands."""
+    its offset) and ends the iteration, so every complete record before it stands. If
+    complete records follow the bad one, the warning is a ``HoleWarning``."""
     path = Path(path)
     with open(path, "rb") as f:
         size = f.seek(0, 2)
@@ -85,17 +129,12 @@ def iter_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             except msgpack.OutOfData:
                 break
             except (ValueError, msgpack.UnpackException, TypeError) as e:
-                warnings.warn(TornRecordWarning(
-                    f"{path}: unreadable record at byte {offset} of {size} ({e}); "
-                    f"skipped it and everything after it"), stacklevel=3)
+                _bad_tail(path, offset, size, str(e))
                 return
             yield offset, record
             offset = unpacker.tell()
         if offset < size:
-            warnings.warn(TornRecordWarning(
-                f"{path}: torn last record at byte {offset} of {size} "
-                f"({size - offset} bytes, a crash mid-write?); skipped, everything before "
-                f"it stands"), stacklevel=3)
+            _bad_tail(path, offset, size, "incomplete")
 
 
 def _upgrade(record: dict[str, Any], version: int) -> dict[str, Any]:

@@ -1,10 +1,20 @@
-"""Append trace records to msgpack files from one writer thread.
+"""Append trace records to msgpack files from one writer thread, never leaving a hole.
 
 The proxy's event loop must never wait for a disk: a slow fsync would stall every stream of
-every session. So recorders only put records on a queue; one thread, shared by all sessions,
-packs and appends them and flushes after each batch, so a killed proxy loses at most what was
-still queued (the turn in flight). Each record is one msgpack map, self-framing: a reader
-stops cleanly at a torn tail.
+every session. So recorders pack each record (on their thread, so a record that cannot be
+packed fails the commit that made it, not the file) and put its bytes on a queue; one thread,
+shared by all sessions, appends them, one write per file per batch, so a killed proxy loses at
+most what was still queued (the turn in flight). Each record is one msgpack map, self-framing:
+a reader stops cleanly at a torn tail.
+
+A file is never corrupt in the middle. The writer knows each file's last good offset (the end
+of its last complete record); a failed or short write (ENOSPC, EIO) is truncated back to it
+before anything else is appended, and the records that could not be written are held, in
+order, together with every later record of that file, and retried every ``RETRY_INTERVAL``
+seconds until the disk takes them. A file whose held records outgrow ``MAX_HELD_BYTES`` or
+``MAX_HELD_SECONDS`` is *degraded*: the held records and every later one are counted lost, and
+the file ends at its last good record (writing later records would leave them behind a gap
+the graph cannot bridge). ``health(path)`` says which; the failure is logged once per file.
 """
 
 from __future__ import annotations
@@ -16,10 +26,13 @@ import queue
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import msgpack
+
+from interceptor.trace.escape import ESCAPE_UTF8, escape
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +41,11 @@ FSYNC_POLICIES = ("never", "turn", "seal")
 # reopened for append when its session writes again), so thousands of idle sessions never
 # exhaust file descriptors.
 MAX_OPEN_FILES = 256
+# While a file cannot be written: how often the writer tries again, and how much it holds
+# before it gives up on the file (see the module docstring).
+RETRY_INTERVAL = 1.0
+MAX_HELD_BYTES = 64 << 20
+MAX_HELD_SECONDS = 600.0
 # Test hook, never set in production: write each record in two halves this many seconds
 # apart, so a test can SIGKILL the proxy in the middle of a record and check the reader.
 TORN_WRITE_PAUSE = float(os.environ.get("INTERCEPT_TEST_TORN_WRITES") or 0)
@@ -44,8 +62,52 @@ def _default(value: Any) -> Any:
 
 
 def pack(record: dict[str, Any]) -> bytes:
-    """One record's bytes. ``use_bin_type`` keeps str and bytes apart for other readers."""
-    return msgpack.packb(record, use_bin_type=True, default=_default)
+    """One record's bytes. ``use_bin_type`` keeps str and bytes apart for other readers.
+    Text UTF-8 cannot carry (a lone surrogate) is escaped reversibly (``trace/escape.py``);
+    the rare record that needs it is packed twice, every other one once."""
+    try:
+        data = msgpack.packb(record, use_bin_type=True, default=_default)
+    except UnicodeEncodeError:
+        data = b""
+    if not data or ESCAPE_UTF8 in data:
+        data = msgpack.packb(escape(record), use_bin_type=True, default=lambda v: escape(_default(v)))
+    return data
+
+
+@dataclass
+class WriteHealth:
+    """What the writer could do for one file; read by summaries and ``health``."""
+
+    error: str | None = None  # the last failure, while records are held or after degrading
+    held: int = 0  # records waiting for the disk, in order
+    lost: int = 0  # records given up on: the file is degraded and ends before them
+    late: int = 0  # records that were written after being held
+
+    @property
+    def degraded(self) -> bool:
+        return self.lost > 0
+
+    @property
+    def ok(self) -> bool:
+        return self.held == 0 and self.lost == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "error": self.error, "held": self.held, "lost": self.lost,
+                "late": self.late, "degraded": self.degraded}
+
+
+@dataclass(eq=False)
+class _File:
+    """Writer-thread state of one file."""
+
+    path: Path
+    health: WriteHealth
+    new: bool = False  # a new trace: an older file at the path is moved aside first
+    fd: int | None = None
+    good: int | None = None  # end of the last complete record (None: the file's size)
+    out: list[tuple[bytes, bool, bool]] = field(default_factory=list)  # (data, sync, close)
+    out_bytes: int = 0
+    failing_since: float | None = None
 
 
 class _Barrier:
@@ -57,17 +119,19 @@ class Store:
     """The writer thread and its open files.
 
     ``append`` is all the event loop calls. A file is opened on its first record and closed
-    after a record marked ``close`` (the footer). Write failures are logged and kept in
-    ``errors`` (path -> message) instead of killing the thread: one full disk must not stop
-    the other sessions' traces.
+    after a record marked ``close`` (the footer). A write failure holds that file's records
+    (see the module docstring) and never stops the thread: one full disk must not stop the
+    other sessions' traces.
     """
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._files: OrderedDict[Path, BinaryIO] = OrderedDict()
-        self.errors: dict[Path, str] = {}
+        self._state: dict[Path, _File] = {}
+        self._files: OrderedDict[Path, _File] = OrderedDict()  # LRU of open descriptors
+        self._health: dict[Path, WriteHealth] = {}
+        self.errors: dict[Path, str] = {}  # path -> the first failure's message
         self.bytes_written = 0
         self.records_written = 0
         atexit.register(self._atexit)
@@ -76,15 +140,23 @@ class Store:
 
     def append(self, path: Path, record: dict[str, Any], *, sync: bool = False,
                close: bool = False, new: bool = False) -> None:
-        """Queue one record for ``path``. ``new`` marks the first record of a trace (an
-        existing file there is moved aside, never appended to); ``sync`` asks for an fsync
-        after it; ``close`` closes the file after it."""
+        """Pack one record now (raising if it cannot be packed) and queue it for ``path``.
+        ``new`` marks the first record of a trace (an existing file there is moved aside,
+        never appended to); ``sync`` asks for an fsync after it; ``close`` closes the file
+        after it."""
+        data = pack(record)
+        path = Path(path)
+        if new or path not in self._health:
+            self._health[path] = WriteHealth()
         self._start()
-        self._queue.put((Path(path), record, sync, close, new))
+        self._queue.put((path, data, sync, close, new))
+
+    def health(self, path: Path) -> WriteHealth:
+        return self._health.get(Path(path)) or WriteHealth()
 
     def flush(self, timeout: float | None = None) -> None:
-        """Block until everything queued so far is written (and fsynced where asked).
-        Raises ``TimeoutError`` if the writer did not get there in ``timeout`` seconds."""
+        """Block until everything queued so far was written, or tried once (held records
+        stay held). Raises ``TimeoutError`` if the writer did not get there in ``timeout``."""
         if self._thread is None:
             return
         barrier = _Barrier()
@@ -123,24 +195,32 @@ class Store:
 
     def _run(self) -> None:
         while True:
-            batch = [self._queue.get()]
-            # Drain what is already queued so a burst costs one flush per file, not one
+            held = any(f.out for f in self._state.values())
+            try:
+                item = self._queue.get(timeout=RETRY_INTERVAL if held else None)
+            except queue.Empty:
+                for f in list(self._state.values()):
+                    self._drain(f)
+                continue
+            batch = [item]
+            # Drain what is already queued so a burst costs one write per file, not one
             # per record.
             while True:
                 try:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            stop = self._write_batch(batch)
-            if stop:
-                for f in self._files.values():
-                    self._safe_close(f)
-                self._files.clear()
+            if self._write_batch(batch):
+                for f in list(self._state.values()):
+                    self._drain(f)
+                    self._give_up(f, "the proxy stopped before the disk took them")
+                    self._close(f)
+                self._state.clear()
                 return
 
     def _write_batch(self, batch: list) -> bool:
-        dirty: dict[Path, bool] = {}  # path -> needs fsync
         barriers: list[_Barrier] = []
+        touched: dict[Path, _File] = {}
         stop = False
         for item in batch:
             if item is None:
@@ -149,76 +229,138 @@ class Store:
             if isinstance(item, _Barrier):
                 barriers.append(item)
                 continue
-            path, record, sync, close, new = item
-            try:
-                f = self._file(path, new, dirty)
-                data = pack(record)
-                if TORN_WRITE_PAUSE:
-                    _write_in_halves(f, data)
-                else:
-                    f.write(data)
-                self.bytes_written += len(data)
-                self.records_written += 1
-                dirty[path] = dirty.get(path, False) or sync
-                if close:
-                    self._finish(path, dirty.pop(path))
-            except Exception as e:  # noqa: BLE001 - keep the writer alive for others
-                self.errors[path] = f"{type(e).__name__}: {e}"
-                log.error("trace store: cannot write %s: %s", path, e)
-        for path, sync in dirty.items():
-            f = self._files.get(path)
-            if f is None:
-                continue
-            try:
-                f.flush()
-                if sync:
-                    os.fsync(f.fileno())
-            except OSError as e:
-                self.errors[path] = f"{type(e).__name__}: {e}"
-                log.error("trace store: cannot flush %s: %s", path, e)
+            path, data, sync, close, new = item
+            f = self._state.get(path)
+            if new:
+                if f is not None:  # the same path started over: finish the old trace first
+                    self._drain(f)
+                    self._close(f)
+                f = self._state[path] = _File(path, self._health.get(path) or WriteHealth(), new=True)
+            elif f is None:
+                f = self._state[path] = _File(path, self._health.setdefault(path, WriteHealth()))
+            f.out.append((data, sync, close))
+            f.out_bytes += len(data)
+            touched[path] = f
+        for f in touched.values():
+            self._drain(f)
         for b in barriers:
             b.done.set()
         return stop
 
-    def _file(self, path: Path, new: bool, dirty: dict[Path, bool]) -> BinaryIO:
-        f = self._files.get(path)
-        if f is not None and not new:
-            self._files.move_to_end(path)
-            return f
-        if f is not None:
-            self._finish(path, dirty.pop(path, False))
-        if new:
-            _move_aside(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(path, "ab")
-        self._files[path] = f
-        while len(self._files) > MAX_OPEN_FILES:
-            oldest = next(iter(self._files))
-            self._finish(oldest, dirty.pop(oldest, False))
-        return f
-
-    def _finish(self, path: Path, sync: bool) -> None:
-        f = self._files.pop(path)
-        f.flush()
-        if sync:
-            os.fsync(f.fileno())
-        f.close()
-
-    @staticmethod
-    def _safe_close(f: BinaryIO) -> None:
+    def _drain(self, f: _File) -> None:
+        """Append everything ``f`` has to write in one write, or roll the file back to its
+        last good offset and hold it all."""
+        if not f.out:
+            return
+        if f.health.degraded:  # the file ends at its last good record; see the docstring
+            f.health.lost += len(f.out)
+            f.out.clear()
+            f.out_bytes = 0
+            return
+        data = b"".join(d for d, _, _ in f.out)
         try:
-            f.close()
+            fd = self._fd(f)
+            if TORN_WRITE_PAUSE:
+                _write_in_halves(fd, data)
+            else:
+                _write_all(fd, data)
+            if any(s for _, s, _ in f.out):
+                os.fsync(fd)
         except OSError as e:
-            log.error("trace store: close failed: %s", e)
+            self._failed(f, e)
+            return
+        f.good = (f.good or 0) + len(data)
+        n = len(f.out)
+        closing = any(c for _, _, c in f.out)
+        f.out.clear()
+        f.out_bytes = 0
+        self.bytes_written += len(data)
+        self.records_written += n
+        if f.failing_since is not None:
+            f.failing_since = None
+            f.health.late += f.health.held
+            log.warning("trace store: %s is writable again; %d held records written in order",
+                        f.path, f.health.held)
+            f.health.held = 0
+            f.health.error = None
+        if closing:
+            self._close(f)
+            self._state.pop(f.path, None)
+
+    def _failed(self, f: _File, e: OSError) -> None:
+        message = f"{type(e).__name__}: {e}"
+        if f.fd is not None and f.good is not None:
+            try:
+                os.ftruncate(f.fd, f.good)  # no half record stays in the middle of the file
+            except OSError:
+                self._close(f)  # reopened (and truncated) before the next attempt
+        f.health.error = message
+        f.health.held = len(f.out)
+        self.errors.setdefault(f.path, message)
+        now = time.monotonic()
+        if f.failing_since is None:
+            f.failing_since = now
+            log.error("trace store: cannot write %s (%s); holding its records and retrying "
+                      "every %gs", f.path, message, RETRY_INTERVAL)
+        if f.out_bytes > MAX_HELD_BYTES or now - f.failing_since > MAX_HELD_SECONDS:
+            self._give_up(f, f"held {f.out_bytes} bytes for {now - f.failing_since:.0f}s")
+
+    def _give_up(self, f: _File, why: str) -> None:
+        if not f.out:
+            return
+        f.health.lost += len(f.out)
+        f.health.held = 0
+        f.out.clear()
+        f.out_bytes = 0
+        log.error("trace store: %s is degraded: %d records lost (%s); the file ends at its "
+                  "last complete record", f.path, f.health.lost, why)
+
+    def _fd(self, f: _File) -> int:
+        if f.fd is not None:
+            self._files.move_to_end(f.path)
+            return f.fd
+        if f.new:
+            _move_aside(f.path)
+            f.new, f.good = False, 0
+        f.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(f.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        size = os.fstat(fd).st_size
+        if f.good is None:
+            f.good = size
+        elif size > f.good:
+            os.ftruncate(fd, f.good)  # a failed write whose roll-back could not be done then
+        f.fd = fd
+        self._files[f.path] = f
+        while len(self._files) > MAX_OPEN_FILES:
+            self._close(next(iter(self._files.values())))
+        return fd
+
+    def _close(self, f: _File) -> None:
+        self._files.pop(f.path, None)
+        fd, f.fd = f.fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError as e:
+                log.error("trace store: close of %s failed: %s", f.path, e)
 
 
-def _write_in_halves(f: BinaryIO, data: bytes) -> None:
+def _write_all(fd: int, data: bytes) -> None:
+    """``data`` to ``fd`` whole, or an OSError (a short write that cannot continue is one)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(28, "short write")
+        view = view[n:]
+
+
+def _write_in_halves(fd: int, data: bytes) -> None:
     """The ``INTERCEPT_TEST_TORN_WRITES`` hook: half a record reaches the file, then a pause."""
     half = len(data) // 2
-    f.write(data[:half])
-    f.flush()
+    _write_all(fd, data[:half])
     time.sleep(TORN_WRITE_PAUSE)
-    f.write(data[half:])
+    _write_all(fd, data[half:])
 
 
 def _move_aside(path: Path) -> None:
