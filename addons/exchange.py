@@ -6,6 +6,7 @@ decided (session, route, parsed body, overrides) without re-deriving it.
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,15 @@ if TYPE_CHECKING:
 KEY = "interceptor"
 
 
+class Step(enum.Flag):
+    """The steps a claimed flow must complete before it may leave (the Gate checks them);
+    each step sets its flag as its last act, so a step that raised or returned early halfway
+    never looks done."""
+
+    REWRITTEN = enum.auto()  # model, sampling, credential and route imposed (Rewrite)
+    DECIDED = enum.auto()  # a fresh turn, not a retry to answer from the record (Retry)
+
+
 @dataclass(eq=False)
 class Exchange:
     session: Session
@@ -34,6 +44,7 @@ class Exchange:
     overrides: list[Override] = field(default_factory=list)
     stream: bool = False
     first_byte_at: float | None = None
+    done: Step = Step(0)  # the Gate forwards only when every required step is in here
     committed: bool = False  # a turn (or an error call) is on the record
     call_id: str = ""
     extra: dict[str, Any] = field(default_factory=dict)

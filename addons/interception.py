@@ -12,7 +12,9 @@ calls each hook in list order):
 - WsRelay: Codex's Responses WebSocket, frame by frame;
 - Tee: the answer streamed back untouched while the turn is assembled and committed;
 - Collect: token ids and logprobs from a vLLM upstream for the trace, not the harness;
-- Retry: a retried request gets the recorded answer, never a second sample.
+- Retry: a retried request gets the recorded answer, never a second sample;
+- Gate: a claimed flow leaves only when every step completed; any addon's exception on it
+  answers in the dialect's shape and forwards nothing (each addon above is ``guarded``).
 
 The code lives in ``interceptor.addons.*``; mitmproxy puts this folder on ``sys.path`` while
 loading the script, which is why nothing here may share a name with a module it imports.
@@ -23,6 +25,7 @@ live sessions are forgotten (their traces on disk stay whole).
 from interceptor.addons.claim import Claim
 from interceptor.addons.collect import Collect
 from interceptor.addons.control import Control
+from interceptor.addons.gate import Gate, guarded
 from interceptor.addons.reach import Reach
 from interceptor.addons.retry import Retry
 from interceptor.addons.rewrite import Rewrite
@@ -35,7 +38,7 @@ from interceptor.addons.wsrelay import WsRelay
 registry = Registry()
 settings = Settings(registry)
 
-addons = [
+addons = guarded([
     settings,
     Control(registry, settings),
     TlsGuard(registry, settings),  # before Claim, which takes the CONNECT's Proxy-Authorization
@@ -45,5 +48,5 @@ addons = [
     WsRelay(),  # before Tee: a WebSocket's frames are its exchanges, not the upgrade
     Tee(),
     Collect(),  # after Tee (which records the tokens), before Retry (which keeps what the harness got)
-    Retry(),  # last: its capture sees the bytes the harness received
-]
+    Retry(),  # last step: its capture sees the bytes the harness received
+]) + [Gate(settings)]  # after every step, and never guarded: it is what answers their faults

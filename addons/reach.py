@@ -18,7 +18,7 @@ from mitmproxy import ctx, http
 from mitmproxy.proxy import server_hooks
 
 from interceptor.addons.answers import error_response
-from interceptor.addons.exchange import exchange_of
+from interceptor.addons.exchange import Step, exchange_of
 from interceptor.addons.tee import commit
 from interceptor.trace.messages import ResponseError
 
@@ -40,6 +40,8 @@ class Reach:
         ex = exchange_of(flow)
         if ex is None or list(ctx.options.mode) != ["regular"]:
             return  # in upstream-proxy modes the address is not ours to probe
+        if not ex.done & Step.REWRITTEN:
+            return  # not routed yet: never probe the address the harness named (the Gate refuses it)
         addr = (flow.request.host, flow.request.port)
         if time.monotonic() - self._ok.get(addr, float("-inf")) < FRESH:
             return

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from mitmproxy import connection, ctx, http
 
 from interceptor.addons.answers import error_response
-from interceptor.addons.exchange import Exchange, exchange_of
+from interceptor.addons.exchange import Exchange, Step, exchange_of
 from interceptor.trace import ModelCall
 
 log = logging.getLogger(__name__)
@@ -188,6 +188,7 @@ class Retry:
         ex.call_id = rec.call_id
         ex.extra["recorded"] = rec
         book.inflight[digest] = rec
+        ex.done |= Step.DECIDED
 
     def _replay(self, flow: http.HTTPFlow, ex: Exchange, rec: Recorded, coalesced: bool) -> None:
         resp = http.Response.make(rec.status, b"", [])

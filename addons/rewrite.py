@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from mitmproxy import http
 
 from interceptor.addons.answers import error_response, refuse
-from interceptor.addons.exchange import Exchange, exchange_of
+from interceptor.addons.exchange import Exchange, Step, exchange_of
 from interceptor.addons.session import SessionConfig
 from interceptor.dialects.base import Dialect, Override
 from interceptor.dialects.body import parse_body
@@ -73,7 +73,18 @@ def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig) -> P
     """Parse, understand and rewrite one request body. Pure, so that a large body can be
     handled in a worker thread while the event loop keeps serving other sessions. A changed
     body is spliced: only the top-level keys an override touched are written anew, the
-    history is copied as the harness wrote it (``dialects.body``)."""
+    history is copied as the harness wrote it (``dialects.body``).
+
+    A body nested deeper than Python's recursion limit (a 3 KB body can be) is bad input,
+    refused as such; any other exception is the Gate's to answer (addons/gate.py)."""
+    try:
+        return _prepare(raw, dialect, kind, config)
+    except RecursionError:
+        return Prepared(refusal="request body is nested too deeply to be read; no model API "
+                                "accepts JSON nested hundreds of levels deep")
+
+
+def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig) -> Prepared:
     try:
         parsed = parse_body(raw)
     except ValueError as e:
@@ -125,6 +136,7 @@ class Rewrite:
         self._route(flow, ex)
         if "accept-encoding" in flow.request.headers:
             flow.request.headers["accept-encoding"] = accept_encoding(flow.request.headers["accept-encoding"])
+        ex.done |= Step.REWRITTEN
 
     async def _rewrite_body(self, flow: http.HTTPFlow, ex: Exchange) -> bool:
         raw = flow.request.get_content(strict=False) or b""

@@ -76,6 +76,9 @@ class Socket:
     # Tools travel once (``additional_tools`` in the first frame); later chained frames
     # carry none but the model still has them.
     tools: list[Tool] = field(default_factory=list)
+    # The last client frame this relay vetted (rewritten, or not a request): the Gate drops
+    # any other client frame instead of forwarding it unprepared.
+    passed: Any = None
 
 
 class WsRelay:
@@ -112,13 +115,17 @@ class WsRelay:
             return
         message = flow.websocket.messages[-1]
         try:
-            if message.is_text and not message.injected:
-                if message.from_client:
+            # An exception here is the Gate's to answer (addons/gate.py): the frame is dropped
+            # and the harness gets an error frame, never a frame forwarded unprepared.
+            if message.injected:
+                return
+            if message.from_client:
+                if message.is_text:
                     self._client_frame(sock, flow, message)
                 else:
-                    self._server_frame(sock, flow, message.content)
-        except Exception:  # the record must never break the harness's socket
-            log.exception(f"interceptor: session {sock.upgrade.session.id!r}: WebSocket frame not understood")
+                    sock.passed = message  # binary frames are not requests: relayed as they are
+            elif message.is_text:
+                self._server_frame(sock, flow, message.content)
         finally:
             # mitmproxy keeps every frame on the flow; a long Codex session would hold its
             # whole conversation in memory for nothing. The frame in hand is all anyone needs.
@@ -128,8 +135,10 @@ class WsRelay:
         try:
             body = json.loads(message.content)
         except ValueError:
+            sock.passed = message
             return  # not ours to judge: the upstream answers it
         if not isinstance(body, dict) or body.get("type") != "response.create":
+            sock.passed = message
             return  # response.processed and the like: relayed as they are
         if sock.pending is not None and not sock.pending.warmup:
             self._abandon(sock, flow, "a new response.create was sent before this one ended")
@@ -144,19 +153,20 @@ class WsRelay:
         except Exception as e:  # never forward a frame the session's settings were not imposed on
             log.warning(f"interceptor: session {upgrade.session.id!r}: response.create frame not understood: "
                         f"{type(e).__name__}: {e}")
-            self._refuse(flow, message, dialect, f"request not understood by the {dialect.name} dialect: {e}")
+            self.refuse(flow, message, dialect, f"request not understood by the {dialect.name} dialect: {e}")
             return
         ex.body = body
         if ex.overrides:
             message.text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
         sock.pending = _Pending(ex, warmup=body.get("generate") is False)
+        sock.passed = message
 
     @staticmethod
-    def _refuse(flow: http.HTTPFlow, message, dialect, text: str) -> None:
+    def refuse(flow: http.HTTPFlow, message, dialect, text: str, status: int = 400) -> None:
         """What Rewrite's 400 is for a POST: the frame goes nowhere, the harness gets the
         error as the API sends one over the socket, and nothing is recorded."""
         message.drop()
-        error = {"type": "error", "status": 400, **dialect.error_body(400, text)}
+        error = {"type": "error", "status": status, **dialect.error_body(status, text)}
         ctx.master.commands.call("inject.websocket", flow, True, json.dumps(error).encode(), True)
 
     def _request(self, sock: Socket, body: dict[str, Any]) -> Request:

@@ -31,6 +31,8 @@ class MitmProcess:
 
     options: dict[str, Any] = field(default_factory=dict)
     script: bool = True
+    # More scripts after the entry script (test-only ones such as tests/faults.py).
+    extra_scripts: list[Path] = field(default_factory=list)
     env: dict[str, str] | None = None
     workdir: Path | None = None
     # Instead of ``--listen-port <free port>``: these arguments, and the port is read from the
@@ -53,6 +55,8 @@ class MitmProcess:
         cmd = [mitmdump_bin(), *(["--listen-port", str(self.port)] if self.listen is None else self.listen)]
         if self.script:
             cmd += ["-s", str(SCRIPT), "--set", "termlog_verbosity=info"]
+            for extra in self.extra_scripts:
+                cmd += ["-s", str(extra)]
         else:
             cmd += ["--set", "termlog_verbosity=warn"]
         for k, v in opts.items():

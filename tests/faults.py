@@ -1,0 +1,102 @@
+"""Test-only mitmproxy script: makes the running interceptor fail on purpose.
+
+Loaded after the entry script (``MitmProcess(extra_scripts=[FAULTS])``), never by ``make
+run``. The test names a JSON file with ``--set faults_file=...`` and writes into it, at any
+time, what should fail:
+
+- ``{"raise": "Rewrite.request"}``: that hook of that addon raises ``InjectedFault`` (before
+  doing its work) on every flow but the control API's;
+- ``{"skip": "Rewrite.request"}``: that hook returns at once without doing its work, as a
+  step with a bug that returns early would (no exception: only the Gate's ``ready`` check
+  can catch it);
+- ``{"disk_full": true}``: every trace write puts half its bytes on the file and then fails
+  with ENOSPC, as a full disk does in the middle of a record;
+- ``{}``: nothing fails.
+
+The hooks are replaced on the addon instances inside their ``Guard``s, so the mechanism under
+test (addons/gate.py) is exactly the one that runs in production.
+"""
+
+from __future__ import annotations
+
+import errno
+import inspect
+import json
+import os
+
+from mitmproxy import ctx, http
+from mitmproxy.addonmanager import traverse
+
+from interceptor.addons.gate import FLOW_HOOKS, Guard
+from interceptor.trace import store
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+class Faults:
+    def __init__(self) -> None:
+        self.path = ""
+        self._stamp: int | None = None
+        self._spec: dict = {}
+
+    def load(self, loader) -> None:
+        loader.add_option("faults_file", str, "", "JSON file naming what should fail (tests only).")
+
+    def configure(self, updated: set[str]) -> None:
+        if "faults_file" in updated:
+            self.path = ctx.options.faults_file
+
+    def spec(self) -> dict:
+        try:
+            stamp = os.stat(self.path).st_mtime_ns
+        except OSError:
+            return {}
+        if stamp != self._stamp:
+            with open(self.path) as f:
+                self._spec = json.loads(f.read() or "{}")
+            self._stamp = stamp
+        return self._spec
+
+    def running(self) -> None:
+        for addon in traverse(ctx.master.addons.chain):
+            if isinstance(addon, Guard):
+                for hook in FLOW_HOOKS:
+                    if callable(getattr(addon.addon, hook, None)):
+                        self._arm(addon.addon, hook)
+        write_all = store._write_all
+
+        def full_disk(fd: int, data: bytes) -> None:
+            if self.spec().get("disk_full"):
+                os.write(fd, data[: len(data) // 2])
+                raise OSError(errno.ENOSPC, "No space left on device")
+            write_all(fd, data)
+
+        store._write_all = full_disk
+
+    def _arm(self, addon, hook: str) -> None:
+        original = getattr(addon, hook)
+        name = f"{type(addon).__name__}.{hook}"
+
+        def check(flow) -> bool:
+            """False: skip the hook."""
+            if isinstance(flow, http.HTTPFlow) and flow.request.path.startswith("/_interceptor/"):
+                return True
+            spec = self.spec()
+            if spec.get("raise") == name:
+                raise InjectedFault(f"injected into {name}")
+            return spec.get("skip") != name
+
+        if inspect.iscoroutinefunction(original):
+            async def armed(flow, *args):
+                if check(flow):
+                    return await original(flow, *args)
+        else:
+            def armed(flow, *args):
+                if check(flow):
+                    return original(flow, *args)
+        setattr(addon, hook, armed)
+
+
+addons = [Faults()]

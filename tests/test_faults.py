@@ -1,0 +1,275 @@
+"""Fail closed, by fault injection into the real mitmdump (issue 9).
+
+``tests/faults.py`` makes each hook of each addon that touches a model flow raise in turn
+(or return early without doing its work). For each: the harness's real SDK gets an error in
+the dialect's shape (500, ``x-should-retry: false``, the step named, no secret), nothing left
+the proxy unprepared, the trace verifies with the exchange as one error call, and the next
+request of the same session works and is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import time
+from pathlib import Path
+
+import anthropic
+import httpx
+import pytest
+
+from interceptor.addons.gate import FLOW_HOOKS
+from interceptor.scripts.replay_trace import main as replay_main
+from interceptor.trace import read_trace
+from interceptor.trace.verify import problems
+from conftest import KEY_ENV, REAL_KEY
+from mitm import MitmProcess
+from provider import ProviderSimulator, Reply
+
+FAULTS = Path(__file__).with_name("faults.py")
+IMPOSED = "imposed-model"
+
+
+def hooks_of(*names: str) -> list[str]:
+    """``Addon.hook`` for every flow hook the addon classes define (found, not listed, so a
+    hook added later is injected too)."""
+    from interceptor.addons import claim, collect, control, reach, retry, rewrite, tee, tlsguard, wsrelay
+
+    classes = [control.Control, tlsguard.TlsGuard, claim.Claim, rewrite.Rewrite, reach.Reach,
+               wsrelay.WsRelay, tee.Tee, collect.Collect, retry.Retry]
+    return [f"{c.__name__}.{h}" for c in classes for h in sorted(FLOW_HOOKS)
+            if h in names and callable(getattr(c, h, None))]
+
+
+REQUEST_SIDE = hooks_of("requestheaders", "request")
+RESPONSE_SIDE = hooks_of("responseheaders", "response")
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    """One simulator and one proxy (with the fault script) for the whole module."""
+    faults = tmp_path_factory.mktemp("faults") / "faults.json"
+    faults.write_text("{}")
+    with ProviderSimulator() as sim:
+        proc = MitmProcess(options={"intercept_upstream": sim.url("/v1"), "intercept_api_key_env": KEY_ENV,
+                                    "faults_file": str(faults)},
+                           env={KEY_ENV: REAL_KEY}, extra_scripts=[FAULTS])
+        with proc:
+            yield sim, proc, faults
+
+
+class Rig:
+    def __init__(self, rig, monkeypatch):
+        self.sim, self.proxy, self.faults = rig
+        self.session = self.proxy.create_session(
+            model=IMPOSED, upstream={"base_url": self.sim.url("/v1"), "api_key_env": KEY_ENV})
+        for k, v in self.session["env"].items():
+            monkeypatch.setenv(k, v)
+        self.client = anthropic.Anthropic(api_key=self.session["model_secret"], max_retries=0, timeout=30)
+        self.sim.clear()
+
+    def inject(self, spec: dict) -> None:
+        self.faults.write_text(json.dumps(spec))
+        os.utime(self.faults, ns=(1, os.stat(self.faults).st_mtime_ns + 1))
+
+    def ask(self, text: str, stream: bool = False):
+        kwargs = dict(model="claude-harness", max_tokens=64, messages=[{"role": "user", "content": text}])
+        if stream:
+            with self.client.messages.stream(**kwargs) as s:
+                return s.get_final_message()
+        return self.client.messages.create(**kwargs)
+
+    def forwarded_prepared(self) -> None:
+        """Whatever reached the provider was rewritten: the session's model, the real key."""
+        for r in self.sim.requests:
+            assert r.headers.get("x-api-key") == REAL_KEY
+            assert self.session["model_secret"] not in r.body.decode("utf-8", "replace") + str(r.headers)
+            if r.is_model_request:
+                assert r.json["model"] == IMPOSED
+
+    def sealed(self):
+        status, _ = self.proxy.api("DELETE", f"sessions/{self.session['id']}")
+        assert status == 200
+        trace = read_trace(self.session["trace_path"])
+        assert problems(trace) == []
+        return trace
+
+
+def assert_refused_in_shape(err: anthropic.APIStatusError, rig: Rig, step: str) -> None:
+    assert err.status_code == 500
+    assert err.response.headers["x-should-retry"] == "false"
+    body = err.response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "api_error"
+    assert step in body["error"]["message"] and "nothing was forwarded" in body["error"]["message"]
+    assert rig.session["model_secret"] not in err.response.text and REAL_KEY not in err.response.text
+
+
+@pytest.fixture
+def r(rig, monkeypatch):
+    out = Rig(rig, monkeypatch)
+    yield out
+    out.inject({})
+
+
+def test_every_hook_is_found():
+    assert {"Rewrite.request", "Claim.requestheaders", "Retry.request", "Tee.responseheaders",
+            "Tee.response"} <= set(REQUEST_SIDE + RESPONSE_SIDE)
+
+
+# The steps a model request cannot leave without (Exchange.done, checked by the Gate). The
+# others may be skipped harmlessly for this request: Control and Collect act on other flows,
+# Reach only probes, Retry's requestheaders only notes that the connection was reused.
+MUST_COMPLETE = {"Claim.requestheaders", "Rewrite.request", "Retry.request"}
+BEFORE_CLAIM = {"Control.requestheaders", "Claim.requestheaders"}  # no session known yet
+
+
+@pytest.mark.parametrize("how", ["raise", "skip"])
+@pytest.mark.parametrize("step", REQUEST_SIDE)
+def test_a_request_side_fault_forwards_nothing_and_the_next_turn_records(r, step, how):
+    refused = how == "raise" or step in MUST_COMPLETE
+    r.sim.script(Reply(text="first"))
+    r.inject({how: step})
+    try:
+        answer = r.ask("one")
+    except anthropic.APIStatusError as e:
+        assert refused, f"{how} {step}: refused"
+        assert_refused_in_shape(e, r, step if how == "raise" else step.split(".")[0])
+        assert r.sim.model_requests() == []  # nothing left the proxy
+    else:
+        assert not refused, f"{how} {step}: forwarded"
+        assert answer.content[0].text == "first"
+    r.forwarded_prepared()
+    r.inject({})
+    r.sim.clear_scripts()
+    r.sim.script(Reply(text="next"))
+    assert r.ask("two").content[0].text == "next"
+    r.forwarded_prepared()
+    trace = r.sealed()
+    kinds = [c.error.type if c.error else "turn" for c in trace.calls]
+    if not refused:
+        assert kinds == ["turn", "turn"]
+    elif step in BEFORE_CLAIM:
+        assert kinds == ["turn"]  # refused all the same, but no session to record it on
+    else:
+        assert kinds == ["internal_error", "turn"] and trace.calls[0].status == 500
+    assert trace.nodes[trace.calls[-1].node].message.text() == "next"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("step", RESPONSE_SIDE)
+def test_a_response_side_fault_never_delivers_an_unrecorded_answer(r, step, stream):
+    r.sim.script(Reply(text="first"), Reply(text="second"))
+    r.inject({"raise": step})
+    try:
+        answer = r.ask("one", stream=stream)
+        delivered = True
+        assert answer.content[0].text == "first"
+    except anthropic.APIStatusError as e:
+        assert_refused_in_shape(e, r, step)
+        delivered = False
+    r.inject({})
+    assert r.ask("two", stream=stream).content[0].text == "second"
+    r.forwarded_prepared()
+    trace = r.sealed()
+    first, second = trace.calls
+    # The harness got the answer exactly when the record has it as a turn.
+    assert (first.node is not None) == delivered
+    if not delivered:
+        assert first.error.type == "internal_error"
+    assert second.node is not None and trace.nodes[second.node].message.text() == "second"
+
+
+def test_a_websocket_frame_fault_drops_the_frame_and_the_next_frame_records(r):
+    from wsclient import WSClient
+
+    r.sim.script(Reply(text="after"))
+    r.inject({"raise": "WsRelay.websocket_message"})
+    user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    create = {"type": "response.create", "model": "gpt-harness", "stream": True, "input": [user]}
+    with WSClient("wss://api.openai.com/v1/responses",
+                  headers={"Authorization": f"Bearer {r.session['model_secret']}"},
+                  proxy=r.proxy.url, cafile=str(r.proxy.ca_bundle)) as ws:
+        ws.send_json(create)
+        (error,) = ws.until("error")
+        assert error["status"] == 500 and "WsRelay.websocket_message" in error["error"]["message"]
+        assert [f for f in r.sim.requests if f.transport == "websocket" and f.route != "websocket"] == []
+        r.inject({})
+        ws.send_json(create)
+        events = ws.until("response.completed")
+    assert "".join(e.get("delta", "") for e in events if e["type"] == "response.output_text.delta") == "after"
+    frames = [f for f in r.sim.requests if f.transport == "websocket" and f.route != "websocket"]
+    assert len(frames) == 1 and frames[0].json["model"] == IMPOSED
+    trace = r.sealed()
+    assert [c.error.type if c.error else "turn" for c in trace.calls] == ["internal_error", "turn"]
+
+
+def test_an_unclaimed_provider_flow_never_leaves(r):
+    """Claim answering nothing (skipped) on a provider host: the Gate refuses it, in shape,
+    even with no exchange to look at."""
+    r.inject({"skip": "Claim.requestheaders"})
+    proxy = r.proxy.url
+    with httpx.Client(proxy=proxy, verify=ssl.create_default_context(cafile=str(r.proxy.ca_bundle))) as http:
+        resp = http.post("https://api.openai.com/v1/chat/completions",
+                         headers={"authorization": f"Bearer {r.session['model_secret']}"},
+                         json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    assert resp.status_code == 500 and resp.json()["error"]["type"] == "server_error"
+    assert resp.headers["x-should-retry"] == "false"
+    assert r.sim.requests == []
+
+
+@pytest.mark.parametrize("depth,where", [(1500, "messages"), (500, "metadata")])
+def test_a_deeply_nested_body_is_refused_in_shape_not_forwarded_as_sent(r, depth, where):
+    """Issue 9, seen 1: ~1,500 levels anywhere, or ~500 inside a small top-level value, made
+    Rewrite raise and mitmproxy forwarded the request unrewritten, with the session secret."""
+    nested = "[" * depth + "]" * depth
+    body = ('{"model": "gpt-harness", "messages": [{"role": "user", "content": "hi", "x": %s}]}' % nested
+            if where == "messages" else
+            '{"model": "gpt-harness", "messages": [{"role": "user", "content": "hi"}], "metadata": %s}' % nested)
+    with httpx.Client(proxy=r.proxy.url, verify=ssl.create_default_context(cafile=str(r.proxy.ca_bundle))) as http:
+        resp = http.post("https://api.openai.com/v1/chat/completions", content=body.encode(),
+                         headers={"authorization": f"Bearer {r.session['model_secret']}",
+                                  "content-type": "application/json"})
+    assert resp.status_code == 400 and "nested too deeply" in resp.json()["error"]["message"], resp.text
+    assert resp.headers["x-should-retry"] == "false"
+    assert set(resp.json()["error"]) >= {"message", "type"}
+    assert r.session["model_secret"] not in resp.text
+    assert r.sim.requests == []
+    r.sim.script(Reply(text="fine"))
+    assert r.ask("after").content[0].text == "fine"
+    trace = r.sealed()
+    assert trace.num_turns == 1
+
+
+def test_a_full_disk_mid_session_loses_no_turn_and_health_says_so_while_it_lasts(r):
+    """Issue 9, seen 4: ENOSPC left half a record mid-file, later turns sat behind it
+    unreadable, verify passed and health said ok. 20 turns of one conversation, the disk
+    full for turns 8..13 (every write puts half its bytes down, then fails)."""
+    history: list[dict] = []
+    health_while_full = []
+    for k in range(20):
+        if k == 8:
+            r.inject({"disk_full": True})
+        if k == 14:
+            r.inject({})
+        r.sim.script(Reply(text=f"answer {k}"))
+        history.append({"role": "user", "content": f"question {k}"})
+        answer = r.client.messages.create(model="claude-harness", max_tokens=64, messages=history)
+        assert answer.content[0].text == f"answer {k}"
+        history.append({"role": "assistant", "content": answer.content[0].text})
+        if 9 <= k < 14:
+            health_while_full.append(r.proxy.api("GET", "health", token=None))
+    for status, body in health_while_full:
+        assert status == 503 and body["ok"] is False and body["store"][r.session["id"]]["held"] >= 1
+    status, summary = r.proxy.api("GET", f"sessions/{r.session['id']}")
+    deadline = time.time() + 10
+    while r.proxy.api("GET", "health", token=None)[0] != 200 and time.time() < deadline:
+        time.sleep(0.2)  # the writer retries every second
+    assert r.proxy.api("GET", "health", token=None)[0] == 200
+    trace = r.sealed()
+    assert trace.num_turns == 20 and len(trace.branches) == 1 and not trace.errors
+    assert [trace.nodes[c.node].message.text() for c in trace.calls] == [f"answer {k}" for k in range(20)]
+    assert replay_main(["verify", r.session["trace_path"]]) == 0
+    status, summary = r.proxy.api("GET", f"sessions/{r.session['id']}")
+    assert summary["store"]["late"] >= 5 and summary["store"]["lost"] == 0
+    assert r.proxy.log().count(f"cannot write {r.session['trace_path']}") == 1  # once per session
