@@ -7,6 +7,7 @@ calls each hook in list order):
 - Control: the proxy's own API under ``/_interceptor/``;
 - TlsGuard: names a harness that rejects the CA (it would hang silently);
 - Claim: which session a request belongs to, or a 401 in the dialect's shape;
+- BodyCap: a request over ``intercept_max_body`` gets 413 before its body is read whole;
 - Rewrite: the session's model, sampling, key and upstream;
 - Reach: a dead upstream answers 502 in the dialect's shape, on the record;
 - WsRelay: Codex's Responses WebSocket, frame by frame;
@@ -22,6 +23,7 @@ Editing this file while mitmdump runs makes mitmproxy reload it, which starts a 
 live sessions are forgotten (their traces on disk stay whole).
 """
 
+from interceptor.addons.bodycap import BodyCap
 from interceptor.addons.claim import Claim
 from interceptor.addons.collect import Collect
 from interceptor.addons.control import Control
@@ -43,6 +45,7 @@ addons = guarded([
     Control(registry, settings),
     TlsGuard(registry, settings),  # before Claim, which takes the CONNECT's Proxy-Authorization
     Claim(registry, settings),
+    BodyCap(settings),  # right after Claim: a body over intercept_max_body is never read whole
     Rewrite(),
     Reach(),
     WsRelay(),  # before Tee: a WebSocket's frames are its exchanges, not the upgrade

@@ -75,13 +75,17 @@ def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig) -> P
     body is spliced: only the top-level keys an override touched are written anew, the
     history is copied as the harness wrote it (``dialects.body``).
 
-    A body nested deeper than Python's recursion limit (a 3 KB body can be) is bad input,
-    refused as such; any other exception is the Gate's to answer (addons/gate.py)."""
+    A body nested deeper than Python's recursion limit (a 3 KB body can be) or one that is
+    not UTF-8 (JSON text must be, RFC 8259 section 8.1; Python's decoder lets lone surrogate
+    bytes through, and they cannot be written again) is bad input, refused as such; any other
+    exception is the Gate's to answer (addons/gate.py)."""
     try:
         return _prepare(raw, dialect, kind, config)
     except RecursionError:
         return Prepared(refusal="request body is nested too deeply to be read; no model API "
                                 "accepts JSON nested hundreds of levels deep")
+    except UnicodeError as e:
+        return Prepared(refusal=f"request body is not valid UTF-8 JSON: {e.reason} at byte {e.start}")
 
 
 def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig) -> Prepared:

@@ -83,6 +83,7 @@ class Session:
     # Per-session state of other addons (Retry's book), let go of with the trace on release.
     state: dict[str, Any] = field(default_factory=dict)
     tls_rejections: int = 0  # handshakes the harness refused: it does not trust the CA (TlsGuard)
+    oversized: int = 0  # requests refused unread for their size (BodyCap); never recorded otherwise
 
     @property
     def trace_path(self) -> Path:
@@ -116,6 +117,7 @@ class Session:
         s["id"] = self.id
         s["trace_path"] = str(self.trace_path)
         s["tls_rejections"] = self.tls_rejections
+        s["oversized_requests"] = self.oversized
         return s
 
 

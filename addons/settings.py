@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mitmproxy import certs, ctx, exceptions
+from mitmproxy.utils import human
 from pydantic import TypeAdapter, ValidationError
 
 from interceptor.addons.session import Registry, Session, SessionConfig
@@ -53,6 +54,8 @@ log = logging.getLogger(__name__)
 # chatgpt.com: Codex asks it for its model list with the key it holds (the session secret);
 # a host that receives a secret must be intercepted, so that request is answered locally.
 DEFAULT_HOSTS = ["api.openai.com", "api.anthropic.com", "chatgpt.com"]
+# No model API takes a request near this size; a larger body is refused unread (BodyCap).
+MAX_BODY = 64 << 20
 TOKEN_FILE = "interceptor-admin-token"
 TOKEN_VARIABLE = "INTERCEPT_ADMIN_TOKEN"
 HARNESS_DIR = "interceptor-harness"
@@ -78,6 +81,7 @@ class Settings:
         self.hosts: frozenset[str] = frozenset(DEFAULT_HOSTS)
         self.trace_dir = Path("traces")
         self.fsync = "turn"
+        self.max_body = MAX_BODY  # bytes; 0: no limit (BodyCap)
         self.admin_token: str | None = None
         self.token_path: Path | None = None  # None: the token came from the environment
         self.file_configs: list[SessionConfig] | None = None
@@ -121,6 +125,9 @@ class Settings:
                           "Default session: name of the proxy-side env variable holding the real key of intercept_upstream.")
         loader.add_option("intercept_model", Optional[str], None, "Default session: model imposed on every request.")
         loader.add_option("intercept_sampling", Optional[str], None, 'Default session: sampling as a JSON object, e.g. {"temperature": 0.7}.')
+        loader.add_option("intercept_max_body", str, "64m",
+                          "Largest request body a claimed request may carry (k/m/g suffixes, 0: no "
+                          "limit); a larger one is answered 413 in the dialect's shape and never forwarded.")
         loader.add_option("intercept_fsync", str, "turn", "When trace files are fsynced: after each turn's records, at the seal, or never.",
                           choices=FSYNC_POLICIES)
 
@@ -167,6 +174,12 @@ class Settings:
                 self.trace_dir.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise exceptions.OptionsError(f"intercept_trace_dir: cannot create {self.trace_dir}: {e}") from e
+        if "intercept_max_body" in updated:
+            try:
+                self.max_body = human.parse_size(o.intercept_max_body) or 0
+            except ValueError as e:
+                raise exceptions.OptionsError(
+                    f"intercept_max_body: not a size such as 64m, 512k or 1g: {o.intercept_max_body!r}") from e
         if "intercept_fsync" in updated:
             if o.intercept_fsync not in FSYNC_POLICIES:  # mitmproxy lists choices, it does not check them
                 raise exceptions.OptionsError(

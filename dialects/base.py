@@ -117,6 +117,7 @@ _OPENAI_TYPES = {
     401: "invalid_request_error",
     403: "permission_error",
     404: "not_found_error",
+    413: "invalid_request_error",  # a body over intercept_max_body (the proxy's own answer)
     429: "rate_limit_error",
     502: "api_error",
     503: "api_error",

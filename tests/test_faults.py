@@ -63,7 +63,7 @@ class Rig:
     def __init__(self, rig, monkeypatch):
         self.sim, self.proxy, self.faults = rig
         self.session = self.proxy.create_session(
-            model=IMPOSED, upstream={"base_url": self.sim.url("/v1"), "api_key_env": KEY_ENV})
+            model=IMPOSED, upstream={"base_url": self.sim.url("/v1")})
         for k, v in self.session["env"].items():
             monkeypatch.setenv(k, v)
         self.client = anthropic.Anthropic(api_key=self.session["model_secret"], max_retries=0, timeout=30)
