@@ -15,7 +15,9 @@ calls each hook in list order):
 - Collect: token ids and logprobs from a vLLM upstream for the trace, not the harness;
 - Retry: a retried request gets the recorded answer, never a second sample;
 - Gate: a claimed flow leaves only when every step completed; any addon's exception on it
-  answers in the dialect's shape and forwards nothing (each addon above is ``guarded``).
+  answers in the dialect's shape and forwards nothing (each addon above is ``guarded``);
+- Redact: no key or secret in what mitmproxy prints, saves or shows (last: after every addon
+  that still needs them, before mitmproxy's own dumper, save and view).
 
 The code lives in ``interceptor.addons.*``; mitmproxy puts this folder on ``sys.path`` while
 loading the script, which is why nothing here may share a name with a module it imports.
@@ -29,6 +31,7 @@ from interceptor.addons.collect import Collect
 from interceptor.addons.control import Control
 from interceptor.addons.gate import Gate, guarded
 from interceptor.addons.reach import Reach
+from interceptor.addons.redact import Redact
 from interceptor.addons.retry import Retry
 from interceptor.addons.rewrite import Rewrite
 from interceptor.addons.session import Registry
@@ -52,4 +55,7 @@ addons = guarded([
     Tee(),
     Collect(),  # after Tee (which records the tokens), before Retry (which keeps what the harness got)
     Retry(),  # last step: its capture sees the bytes the harness received
-]) + [Gate(settings)]  # after every step, and never guarded: it is what answers their faults
+]) + [
+    Gate(settings),  # after every step, and never guarded: it is what answers their faults
+    Redact(settings),  # last, unguarded (it fails closed itself): after everything that needs a secret
+]

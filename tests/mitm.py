@@ -48,17 +48,16 @@ class MitmProcess:
             self.workdir = Path(self._tmp.name)
         self.port = free_port() if self.listen is None else 0
         self.confdir.mkdir(parents=True, exist_ok=True)
-        opts = {"confdir": str(self.confdir), "connection_strategy": "lazy", "listen_host": "127.0.0.1"}
+        opts = {"confdir": str(self.confdir), "connection_strategy": "lazy", "listen_host": "127.0.0.1",
+                "termlog_verbosity": "info" if self.script else "warn"}
         if self.script:
             opts["intercept_trace_dir"] = str(self.trace_dir)
         opts.update(self.options)
         cmd = [mitmdump_bin(), *(["--listen-port", str(self.port)] if self.listen is None else self.listen)]
         if self.script:
-            cmd += ["-s", str(SCRIPT), "--set", "termlog_verbosity=info"]
+            cmd += ["-s", str(SCRIPT)]
             for extra in self.extra_scripts:
                 cmd += ["-s", str(extra)]
-        else:
-            cmd += ["--set", "termlog_verbosity=warn"]
         for k, v in opts.items():
             if v is None:  # left to the script's and mitmproxy's own defaults
                 continue
@@ -154,7 +153,8 @@ class MitmProcess:
 
     @property
     def admin_token(self) -> str:
-        return (self.confdir / "interceptor-admin-token").read_text().strip()
+        given = (self.env or {}).get("INTERCEPT_ADMIN_TOKEN")  # then never written
+        return given or (self.confdir / "interceptor-admin-token").read_text().strip()
 
     def api(self, method: str, path: str, body: Any = None, token: str | None = "admin") -> tuple[int, Any]:
         return control_api(self.url, self.admin_token if token == "admin" else token, method, path, body)
