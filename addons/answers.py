@@ -11,7 +11,7 @@ from typing import Any
 
 from mitmproxy import http
 
-from interceptor.dialects.base import error_body
+from interceptor.dialects.base import Dialect
 
 
 def json_response(status: int, body: Any, *, retry: bool = False, headers: dict[str, str] | None = None) -> http.Response:
@@ -21,10 +21,10 @@ def json_response(status: int, body: Any, *, retry: bool = False, headers: dict[
     return http.Response.make(status, json.dumps(body).encode(), h)
 
 
-def error_response(provider: str, status: int, message: str, *, type: str | None = None, retry: bool = False) -> http.Response:
-    """An error in the provider's own shape (OpenAI ``{"error": ...}``, Anthropic
-    ``{"type": "error", ...}``). ``message`` must never contain a secret or key."""
-    return json_response(status, error_body(provider, status, message, type), retry=retry)
+def error_response(dialect: Dialect, status: int, message: str, *, type: str | None = None, retry: bool = False) -> http.Response:
+    """An error in the dialect's own shape, so the harness's SDK reads it as the provider's.
+    ``message`` must never contain a secret or key."""
+    return json_response(status, dialect.error_body(status, message, type), retry=retry)
 
 
 def refuse(flow: http.HTTPFlow, response: http.Response) -> None:
@@ -33,6 +33,3 @@ def refuse(flow: http.HTTPFlow, response: http.Response) -> None:
     flow.response = response
     flow.metadata.pop("interceptor", None)
 
-
-def provider_for_host(host: str) -> str:
-    return "anthropic" if "anthropic" in host else "openai"

@@ -26,11 +26,11 @@ from mitmproxy import http
 from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import KEY, exchange_of
 from interceptor.addons.settings import Settings
-from interceptor.dialects.base import error_body
+from interceptor.dialects import CHAT, DIALECTS
 
 log = logging.getLogger(__name__)
 
-SINK_HEADER = "x-interceptor-sink"  # the provider whose error shape the sink answers in
+SINK_HEADER = "x-interceptor-sink"  # the dialect whose error shape the sink answers in
 DISCARD = 1 << 20
 
 
@@ -73,9 +73,8 @@ class BodyCap:
         log.warning(f"interceptor: session {ex.session.id!r}: refused a {size}-byte request "
                     f"(intercept_max_body is {limit})")
         del flow.metadata[KEY]  # nothing to record, nothing for the Gate to check
-        provider = ex.dialect.provider
         flow.request.headers.clear()
-        flow.request.headers.update({"content-length": str(size), SINK_HEADER: provider,
+        flow.request.headers.update({"content-length": str(size), SINK_HEADER: ex.dialect.name,
                                      "x-interceptor-limit": str(limit)})
         flow.request.scheme, flow.request.host, flow.request.port = "http", "127.0.0.1", self.sink_port
         flow.request.path = "/"
@@ -91,7 +90,7 @@ class BodyCap:
             return
         ex.session.oversized += 1
         size = len(flow.request.raw_content or b"")
-        flow.response = error_response(ex.dialect.provider, 413, too_large(limit, size))
+        flow.response = error_response(ex.dialect, 413, too_large(limit, size))
         del flow.metadata[KEY]
         flow.request.content = b""  # let go of it now, not when the flow is collected
 
@@ -107,7 +106,8 @@ class BodyCap:
             )
             size = int(headers.get("content-length", "0"))
             limit = int(headers.get("x-interceptor-limit", "0"))
-            body = json.dumps(error_body(headers.get(SINK_HEADER, "openai"), 413, too_large(limit, size))).encode()
+            dialect = DIALECTS.get(headers.get(SINK_HEADER, ""), CHAT)
+            body = json.dumps(dialect.error_body(413, too_large(limit, size))).encode()
             writer.write(b"HTTP/1.1 413 Payload Too Large\r\ncontent-type: application/json\r\n"
                          b"x-should-retry: false\r\nconnection: close\r\n"
                          b"content-length: %d\r\n\r\n" % len(body) + body)

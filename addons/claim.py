@@ -1,7 +1,7 @@
 """Claim: every request to a provider host belongs to a session, or it never leaves the proxy.
 
-The secret is where the harness puts its API key (``x-api-key``, ``Authorization: Bearer``)
-or in the proxy URL (``HTTPS_PROXY=http://rollout:<secret>@host:port``, which arrives as the
+The secret is where the harness puts its API key (the dialect knows: ``x-api-key``,
+``Authorization: Bearer``, ``x-goog-api-key``, a ``key`` query parameter) or in the proxy URL (``HTTPS_PROXY=http://rollout:<secret>@host:port``, which arrives as the
 CONNECT's ``Proxy-Authorization``). Paths on a provider host that are not model routes
 (telemetry, settings, plugin lists) are answered locally: no egress, no key.
 """
@@ -14,11 +14,11 @@ import logging
 
 from mitmproxy import connection, http
 
-from interceptor.addons.answers import error_response, provider_for_host
+from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import KEY, Exchange
 from interceptor.addons.session import Registry
 from interceptor.addons.settings import Settings
-from interceptor.dialects import resolve
+from interceptor.dialects import host_dialect, resolve
 
 log = logging.getLogger(__name__)
 
@@ -33,16 +33,6 @@ def _proxy_auth_secret(value: str) -> str | None:
         return user_pass.partition(":")[2] or None
     if scheme.lower() == "bearer":
         return rest.strip() or None
-    return None
-
-
-def request_secret(headers: http.Headers) -> str | None:
-    key = headers.get("x-api-key", "").strip()
-    if key:
-        return key
-    auth = headers.get("authorization", "")
-    if auth[:7].lower() == "bearer ":
-        return auth[7:].strip() or None
     return None
 
 
@@ -68,25 +58,24 @@ class Claim:
         host = flow.request.host.lower()
         if host not in self.settings.hosts:
             return  # not a provider: pass through untouched
-        provider = provider_for_host(host)
-        route = resolve(flow.request.method, flow.request.path, provider=provider)
+        route = resolve(flow.request.method, flow.request.path, host=host)
         if route is None:
             flow.response = error_response(
-                provider, 404,
+                host_dialect(host), 404,
                 f"{flow.request.method} {flow.request.path.split('?')[0]} is not a model route; "
                 "the interceptor answers it locally and forwards nothing",
             )
             flow.metadata["interceptor_local"] = True
             return
-        provider = route.dialect.provider
+        dialect = route.dialect
         secret = (
             self._tunnel_secrets.get(flow.client_conn.id)
             or _proxy_auth_secret(flow.request.headers.get("proxy-authorization", ""))
-            or request_secret(flow.request.headers)
+            or dialect.secret(flow.request.headers, flow.request.query)
         )
         if not secret:
             flow.response = error_response(
-                provider, 401,
+                dialect, 401,
                 "no session secret: set the harness's API key variable to the session's model secret",
             )
             return
@@ -96,9 +85,9 @@ class Claim:
                 message = "a state secret cannot be used on a model route; use the session's model secret"
             else:
                 message = "unknown session secret: it matches no session of this proxy"
-            flow.response = error_response(provider, 401, message)
+            flow.response = error_response(dialect, 401, message)
             return
         if session.sealed:
-            flow.response = error_response(provider, 401, f"session {session.id!r} is sealed; start a new one")
+            flow.response = error_response(dialect, 401, f"session {session.id!r} is sealed; start a new one")
             return
         flow.metadata[KEY] = Exchange(session=session, route=route)

@@ -33,7 +33,6 @@ from typing import Any
 from mitmproxy import http
 
 from interceptor.addons.exchange import Exchange, exchange_of
-from interceptor.dialects import CHAT
 from interceptor.dialects.base import Override
 from interceptor.dialects.encoding import Decoder
 from interceptor.dialects.sse import split_lines
@@ -279,7 +278,7 @@ class Collect:
         if flow.response or flow.error or not flow.live:
             return
         ex = exchange_of(flow)
-        if (ex is None or ex.route.kind != "model" or ex.dialect is not CHAT or ex.body is None
+        if (ex is None or ex.route.kind != "model" or not ex.dialect.collects_tokens or ex.body is None
                 or not ex.session.config.collect_tokens):
             return
         body = ex.body

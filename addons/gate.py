@@ -32,11 +32,12 @@ from typing import Any
 
 from mitmproxy import http
 
-from interceptor.addons.answers import error_response, provider_for_host
+from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import Exchange, Step, exchange_of
 from interceptor.addons.settings import Settings
 from interceptor.addons.tee import commit
 from interceptor.addons.wsrelay import WS_KEY, Socket, WsRelay
+from interceptor.dialects import host_dialect
 from interceptor.trace.messages import ResponseError
 
 log = logging.getLogger(__name__)
@@ -152,9 +153,8 @@ class Gate:
         if ex is None:
             if fault is not None or flow.request.host.lower() in self.settings.hosts:
                 # A provider host that no step claimed or answered: never forward it.
-                provider = provider_for_host(flow.request.host.lower())
                 fault = fault or Fault("Claim", "did not complete")
-                flow.response = error_response(provider, 500, fault.message())
+                flow.response = error_response(host_dialect(flow.request.host.lower()), 500, fault.message())
                 flow.response.headers[REFUSED] = fault.step
             return
         missing = required(ex, flow) & ~ex.done
@@ -187,7 +187,7 @@ class Gate:
             self._record(flow, ex, fault)
 
     def _refuse(self, flow: http.HTTPFlow, ex: Exchange, fault: Fault) -> None:
-        flow.response = error_response(ex.dialect.provider, 500, fault.message())
+        flow.response = error_response(ex.dialect, 500, fault.message())
         flow.response.headers[REFUSED] = fault.step
         self._record(flow, ex, fault)
 

@@ -52,7 +52,7 @@ class Reach:
             where = f"{flow.request.scheme}://{flow.request.host}:{flow.request.port}"
             reason = type(e).__name__ if isinstance(e, asyncio.TimeoutError) else (e.strerror or str(e))
             message = f"the session's upstream {where} is unreachable ({reason})"
-            flow.response = error_response(ex.dialect.provider, 502, message, retry=True)
+            flow.response = error_response(ex.dialect, 502, message, retry=True)
             if ex.route.kind == "model":  # side routes (token counts, model lists) are never recorded
                 commit(ex, flow, None, ResponseError(type="upstream_unreachable", message=message, status=502))
             return

@@ -174,7 +174,7 @@ class Retry:
                     self._replay(flow, ex, pending, coalesced=True)
                 else:
                     flow.response = error_response(
-                        ex.dialect.provider, 503,
+                        ex.dialect, 503,
                         "the original attempt of this retried request failed; retry again", retry=True,
                     )
                     flow.metadata.pop("interceptor", None)

@@ -27,7 +27,6 @@ from interceptor.trace.messages import Request
 
 log = logging.getLogger(__name__)
 
-CREDENTIAL_HEADERS = ("authorization", "x-api-key", "proxy-authorization", "api-key")
 # What the tee can decode incrementally; anything else the harness offers is dropped so the
 # provider never answers in an encoding the assembler cannot read.
 DECODABLE = ("gzip", "deflate", "br", "zstd", "identity")
@@ -40,15 +39,6 @@ def accept_encoding(value: str) -> str:
         if name in DECODABLE:
             keep.append(token.strip())
     return ", ".join(keep) or "identity"
-
-
-def upstream_path(base_path: str, path: str) -> str:
-    """Join an SDK-style base URL path (``/v1``) with the harness's path (``/v1/messages?x``):
-    the harness's version prefix is replaced by the base URL's, as an SDK would build it."""
-    rest = path
-    if rest.startswith("/v1/") or rest == "/v1":
-        rest = rest[3:]
-    return base_path.rstrip("/") + rest
 
 
 OFF_LOOP = 1 << 20  # bodies above 1 MiB are parsed in a worker thread
@@ -69,7 +59,7 @@ class Prepared:
 SMALL = 4096  # top-level values up to this size are compared to find what an override changed
 
 
-def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig) -> Prepared:
+def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path: str = "") -> Prepared:
     """Parse, understand and rewrite one request body. Pure, so that a large body can be
     handled in a worker thread while the event loop keeps serving other sessions. A changed
     body is spliced: only the top-level keys an override touched are written anew, the
@@ -80,7 +70,7 @@ def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig) -> P
     bytes through, and they cannot be written again) is bad input, refused as such; any other
     exception is the Gate's to answer (addons/gate.py)."""
     try:
-        return _prepare(raw, dialect, kind, config)
+        return _prepare(raw, dialect, kind, config, path)
     except RecursionError:
         return Prepared(refusal="request body is nested too deeply to be read; no model API "
                                 "accepts JSON nested hundreds of levels deep")
@@ -88,7 +78,7 @@ def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig) -> P
         return Prepared(refusal=f"request body is not valid UTF-8 JSON: {e.reason} at byte {e.start}")
 
 
-def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig) -> Prepared:
+def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path: str) -> Prepared:
     try:
         parsed = parse_body(raw)
     except ValueError as e:
@@ -96,22 +86,21 @@ def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig) -> 
     body = parsed.data
     if not isinstance(body, dict):
         return Prepared(refusal="request body must be a JSON object")
-    model = body.get("model")
-    out = Prepared(body=body, requested_model=model if isinstance(model, str) else None)
+    out = Prepared(body=body, requested_model=dialect.requested_model(body, path))
     # Overrides edit nested settings in place (reasoning.effort): keep the small top-level
     # values as they were, to see afterwards which ones changed.
     before = {k: copy.deepcopy(body[k]) for k, (a, b) in parsed.spans.items() if b - a <= SMALL}
     if kind == "model":
         try:
             out.request = dialect.parse_request(body)
+            if out.request.model is None and out.requested_model:  # a dialect with the model in the path
+                out.request.model = out.requested_model
         except Exception as e:  # a shape the dialect does not know: refuse rather than record wrong
             log.warning(f"interceptor: {dialect.name} request not understood: {type(e).__name__}: {e}")
             return Prepared(refusal=f"request not understood by the {dialect.name} dialect: {e}")
         out.overrides = dialect.apply_overrides(body, config.model, config.sampling)
-    elif config.model and body.get("model") != config.model:
-        # Side routes (token counting) get the session's model, nothing else.
-        out.overrides = [Override("model", body.get("model"), config.model)]
-        body["model"] = config.model
+    else:
+        out.overrides = dialect.side_overrides(body, config.model)
     if out.overrides:
         changed = {o.key.split(".", 1)[0] for o in out.overrides}
         changed.update(k for k, v in before.items() if k not in body or body[k] != v)
@@ -130,12 +119,16 @@ class Rewrite:
         if upstream and upstream.dialect and upstream.dialect != ex.dialect.name:
             # Translation between dialects is not built yet: forwarding would send a body the
             # upstream cannot read, with the key.
-            refuse(flow, error_response(ex.dialect.provider, 400,
+            refuse(flow, error_response(ex.dialect, 400,
                                         f"the session's upstream {upstream.name!r} speaks {upstream.dialect}, "
                                         f"this request is {ex.dialect.name}; nothing was forwarded"))
             return
+        path, override = ex.dialect.path_with_model(flow.request.path, ex.session.config.model)
         if flow.request.method == "POST" and not await self._rewrite_body(flow, ex):
             return
+        if override is not None:
+            flow.request.path = path
+            ex.overrides.insert(0, override)
         self._swap_credential(flow, ex)
         self._route(flow, ex)
         if "accept-encoding" in flow.request.headers:
@@ -145,26 +138,23 @@ class Rewrite:
     async def _rewrite_body(self, flow: http.HTTPFlow, ex: Exchange) -> bool:
         raw = flow.request.get_content(strict=False) or b""
         ex.raw_body = raw
-        args = (raw, ex.dialect, ex.route.kind, ex.session.config)
+        args = (raw, ex.dialect, ex.route.kind, ex.session.config, flow.request.path)
         prepared = await asyncio.to_thread(prepare, *args) if len(raw) > OFF_LOOP else prepare(*args)
         if prepared.refusal is not None:
-            refuse(flow, error_response(ex.dialect.provider, 400, prepared.refusal))
+            refuse(flow, error_response(ex.dialect, 400, prepared.refusal))
             return False
         ex.request = prepared.request
         ex.overrides = prepared.overrides
         ex.body = prepared.body
-        ex.stream = ex.dialect.is_stream(prepared.body)
+        ex.stream = ex.dialect.is_stream(prepared.body, flow.request.path)
         ex.requested_model = prepared.requested_model
         if prepared.content is not None:
             flow.request.content = prepared.content
         return True
 
     def _swap_credential(self, flow: http.HTTPFlow, ex: Exchange) -> None:
-        for name in CREDENTIAL_HEADERS:
-            flow.request.headers.pop(name, None)
-        key = ex.session.upstream_key()
-        if key:
-            flow.request.headers.update(ex.dialect.auth_headers(key))
+        flow.request.headers.pop("proxy-authorization", None)
+        ex.dialect.put_key(flow.request.headers, flow.request.query, ex.session.upstream_key())
 
     def _route(self, flow: http.HTTPFlow, ex: Exchange) -> None:
         base = ex.session.upstream.base_url if ex.session.upstream else None
@@ -176,6 +166,6 @@ class Rewrite:
         flow.request.scheme = scheme
         flow.request.host = u.hostname
         flow.request.port = port
-        flow.request.path = upstream_path(u.path, flow.request.path)
+        flow.request.path = ex.dialect.upstream_path(u.path, flow.request.path)
         default_port = (scheme == "https" and port == 443) or (scheme == "http" and port == 80)
         flow.request.host_header = u.hostname if default_port else f"{u.hostname}:{port}"

@@ -43,6 +43,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from interceptor.addons.session import Registry, Session, SessionConfig
 from interceptor.addons.upstream import DEFAULT, KNOWN, Upstream, format_validation_error, parse_upstreams, pick
+from interceptor.dialects import default_hosts, key_variables
 from interceptor.trace.messages import Sampling
 from interceptor.trace.store import FSYNC_POLICIES
 from interceptor.trace.tokens import warm as warm_estimator
@@ -51,9 +52,7 @@ __all__ = ["Settings", "format_validation_error"]
 
 log = logging.getLogger(__name__)
 
-# chatgpt.com: Codex asks it for its model list with the key it holds (the session secret);
-# a host that receives a secret must be intercepted, so that request is answered locally.
-DEFAULT_HOSTS = ["api.openai.com", "api.anthropic.com", "chatgpt.com"]
+DEFAULT_HOSTS = default_hosts()  # every dialect's hosts (interceptor.dialects.REGISTRY)
 # No model API takes a request near this size; a larger body is refused unread (BodyCap).
 MAX_BODY = 64 << 20
 TOKEN_FILE = "interceptor-admin-token"
@@ -61,7 +60,7 @@ TOKEN_VARIABLE = "INTERCEPT_ADMIN_TOKEN"
 HARNESS_DIR = "interceptor-harness"
 BUNDLE_FILE = "ca-bundle.pem"
 ENV_FILE = "default.env"
-KEY_VARIABLES = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "CODEX_API_KEY")
+KEY_VARIABLES = key_variables()
 CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "CODEX_CA_CERTIFICATE")
 _SYSTEM_ROOTS = (
     "/etc/ssl/certs/ca-certificates.crt",

@@ -21,7 +21,7 @@ from mitmproxy import http
 
 from interceptor.addons.exchange import Exchange, exchange_of
 from interceptor.dialects.encoding import Decoder
-from interceptor.dialects.sse import SSEDecoder
+from interceptor.dialects.base import Frames
 from interceptor.trace import ModelCall
 from interceptor.trace.messages import Response, ResponseError, Sampling
 
@@ -86,11 +86,11 @@ def commit(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: 
 class StreamTee:
     """The callable set as ``flow.response.stream``; see the module docstring."""
 
-    def __init__(self, ex: Exchange, flow: http.HTTPFlow, content_encoding: str) -> None:
+    def __init__(self, ex: Exchange, flow: http.HTTPFlow, content_encoding: str, frames: Frames) -> None:
         self.ex = ex
         self.flow = flow
         self.decoder = Decoder.for_encoding(content_encoding)
-        self.sse = SSEDecoder()
+        self.sse = frames
         self.assembler = ex.dialect.assembler()
         self.failed = False
 
@@ -138,11 +138,12 @@ class Tee:
             return
         ex.first_byte_at = time.time()
         ctype = flow.response.headers.get("content-type", "")
-        if flow.response.status_code == 200 and ctype.startswith("text/event-stream"):
+        frames = ex.dialect.frames(flow.response.status_code, ctype, ex.stream)
+        if frames is not None:
             encoding = flow.response.headers.get("content-encoding", "identity")
             try:
                 # Kept on the exchange too: later addons (Collect, Retry) wrap the callable.
-                flow.response.stream = ex.extra["tee"] = StreamTee(ex, flow, encoding)
+                flow.response.stream = ex.extra["tee"] = StreamTee(ex, flow, encoding, frames)
             except ValueError as e:  # an encoding we cannot read: forward, record the gap
                 flow.response.stream = True
                 commit(ex, flow, None, ResponseError(type="unsupported_encoding", message=str(e), status=200))

@@ -42,9 +42,6 @@ from interceptor.trace.messages import Message, Request, ResponseError, Tool
 log = logging.getLogger(__name__)
 
 WS_KEY = "interceptor_ws"
-# The frames that end an answer; the responses assembler knows them too, but a warm-up's
-# end must be seen without one.
-_END = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
 
 
 def is_upgrade(request: http.Request) -> bool:
@@ -166,7 +163,7 @@ class WsRelay:
         """What Rewrite's 400 is for a POST: the frame goes nowhere, the harness gets the
         error as the API sends one over the socket, and nothing is recorded."""
         message.drop()
-        error = {"type": "error", "status": status, **dialect.error_body(status, text)}
+        error = dialect.socket_error(status, text)
         ctx.master.commands.call("inject.websocket", flow, True, json.dumps(error).encode(), True)
 
     def _request(self, sock: Socket, body: dict[str, Any]) -> Request:
@@ -207,7 +204,7 @@ class WsRelay:
         if kind == "error" and isinstance(obj.get("status"), int):
             pending.status = obj["status"]
         if pending.warmup:
-            if kind in _END:
+            if kind in ex.dialect.terminal_events:
                 response_id = ((obj.get("response") or {}).get("id")) if kind != "error" else None
                 if response_id and ex.request is not None:
                     sock.warmups[response_id] = list(ex.request.messages)

@@ -1,18 +1,26 @@
 """The wire formats the proxy understands, and which one a request speaks.
 
-``resolve`` is the only place that maps a method and path to a dialect: the claim addon asks
-it for every request to a provider host, and anything it does not know is answered locally
-(404) rather than forwarded with a key. Model routes are recorded as turns; side routes
-(token counting, model lists) are claimed and relayed but never become turns.
+``REGISTRY`` is the one list of dialects: adding an API is its module and one line there.
+Everything the addons need to know about a provider they ask a dialect (``base.Dialect``);
+the functions here only search the registry:
+
+- ``resolve`` maps a method and path (and the host, when known) to a dialect and a kind.
+  The host's own dialects are asked first, then the others, so a path keeps meaning what it
+  means wherever it is sent (``/v1/messages`` is Anthropic's on any host the operator
+  intercepts). Model routes are recorded as turns; side routes (token counting, model lists)
+  are claimed and relayed but never become turns; anything else is answered locally (404)
+  rather than forwarded with a key.
+- ``host_dialect`` is whose error shape a host's local answers take.
+- ``default_hosts`` and ``key_variables`` are what the settings intercept and what a
+  session's environment sets, gathered from every dialect.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from interceptor.dialects.anthropic import ANTHROPIC, AnthropicDialect
-from interceptor.dialects.base import Dialect, Override, StreamAssembler, error_body
+from interceptor.dialects.base import Dialect, Override, RouteKind, StreamAssembler
 from interceptor.dialects.chat import CHAT, ChatDialect
 from interceptor.dialects.responses import RESPONSES, ResponsesDialect
 
@@ -20,6 +28,7 @@ __all__ = [
     "ANTHROPIC",
     "CHAT",
     "DIALECTS",
+    "REGISTRY",
     "RESPONSES",
     "AnthropicDialect",
     "ChatDialect",
@@ -28,11 +37,20 @@ __all__ = [
     "ResponsesDialect",
     "Route",
     "StreamAssembler",
-    "error_body",
+    "default_hosts",
+    "host_dialect",
+    "key_variables",
     "resolve",
 ]
 
-DIALECTS: dict[str, Dialect] = {d.name: d for d in (CHAT, RESPONSES, ANTHROPIC)}
+#: Every dialect, in the order a shared host or path is resolved. One line per API.
+REGISTRY: tuple[Dialect, ...] = (
+    CHAT,
+    RESPONSES,
+    ANTHROPIC,
+)
+
+DIALECTS: dict[str, Dialect] = {d.name: d for d in REGISTRY}
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,34 +60,59 @@ class Route:
     recorded)."""
 
     dialect: Dialect
-    kind: Literal["model", "side"]
+    kind: RouteKind
 
 
-_ROUTES: dict[tuple[str, str], Route] = {
-    ("POST", "/v1/chat/completions"): Route(CHAT, "model"),
-    ("POST", "/v1/responses"): Route(RESPONSES, "model"),
-    # Codex's WebSocket transport: a GET upgrade on the same path, then response.* events.
-    ("GET", "/v1/responses"): Route(RESPONSES, "model"),
-    ("POST", "/v1/messages"): Route(ANTHROPIC, "model"),
-    ("POST", "/v1/messages/count_tokens"): Route(ANTHROPIC, "side"),
-    ("POST", "/v1/responses/input_tokens"): Route(RESPONSES, "side"),
-}
+def _label(host: str) -> str:
+    """The name under the public suffix: ``anthropic`` of ``api.anthropic.com``."""
+    parts = host.split(".")
+    return parts[-2] if len(parts) >= 2 else host
 
 
-def resolve(method: str, path: str, provider: str | None = None) -> Route | None:
+def _owners(host: str | None) -> tuple[Dialect, ...]:
+    """The dialects whose hosts include ``host``; for a host no dialect lists (one the
+    operator added), those whose provider's name it carries (``anthropic.internal``)."""
+    if not host:
+        return ()
+    host = host.lower()
+    owners = tuple(d for d in REGISTRY if host in d.hosts)
+    if owners:
+        return owners
+    return tuple(d for d in REGISTRY if any(_label(h) in host for h in d.hosts))
+
+
+def _candidates(host: str | None) -> tuple[Dialect, ...]:
+    owners = _owners(host)
+    return owners + tuple(d for d in REGISTRY if d not in owners)
+
+
+def resolve(method: str, path: str, host: str | None = None) -> Route | None:
     """The route for ``method path`` (query string allowed, e.g. ``/v1/messages?beta=true``),
-    or None when the proxy should answer locally with 404.
-
-    ``provider`` (``"anthropic"`` or ``"openai"``, from the host) only decides the dialect of
-    ``GET /v1/models``, which both providers serve in their own shapes.
-    """
+    or None when the proxy should answer locally with 404. ``host`` decides between
+    dialects that share a path (``GET /v1/models`` is OpenAI's on its hosts, Anthropic's on
+    Anthropic's)."""
     path = path.split("?", 1)[0].split("#", 1)[0]
     if len(path) > 1:
         path = path.rstrip("/")
     method = method.upper()
-    route = _ROUTES.get((method, path))
-    if route is not None:
-        return route
-    if method == "GET" and (path == "/v1/models" or (path.startswith("/v1/models/") and len(path) > 11)):
-        return Route(ANTHROPIC if provider == "anthropic" else CHAT, "side")
+    for dialect in _candidates(host):
+        kind = dialect.route(method, path)
+        if kind is not None:
+            return Route(dialect, kind)
     return None
+
+
+def host_dialect(host: str) -> Dialect:
+    """The dialect whose shape the proxy's own answers on ``host`` take (a local 404, a
+    refused claim before the route is known)."""
+    return _candidates(host)[0]
+
+
+def default_hosts() -> list[str]:
+    """Every dialect's hosts, each once, in registry order."""
+    return list(dict.fromkeys(h for d in REGISTRY for h in d.hosts))
+
+
+def key_variables() -> tuple[str, ...]:
+    """Every environment variable a dialect's harnesses read their key from, each once."""
+    return tuple(dict.fromkeys(v for d in REGISTRY for v in d.key_variables))

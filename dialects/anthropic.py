@@ -16,10 +16,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from interceptor.dialects.base import Override
+from interceptor.dialects.base import Override, RouteKind
 from interceptor.dialects.common import (
     Knob,
     KnobDialect,
+    models_route,
     error_from,
     NativeAssembler,
     drop,
@@ -259,11 +260,37 @@ def _thinking_enabled(body: dict[str, Any]) -> bool:
     return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
 
 
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    502: "api_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
 class AnthropicDialect(KnobDialect):
     name = "anthropic"
-    endpoint = "/messages"
-    provider = "anthropic"
+    hosts = ("api.anthropic.com",)
+    key_variables = ("ANTHROPIC_API_KEY",)
+    routes = {
+        ("POST", "/v1/messages"): "model",
+        ("POST", "/v1/messages/count_tokens"): "side",
+    }
     knobs = KNOBS
+
+    def route(self, method: str, path: str) -> RouteKind | None:
+        return super().route(method, path) or models_route(method, path)
+
+    def auth_headers(self, key: str) -> dict[str, str]:
+        return {"x-api-key": key}
+
+    def error_body(self, status: int, message: str, type: str | None = None) -> dict[str, Any]:
+        return {"type": "error", "error": {"type": type or _ERROR_TYPES.get(status, "api_error"), "message": message}}
 
     def parse_request(self, body: dict[str, Any]) -> Request:
         messages: list[Message] = []

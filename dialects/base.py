@@ -1,4 +1,4 @@
-"""One interface, three wire formats.
+"""One interface over every wire format.
 
 The addons never branch on a format: they ask the flow's dialect to parse, to impose the
 session's settings, to assemble a stream, to write an error. Each dialect is stateless (one
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from collections.abc import Mapping, MutableMapping
+from typing import Any, ClassVar, Literal, Protocol
 
-from interceptor.dialects.sse import SSEEvent
+from interceptor.dialects.sse import SSEDecoder, SSEEvent
 from interceptor.trace.messages import Request, Response, ResponseError, Sampling
 
 
@@ -48,12 +49,99 @@ class StreamAssembler(ABC):
     def result(self) -> Response: ...
 
 
+RouteKind = Literal["model", "side"]
+
+
+class Frames(Protocol):
+    """Cuts a response body into events as bytes arrive (``SSEDecoder`` is one): ``feed``
+    returns the events a chunk completes, ``flush`` what the end of the body completes."""
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]: ...
+
+    def flush(self) -> list[SSEEvent]: ...
+
+
 class Dialect(ABC):
+    """One wire format, whole: where it is spoken (hosts, routes), how a harness
+    authenticates and how the real key is sent, where the model lives, how it streams and
+    ends a stream, how it answers an error, and how a request and a response read. The
+    addons ask; none of them knows a provider by name."""
+
     name: ClassVar[str]
-    #: Appended to an upstream ``base_url`` (which includes the version prefix, like SDKs).
-    endpoint: ClassVar[str]
-    #: The provider's own error shape when the proxy answers itself.
-    provider: ClassVar[Literal["openai", "anthropic"]]
+    #: Hosts whose traffic speaks this dialect, intercepted by default. A host may be
+    #: shared (Chat and Responses on api.openai.com); its first dialect in the registry
+    #: answers the host's non-model paths.
+    hosts: ClassVar[tuple[str, ...]] = ()
+    #: Exact ``(method, path)`` routes and their kind: ``model`` (a turn) or ``side``
+    #: (claimed, given the session's model, relayed, never a turn). Every other path on the
+    #: dialect's hosts is local: answered by the proxy, forwarded nowhere.
+    routes: ClassVar[dict[tuple[str, str], RouteKind]] = {}
+    #: Environment variables the dialect's harnesses read their API key from: a session's
+    #: environment sets each to the session's model secret.
+    key_variables: ClassVar[tuple[str, ...]] = ()
+    #: Request headers that can carry a credential; all are removed before forwarding.
+    credential_headers: ClassVar[tuple[str, ...]] = ("authorization", "x-api-key", "api-key")
+    #: The dialect can return training tokens (vLLM/SGLang ``return_token_ids``).
+    collects_tokens: ClassVar[bool] = False
+
+    # -- where it is spoken ------------------------------------------------------------
+
+    def route(self, method: str, path: str) -> RouteKind | None:
+        """The kind of ``method path`` (path without query, no trailing slash), or None
+        when it is not one of this dialect's routes."""
+        return self.routes.get((method, path))
+
+    def upstream_path(self, base_path: str, path: str) -> str:
+        """Join an SDK-style base URL path (``/v1``) with the harness's path (``/v1/messages?x``):
+        the harness's version prefix is replaced by the base URL's, as an SDK would build it."""
+        rest = path
+        if rest.startswith("/v1/") or rest == "/v1":
+            rest = rest[3:]
+        return base_path.rstrip("/") + rest
+
+    # -- credentials ---------------------------------------------------------------------
+
+    def secret(self, headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
+        """The key the harness sent (its session secret), where this dialect's SDKs put it."""
+        key = headers.get("x-api-key", "").strip()
+        if key:
+            return key
+        auth = headers.get("authorization", "")
+        if auth[:7].lower() == "bearer ":
+            return auth[7:].strip() or None
+        return None
+
+    def put_key(self, headers: MutableMapping[str, str], query: MutableMapping[str, str], key: str | None) -> None:
+        """Remove every credential the harness sent and, given one, set the real key the way
+        the provider expects it. Never logs either."""
+        for name in self.credential_headers:
+            headers.pop(name, None)
+        if key:
+            headers.update(self.auth_headers(key))
+
+    def auth_headers(self, key: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {key}"}
+
+    # -- where the model lives -----------------------------------------------------------
+
+    def requested_model(self, body: dict[str, Any] | None, path: str) -> str | None:
+        model = (body or {}).get("model")
+        return model if isinstance(model, str) else None
+
+    def path_with_model(self, path: str, model: str | None) -> tuple[str, Override | None]:
+        """The path with the session's model in it, for a dialect that names the model in
+        the path; the model in the body is ``apply_overrides``'s."""
+        return path, None
+
+    def side_overrides(self, body: dict[str, Any], model: str | None) -> list[Override]:
+        """A side route (token counting) gets the session's model, nothing else."""
+        if model and body.get("model") != model:
+            old = body.get("model")
+            body["model"] = model
+            return [Override("model", old, model)]
+        return []
+
+    # -- bodies ----------------------------------------------------------------------------
 
     @abstractmethod
     def parse_request(self, body: dict[str, Any]) -> Request: ...
@@ -87,12 +175,23 @@ class Dialect(ABC):
         ``stream_events`` this is how a rewritten or synthesised answer reaches a harness;
         ``parse_response(json_body(r)) == r`` for a response in this dialect's normal form."""
 
-    def is_stream(self, body: dict[str, Any]) -> bool:
+    # -- streams -----------------------------------------------------------------------------
+
+    def is_stream(self, body: dict[str, Any], path: str = "") -> bool:
         return bool(body.get("stream"))
 
+    def frames(self, status: int, content_type: str, stream: bool) -> Frames | None:
+        """How to cut this answer into events, or None when it is one JSON body. The
+        assembler's ``feed`` says which event is terminal."""
+        if status == 200 and content_type.startswith("text/event-stream"):
+            return SSEDecoder()
+        return None
+
+    # -- errors ------------------------------------------------------------------------------
+
+    @abstractmethod
     def error_body(self, status: int, message: str, type: str | None = None) -> dict[str, Any]:
         """The format's own error JSON for an answer the proxy gives itself."""
-        return error_body(self.provider, status, message, type)
 
     def response_error(self, status: int, body: Any) -> ResponseError:
         """An upstream error answer as a record: the provider's type and message if the body
@@ -105,50 +204,3 @@ class Dialect(ABC):
                 status=status,
             )
         return ResponseError(type="http_error", message=f"HTTP {status}", status=status)
-
-    def auth_headers(self, key: str) -> dict[str, str]:
-        if self.provider == "anthropic":
-            return {"x-api-key": key}
-        return {"authorization": f"Bearer {key}"}
-
-
-_OPENAI_TYPES = {
-    400: "invalid_request_error",
-    401: "invalid_request_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "invalid_request_error",  # a body over intercept_max_body (the proxy's own answer)
-    429: "rate_limit_error",
-    502: "api_error",
-    503: "api_error",
-}
-_ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    502: "api_error",
-    503: "overloaded_error",
-    529: "overloaded_error",
-}
-
-
-def error_body(
-    provider: str, status: int, message: str, type: str | None = None
-) -> dict[str, Any]:
-    if provider == "anthropic":
-        return {
-            "type": "error",
-            "error": {"type": type or _ANTHROPIC_TYPES.get(status, "api_error"), "message": message},
-        }
-    code = {401: "invalid_api_key"}.get(status)
-    return {
-        "error": {
-            "message": message,
-            "type": type or _OPENAI_TYPES.get(status, "server_error"),
-            "param": None,
-            "code": code,
-        }
-    }

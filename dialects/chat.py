@@ -16,10 +16,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from interceptor.dialects.base import Override
+from interceptor.dialects.base import Override, RouteKind
 from interceptor.dialects.common import (
     Knob,
-    KnobDialect,
+    OpenAIDialect,
+    models_route,
     error_from,
     NativeAssembler,
     first,
@@ -265,11 +266,14 @@ def _native_finish(choice: Choice) -> str | None:
 # --------------------------------------------------------------------------------------
 
 
-class ChatDialect(KnobDialect):
+class ChatDialect(OpenAIDialect):
     name = "chat"
-    endpoint = "/chat/completions"
-    provider = "openai"
+    routes = {("POST", "/v1/chat/completions"): "model"}
     knobs = KNOBS
+    collects_tokens = True  # vLLM >= 0.10.2 and SGLang return token ids on this route
+
+    def route(self, method: str, path: str) -> RouteKind | None:
+        return super().route(method, path) or models_route(method, path)
 
     def parse_request(self, body: dict[str, Any]) -> Request:
         tools = [_tool(t) for t in body.get("tools") or []]

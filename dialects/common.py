@@ -1,4 +1,4 @@
-"""What the three dialects share: content references, the assembler shape, sampling knobs.
+"""What the dialects share: content references, the assembler shape, sampling knobs.
 
 ``NativeAssembler`` makes "the stream equals the JSON" structural: every assembler rebuilds
 the non-streamed body and hands it to ``parse_response``. The knob table makes "the session
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 
-from interceptor.dialects.base import Dialect, Override, StreamAssembler
+from interceptor.dialects.base import Dialect, Override, RouteKind, StreamAssembler
 from interceptor.dialects.sse import SSEEvent
 from interceptor.trace.messages import Part, Response, ResponseError, Sampling
 
@@ -341,3 +341,40 @@ class KnobDialect(Dialect):
     def sampling(self, body: dict[str, Any]) -> Sampling:
         """The body's settings in canonical names."""
         return parse_knobs(body, self.knobs)
+
+
+def models_route(method: str, path: str) -> RouteKind | None:
+    """``GET /v1/models`` and ``GET /v1/models/<id>``: a side route (both OpenAI and
+    Anthropic serve it, each in its own shape, so the host decides whose)."""
+    if method == "GET" and (path == "/v1/models" or (path.startswith("/v1/models/") and len(path) > 11)):
+        return "side"
+    return None
+
+
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",  # a body over intercept_max_body (the proxy's own answer)
+    429: "rate_limit_error",
+    502: "api_error",
+    503: "api_error",
+}
+
+
+class OpenAIDialect(KnobDialect):
+    """What Chat Completions and Responses share: OpenAI's host, key, and error shape."""
+
+    hosts: ClassVar[tuple[str, ...]] = ("api.openai.com",)
+    key_variables: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY",)
+
+    def error_body(self, status: int, message: str, type: str | None = None) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": message,
+                "type": type or _OPENAI_TYPES.get(status, "server_error"),
+                "param": None,
+                "code": {401: "invalid_api_key"}.get(status),
+            }
+        }

@@ -22,7 +22,7 @@ from typing import Any
 from interceptor.dialects.base import Override
 from interceptor.dialects.common import (
     Knob,
-    KnobDialect,
+    OpenAIDialect,
     error_from,
     NativeAssembler,
     inline_part,
@@ -284,11 +284,26 @@ def _native_usage(usage: Usage) -> dict[str, Any]:
     }
 
 
-class ResponsesDialect(KnobDialect):
+class ResponsesDialect(OpenAIDialect):
     name = "responses"
-    endpoint = "/responses"
-    provider = "openai"
+    # chatgpt.com: Codex asks it for its model list with the key it holds (the session
+    # secret); a host that receives a secret must be intercepted, so it is answered locally.
+    hosts = ("api.openai.com", "chatgpt.com")
+    key_variables = ("OPENAI_API_KEY", "CODEX_API_KEY")
+    routes = {
+        ("POST", "/v1/responses"): "model",
+        # Codex's WebSocket transport: a GET upgrade on the same path, then response.* frames.
+        ("GET", "/v1/responses"): "model",
+        ("POST", "/v1/responses/input_tokens"): "side",
+    }
+    #: The frames that end an answer over the WebSocket (the assembler knows them too, but a
+    #: warm-up's end must be seen without one).
+    terminal_events = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
     knobs = KNOBS
+
+    def socket_error(self, status: int, message: str) -> dict[str, Any]:
+        """An error as the API sends it over the WebSocket: the HTTP error body, typed."""
+        return {"type": "error", "status": status, **self.error_body(status, message)}
 
     def parse_request(self, body: dict[str, Any]) -> Request:
         messages: list[Message] = []

@@ -785,7 +785,8 @@ def test_vllm_token_ids_and_logprobs_json_and_stream():
     ("POST", "/v1/completions", None, None),
 ])
 def test_resolve(method, path, provider, expected):
-    route = resolve(method, path, provider=provider)
+    host = {"anthropic": "api.anthropic.com", "openai": "api.openai.com"}.get(provider)
+    route = resolve(method, path, host=host)
     assert route == (Route(*expected) if expected else None)
 
 
