@@ -3,30 +3,47 @@ real SDK clients pointed at it with ``HTTPS_PROXY`` and nothing else (default ba
 
 from __future__ import annotations
 
-import json
-import os
+import atexit
+import threading
 from collections.abc import Iterator
 
 import pytest
 
+from clients import KEY_ENV, REAL_KEY, dead_upstream
+from interceptor.scripts.run_harness import PROXY_VARIABLES
+from interceptor.trace import Store
 from mitm import MitmProcess
 from provider import ProviderSimulator
 
-REAL_KEY = "sk-real-provider-key-for-tests-0123456789"
-KEY_ENV = "INTERCEPT_TEST_PROVIDER_KEY"
-
-
-def dead_upstream() -> str:
-    """intercept_upstreams declaring ``dead``: an upstream nothing listens on (a free port)."""
-    from mitm import free_port
-
-    return json.dumps({"dead": {"base_url": f"http://127.0.0.1:{free_port()}/v1", "api_key_env": KEY_ENV}})
+WRITER_THREAD = "interceptor-trace-writer"  # trace/store.py names its thread so
 
 
 @pytest.fixture(autouse=True)
 def _no_ambient_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
+    for k in PROXY_VARIABLES:
         monkeypatch.delenv(k, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _stores_stopped(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every trace Store a test makes (directly, through a Recorder helper, or through the
+    addons in-process) is drained and stopped when the test ends, and its exit hook removed:
+    a writer thread left running writes into the next test's time, and hundreds of tests
+    would pile up exit hooks until the interpreter ends."""
+    made: list[Store] = []
+    init = Store.__init__
+
+    def tracked(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(Store, "__init__", tracked)
+    yield
+    for s in made:
+        s.close()
+        atexit.unregister(s._atexit)
+    leaked = [t for t in threading.enumerate() if t.name == WRITER_THREAD]
+    assert not leaked, f"{len(leaked)} trace writer thread(s) still running after the test"
 
 
 @pytest.fixture
@@ -79,17 +96,3 @@ def harness_env(monkeypatch: pytest.MonkeyPatch):
             monkeypatch.setenv(k, v)
 
     return apply
-
-
-def session_clients(session: dict):
-    """openai and anthropic clients for a session: default base URLs, the session secret as
-    the key, the proxy and CA from the environment (``harness_env`` must be applied first)."""
-    import anthropic
-    import openai
-
-    assert os.environ.get("HTTPS_PROXY"), "apply the session env first"
-    secret = session["model_secret"]
-    return (
-        openai.OpenAI(api_key=secret, max_retries=0, timeout=30),
-        anthropic.Anthropic(api_key=secret, max_retries=0, timeout=30),
-    )

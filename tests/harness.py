@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from interceptor.trace import Trace, read_trace
-from conftest import KEY_ENV, REAL_KEY
+from clients import KEY_ENV, REAL_KEY
 from mitm import ROOT, MitmProcess
 from provider import ProviderSimulator, RequestRecord
 

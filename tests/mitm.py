@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from interceptor.scripts.run_harness import control_api, free_port, mitmdump_bin  # one definition of each
+from interceptor.scripts.run_harness import PROXY_VARIABLES, control_api, free_port, mitmdump_bin  # one definition of each
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "addons" / "interception.py"
@@ -67,7 +67,7 @@ class MitmProcess:
             else:
                 cmd += ["--set", f"{k}={v}"]
         env = dict(os.environ)
-        for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        for k in PROXY_VARIABLES:
             env.pop(k, None)
         env.update(self.env or {})
         self.log_path = self.workdir / f"mitmdump-{self.port}.log"

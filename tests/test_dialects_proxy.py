@@ -30,7 +30,7 @@ import openai
 import pytest
 
 import provider.wire
-from conftest import KEY_ENV, REAL_KEY, session_clients, dead_upstream
+from clients import KEY_ENV, REAL_KEY, dead_upstream, session_clients
 from interceptor.trace import read_trace
 from mitm import MitmProcess
 from provider import ProviderSimulator, Reply

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 import re
+import ssl
 import subprocess
 import sys
 import threading
@@ -16,7 +17,7 @@ import openai
 import pytest
 
 from interceptor.trace import read_trace
-from conftest import KEY_ENV, REAL_KEY, session_clients
+from clients import KEY_ENV, REAL_KEY, session_clients
 from mitm import ROOT, MitmProcess
 from provider import Reply, ToolCall
 
@@ -172,7 +173,8 @@ def test_unclaimed_requests_never_leave_the_proxy(new_session, family, secret, s
             client = client.with_options(default_headers={"Authorization": ""})
         with pytest.raises(openai.AuthenticationError) as e:
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-        assert e.value.body["type"] == "invalid_request_error"
+        # What api.openai.com answers to a bad key; SDKs and harnesses branch on the code.
+        assert e.value.body["type"] == "invalid_request_error" and e.value.code == "invalid_api_key"
     else:
         client = anthropic.Anthropic(api_key=key or "placeholder", max_retries=0)
         if not key:
@@ -222,6 +224,61 @@ def test_unreachable_upstream_is_a_502_in_dialect_shape_and_on_the_record(new_se
     [call] = trace.calls
     assert call.error is not None and call.node is None
     assert trace.num_turns == 0
+
+
+@pytest.mark.parametrize("family", ["openai", "anthropic"])
+def test_the_secret_in_the_proxy_url_alone_claims_the_session(family, new_session, sim, proxy, monkeypatch):
+    """A harness that holds a placeholder key (or none) is claimed by the secret in
+    ``HTTPS_PROXY=http://rollout:<secret>@host:port`` alone, as run_harness sets it."""
+    session = new_session()
+    sim.script(Reply(text="claimed by the proxy url"), Reply(text="again"))
+    monkeypatch.setenv("HTTPS_PROXY", f"http://rollout:{session['model_secret']}@127.0.0.1:{proxy.port}")
+    monkeypatch.setenv("SSL_CERT_FILE", str(proxy.ca_bundle))
+    if family == "openai":
+        client = openai.OpenAI(api_key="sk-placeholder", max_retries=0)
+        text = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}]).choices[0].message.content
+    else:
+        client = anthropic.Anthropic(api_key="sk-placeholder", max_retries=0)
+        text = client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]).content[0].text
+    assert text == "claimed by the proxy url"
+    import httpx2 as httpx  # the SDKs' client: no key header at all this time
+
+    with httpx.Client(timeout=10) as http:  # trust_env: the proxy URL and its credentials
+        path = "/v1/chat/completions" if family == "openai" else "/v1/messages"
+        host = "api.openai.com" if family == "openai" else "api.anthropic.com"
+        r = http.post(f"https://{host}{path}", json={"model": "m", "max_tokens": 5,
+                                                     "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200, r.text
+    assert [r.headers.get("x-api-key") or r.headers["authorization"] for r in sim.model_requests()] == \
+        ([f"Bearer {REAL_KEY}"] * 2 if family == "openai" else [REAL_KEY] * 2)
+    assert proxy.api("GET", f"sessions/{session['id']}")[1]["turns"] == 2
+
+
+# The fixture's message_stop, then the rest of the body only later: the end of the body comes
+# well after the terminal event, as when a provider holds the connection a moment.
+HELD_STREAM = (ROOT / "tests" / "fixtures" / "anthropic-messages-sse" / "basic_response.sse").read_bytes().rstrip(b"\n") \
+    + b'\n\nevent: ping\ndata: {"type": "ping"}\n\n'
+
+
+def test_a_streamed_turn_is_committed_before_its_terminal_event_reaches_the_harness(new_session, sim, proxy):
+    """A harness that sends its next request the moment it reads ``message_stop`` must find
+    the turn on the record: the Tee commits before it returns the terminal event's bytes,
+    not at the end of the body."""
+    import httpx2 as httpx
+
+    sim.script(Reply(raw=HELD_STREAM, content_type="text/event-stream", delay=0.4))
+    session = new_session()
+    body = {"model": "m", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    with httpx.Client(proxy=proxy.url, verify=ssl.create_default_context(cafile=proxy.ca_bundle), timeout=20) as http:
+        with http.stream("POST", "https://api.anthropic.com/v1/messages", json=body,
+                         headers={"x-api-key": session["model_secret"]}) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            assert any(line.startswith("data:") and '"message_stop"' in line for line in lines)
+            # message_stop read; the rest of the body is still 0.4 s away
+            summary = proxy.api("GET", f"sessions/{session['id']}")[1]
+            assert summary["turns"] == 1, summary
+            assert any("ping" in line for line in lines)  # the body really went on afterwards
 
 
 def test_non_model_paths_on_provider_hosts_are_answered_locally(new_session, sim, proxy, harness_env):
@@ -312,6 +369,9 @@ def test_delete_seals_and_show_reports_it(new_session, sim, proxy, harness_env):
     assert status == 200 and summary["turns"] == 2 and not summary["sealed"]
     status, summary = proxy.api("DELETE", f"sessions/{session['id']}")
     assert summary["sealed"] and summary["turns"] == 2
+    # A DELETE without a body seals with the default stop condition, on the answer and on disk.
+    assert summary["stop_condition"] == "deleted"
+    assert read_trace(session["trace_path"]).stop_condition == "deleted"
     # The proxy lets go of the sealed graph but still answers for the session.
     status, again = proxy.api("GET", f"sessions/{session['id']}")
     assert status == 200 and again["released"] and again["turns"] == 2 and again["calls"] == 2

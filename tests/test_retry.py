@@ -16,7 +16,7 @@ import httpx2 as httpx  # the HTTP client the SDKs use
 import openai
 import pytest
 
-from conftest import session_clients
+from clients import KEY_ENV, session_clients
 from interceptor.trace import read_trace
 from provider import Reply
 
@@ -142,11 +142,22 @@ def test_coalesced_retry_of_a_failed_attempt_gets_a_retryable_503(sim, proxy, ne
     sim.script(Reply(text=[f"w{i} " for i in range(6)], delay=0.15, cut_after=3))
     session = new_session()
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "cut"}]}
-    t = threading.Thread(target=lambda: pytest.raises(Exception, raw_post, proxy, session, "/v1/chat/completions", body, 0))
+    first: dict = {}
+
+    def attempt() -> None:
+        # An assertion in a thread cannot fail the test: keep the outcome for the test to check.
+        try:
+            first["result"] = raw_post(proxy, session, "/v1/chat/completions", body, 0)
+        except Exception as e:  # noqa: BLE001 - the cut stream is what this attempt must see
+            first["error"] = e
+
+    t = threading.Thread(target=attempt)
     t.start()
     sim.wait_for_requests(1)
     status, headers, data = raw_post(proxy, session, "/v1/chat/completions", body, 1)
     t.join()
+    # The cut reaches the harness as a broken body (the proxy relays it), never as a whole answer.
+    assert isinstance(first.get("error"), httpx.HTTPError), first
     assert status == 503 and headers["x-should-retry"] == "true"
     assert json.loads(data)["error"]["message"]
     trace = sealed_trace(proxy, session)
@@ -169,11 +180,45 @@ def test_identical_unflagged_body_after_delivery_is_a_new_turn_and_its_retry_rep
     assert trace.num_turns == 2
 
 
+def test_a_fresh_identical_body_forgets_the_old_answer_so_its_retry_after_a_429_resamples(sim, proxy, new_session):
+    """The same body again without a flag is a new turn; when its first attempt is refused
+    (429) the SDK's flagged retry must reach the provider, not get the previous turn's answer."""
+    sim.script(Reply(text="first answer"), Reply(status=429, retry_after="0"), Reply(text="second answer"))
+    session = new_session()
+    body = {"model": "m", "messages": [{"role": "user", "content": "summarise"}]}
+    keep_alive = httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle), timeout=20)  # as an SDK's pool
+    headers = {"authorization": f"Bearer {session['model_secret']}", "x-stainless-retry-count": "0"}
+    url = "https://api.openai.com/v1/chat/completions"
+    with keep_alive:
+        first = keep_alive.post(url, json=body, headers=headers)
+        refused = keep_alive.post(url, json=body, headers=headers)
+        retried = keep_alive.post(url, json=body, headers={**headers, "x-stainless-retry-count": "1"})
+    assert first.json()["choices"][0]["message"]["content"] == "first answer"
+    assert refused.status_code == 429
+    assert "x-interceptor-replay" not in retried.headers
+    assert retried.json()["choices"][0]["message"]["content"] == "second answer"
+    assert len(sim.model_requests()) == 3
+    trace = sealed_trace(proxy, session)
+    assert trace.num_turns == 2 and [c.status for c in trace.calls] == [200, 429, 200]
+
+
+def test_an_answer_read_whole_on_a_closing_connection_was_delivered(sim, proxy, new_session):
+    """``Connection: close`` means the connection was meant to end with the answer: its close
+    does not make a fully read answer undelivered, so the same body again is a new turn."""
+    sim.script(Reply(text="one"), Reply(text="two"))
+    session = new_session()
+    body = {"model": "m", "messages": [{"role": "user", "content": "again"}]}
+    _, _, first = raw_post(proxy, session, "/v1/chat/completions", body, 0, extra_headers={"connection": "close"})
+    time.sleep(0.5)  # the proxy has seen the client go (an undelivered answer would now replay)
+    _, headers, second = raw_post(proxy, session, "/v1/chat/completions", body, 0)
+    assert b"one" in first and b"two" in second and "x-interceptor-replay" not in headers
+    assert len(sim.model_requests()) == 2
+    assert sealed_trace(proxy, session).num_turns == 2
+
+
 @pytest.mark.parametrize("undelivered_option", [True, False])
 def test_unflagged_resend_after_client_went_away(undelivered_option, sim, start_proxy, tmp_path):
     proxy = start_proxy({"intercept_retry_undelivered": str(undelivered_option).lower()})
-    from conftest import KEY_ENV
-
     sim.script(Reply(text="kept"), Reply(text="resampled"))
     session = proxy.create_session(upstream={"base_url": sim.url("/v1")})
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "go"}]}
@@ -192,8 +237,6 @@ def test_unflagged_resend_after_client_went_away(undelivered_option, sim, start_
 
 def test_idempotency_header_flags_a_retry(sim, start_proxy):
     proxy = start_proxy({"intercept_retry_headers": "Idempotency-Key"})
-    from conftest import KEY_ENV
-
     sim.script(Reply(text="once"), Reply(text="twice"))
     session = proxy.create_session(upstream={"base_url": sim.url("/v1")})
     body = {"model": "m", "messages": [{"role": "user", "content": "k"}]}

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from interceptor.trace import read_trace
-from conftest import KEY_ENV, REAL_KEY
+from clients import KEY_ENV, REAL_KEY
 from harness import RUN_HARNESS, node_harness
 from provider import Reply
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from interceptor.trace import Recorder, Store, read_trace
-from conftest import session_clients
+from clients import session_clients
 from mitm import ROOT
 from provider import Reply
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import KEY_ENV, REAL_KEY, session_clients
+from clients import KEY_ENV, REAL_KEY, session_clients
 from mitm import MitmProcess, free_port
 from provider import Reply
 

@@ -30,7 +30,7 @@ from interceptor.trace import (
     read_trace,
 )
 from interceptor.trace.verify import problems
-from conftest import KEY_ENV, REAL_KEY, session_clients
+from clients import KEY_ENV, REAL_KEY, session_clients
 from mitm import ROOT, MitmProcess
 from provider import ProviderSimulator, Reply, ToolCall
 from provider import tokens as sim_tokens

@@ -86,6 +86,7 @@ def test_seal_is_idempotent_and_later_calls_still_land(tmp_path):
 @pytest.fixture(scope="module")
 def sample_file(tmp_path_factory):
     r = recorded(tmp_path_factory.mktemp("torn"), turns=6)
+    r.store.close()  # a module's fixture: no test's teardown stops its writer
     data = r.path.read_bytes()
     ends = [0]
     for offset, _ in iter_records(r.path):

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from interceptor.trace import read_trace
-from conftest import REAL_KEY
+from clients import REAL_KEY
 from provider import Reply, ToolCall
 from wsclient import Rejected, WSClient
 

@@ -17,7 +17,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests/: the simulator and the helpers
 
-from conftest import KEY_ENV, REAL_KEY, session_clients  # noqa: E402
+from clients import KEY_ENV, REAL_KEY, session_clients  # noqa: E402
 from interceptor.trace import SCHEMA_VERSION, read_trace  # noqa: E402
 from mitm import MitmProcess  # noqa: E402
 from provider import ProviderSimulator  # noqa: E402
