@@ -10,7 +10,6 @@ environment, is set; neither ever reaches a record or a log.
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,14 +55,13 @@ class Prepared:
     refusal: str | None = None
 
 
-SMALL = 4096  # top-level values up to this size are compared to find what an override changed
-
-
 def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path: str = "") -> Prepared:
     """Parse, understand and rewrite one request body. Pure, so that a large body can be
     handled in a worker thread while the event loop keeps serving other sessions. A changed
-    body is spliced: only the top-level keys an override touched are written anew, the
-    history is copied as the harness wrote it (``dialects.body``).
+    body is spliced: only the top-level keys an override names are written anew, the
+    history is copied as the harness wrote it (``dialects.body``). That relies on every
+    dialect step recording each change it makes as an Override (the record must say what
+    changed anyway); tests/test_rewrite.py holds every dialect to it.
 
     A body nested deeper than Python's recursion limit (a 3 KB body can be) or one that is
     not UTF-8 (JSON text must be, RFC 8259 section 8.1; Python's decoder lets lone surrogate
@@ -87,9 +85,6 @@ def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, pat
     if not isinstance(body, dict):
         return Prepared(refusal="request body must be a JSON object")
     out = Prepared(body=body, requested_model=dialect.requested_model(body, path))
-    # Overrides edit nested settings in place (reasoning.effort): keep the small top-level
-    # values as they were, to see afterwards which ones changed.
-    before = {k: copy.deepcopy(body[k]) for k, (a, b) in parsed.spans.items() if b - a <= SMALL}
     if kind == "model":
         try:
             out.request = dialect.parse_request(body)
@@ -102,9 +97,7 @@ def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, pat
     else:
         out.overrides = dialect.side_overrides(body, config.model)
     if out.overrides:
-        changed = {o.key.split(".", 1)[0] for o in out.overrides}
-        changed.update(k for k, v in before.items() if k not in body or body[k] != v)
-        out.content = parsed.encode(changed)
+        out.content = parsed.encode({o.key.split(".", 1)[0] for o in out.overrides})
     return out
 
 
