@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from interceptor.trace import (
+    HoleWarning,
     Message,
     ModelCall,
     Recorder,
@@ -29,6 +30,8 @@ from interceptor.trace import (
 from interceptor.trace import store as store_module
 from interceptor.trace.verify import problems
 from test_trace import Rollout, tool_turns
+
+REPLAY = Path(__file__).resolve().parent.parent / "scripts" / "replay_trace.py"
 
 
 def recorded(tmp_path, turns=5, name="r.msgpack"):
@@ -120,6 +123,21 @@ def test_torn_file_keeps_every_complete_record(tmp_path_factory, sample_file, da
     assert trace.calls == full.calls[:len(trace.calls)]
     assert trace.nodes == full.nodes[:len(trace.nodes)]
     assert problems(trace) == []
+
+
+def test_a_garbled_record_in_the_middle_is_reported_with_its_offset_and_fails_verify(tmp_path):
+    """Damage is not a crash: the reader keeps what precedes it, says where it is, and
+    ``verify`` refuses the file (everything after the damage is lost to a trainer)."""
+    r = recorded(tmp_path, turns=5)
+    offsets = [offset for offset, _ in iter_records(r.path)]
+    data = bytearray(r.path.read_bytes())
+    data[offsets[3]] = 0xC1  # the one byte msgpack never uses: turn 3's record is garbage
+    r.path.write_bytes(bytes(data))
+    with pytest.warns(HoleWarning, match=f"undecodable record at byte {offsets[3]} of {len(data)}.*hole in the middle"):
+        trace = read_trace(r.path)
+    assert trace.num_turns == 2 and trace.calls == r.recorder.trace.calls[:2]
+    verify = subprocess.run([sys.executable, str(REPLAY), "verify", str(r.path)], capture_output=True, text=True)
+    assert verify.returncode == 1 and f"byte {offsets[3]}" in verify.stderr
 
 
 def write_records(path, *records):
