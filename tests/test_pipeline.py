@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from interceptor.trace import read_trace
-from clients import KEY_ENV, REAL_KEY, session_clients
+from clients import REAL_KEY, session_clients
 from mitm import ROOT, MitmProcess
 from provider import Reply, ToolCall
 

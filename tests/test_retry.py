@@ -16,7 +16,7 @@ import httpx2 as httpx  # the HTTP client the SDKs use
 import openai
 import pytest
 
-from clients import KEY_ENV, session_clients
+from clients import session_clients
 from interceptor.trace import read_trace
 from provider import Reply
 
