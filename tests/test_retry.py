@@ -139,7 +139,9 @@ def test_retry_while_streaming_coalesces_and_both_get_the_same_bytes(sim, proxy,
 
 
 def test_coalesced_retry_of_a_failed_attempt_gets_a_retryable_503(sim, proxy, new_session):
-    sim.script(Reply(text=[f"w{i} " for i in range(6)], delay=0.15, cut_after=3))
+    # The cut comes ~2 s in: the retry must arrive while the first attempt is still in flight,
+    # even on a loaded machine (at 0.45 s it sometimes came after the failure, and resampled).
+    sim.script(Reply(text=[f"w{i} " for i in range(20)], delay=0.2, cut_after=10))
     session = new_session()
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "cut"}]}
     first: dict = {}
