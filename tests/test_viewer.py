@@ -22,7 +22,7 @@ import pytest
 from interceptor.scripts import viewer
 from interceptor.trace import Message, ModelCall, Reasoning, Recorder, Request, Response, Store, ToolCall, Usage, read_trace
 from browser import Browser, chromium_bin
-from conftest import session_clients
+from clients import session_clients
 from harness import FINAL, PROMPT, TOOL_OUTPUT, check_ran, node_harness, run_harness, trace_of
 from harness import hproxy, hsim, sim  # noqa: F401 (this module's fixtures)
 from mitm import ROOT
