@@ -10,7 +10,7 @@ import ssl
 import httpx
 
 from interceptor.trace import read_trace
-from conftest import session_clients
+from clients import session_clients
 from provider import Reply
 
 MB = 1 << 20

@@ -23,7 +23,7 @@ from interceptor.addons.gate import FLOW_HOOKS
 from interceptor.scripts.replay_trace import main as replay_main
 from interceptor.trace import read_trace
 from interceptor.trace.verify import problems
-from conftest import KEY_ENV, REAL_KEY
+from clients import KEY_ENV, REAL_KEY
 from mitm import MitmProcess
 from provider import ProviderSimulator, Reply
 
