@@ -10,6 +10,7 @@ environment, is set; neither ever reaches a record or a log.
 from __future__ import annotations
 
 import asyncio
+import re
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,24 @@ class Prepared:
     refusal: str | None = None
 
 
+# No model API takes JSON nested this deep, and deeper values break recursive code further on
+# (pydantic, copying, hashing: a RecursionError there would skip the rest of an addon's hook).
+# Checked on the small top-level values, where it is cheap; a large one nested this deep fails
+# parsing first (Python's JSON decoder stops at its recursion limit).
+MAX_DEPTH = 128
+SMALL = 4096
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def _depth(text: str) -> int:
+    depth = deepest = 0
+    for b in _BRACKETS.findall(_STRING.sub("", text)):
+        depth += 1 if b in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path: str = "") -> Prepared:
     """Parse, understand and rewrite one request body. Pure, so that a large body can be
     handled in a worker thread while the event loop keeps serving other sessions. A changed
@@ -84,6 +103,9 @@ def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, pat
     body = parsed.data
     if not isinstance(body, dict):
         return Prepared(refusal="request body must be a JSON object")
+    if parsed.text is not None and any(b - a <= SMALL and _depth(parsed.text[a:b]) > MAX_DEPTH
+                                       for a, b in parsed.spans.values()):
+        raise RecursionError  # answered by prepare, as a body too deep to parse is
     out = Prepared(body=body, requested_model=dialect.requested_model(body, path))
     if kind == "model":
         try:

@@ -79,3 +79,14 @@ def value_at(body: dict, dotted: str):
             return None
         body = body[part]
     return body
+
+
+def test_a_small_value_nested_deeper_than_any_api_takes_is_refused_not_parsed_on():
+    """500 levels fit a 1 KB value and json.loads, yet break recursive code further on: refused
+    here, in the dialect's words, as a body too deep to parse is (the proxy test is
+    tests/test_faults.py's deeply nested body)."""
+    config = SessionConfig.model_validate({"model": "m"})
+    deep = '{"model": "x", "messages": [], "metadata": %s}' % ("[" * 500 + "]" * 500)
+    assert "nested too deeply" in prepare(deep.encode(), CHAT, "model", config).refusal
+    fine = '{"model": "x", "messages": [], "metadata": %s}' % ("[" * 40 + '"]]"' + "]" * 40)
+    assert prepare(fine.encode(), CHAT, "model", config).refusal is None
