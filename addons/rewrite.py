@@ -10,8 +10,8 @@ environment, is set; neither ever reaches a record or a log.
 from __future__ import annotations
 
 import asyncio
-import re
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
