@@ -16,7 +16,7 @@ import openai
 import pytest
 from mitmproxy.io import FlowReader
 
-from conftest import KEY_ENV, REAL_KEY, dead_upstream, session_clients
+from clients import KEY_ENV, REAL_KEY, dead_upstream, session_clients
 from provider import Reply
 
 ENV_TOKEN = "env-given-admin-token-0123456789abcdef"
