@@ -11,6 +11,8 @@ import asyncio
 import hmac
 import json
 import logging
+import warnings
+from pathlib import Path
 
 from mitmproxy import ctx, http
 from pydantic import ValidationError
@@ -19,10 +21,28 @@ from interceptor.addons.answers import json_response
 from interceptor.addons.session import Registry, SealConfig, SessionConfig
 from interceptor.addons.settings import Settings
 from interceptor.addons.upstream import format_validation_error
+from interceptor.trace import read_trace
 
 log = logging.getLogger(__name__)
 PREFIX = "/_interceptor/"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+
+
+def summary_from_file(sid: str, path: Path) -> dict:
+    """The summary of a session dropped from memory (``intercept_keep_sealed``), from its trace."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trace = read_trace(path)
+    except Exception as e:  # moved or deleted by the operator
+        return {"id": sid, "trace_path": str(path), "sealed": True, "released": True, "dropped": True,
+                "error": f"trace not readable: {type(e).__name__}: {e}"}
+    return {"id": sid, "turns": trace.num_turns, "input_tokens": trace.num_input_tokens,
+            "output_tokens": trace.num_output_tokens, "calls": len(trace.calls), "errors": len(trace.errors),
+            "stop_condition": trace.stop_condition, "sealed": trace.sealed, "trace_path": str(path),
+            "released": True, "dropped": True}
 
 
 def is_control(flow: http.HTTPFlow) -> bool:
@@ -98,14 +118,21 @@ class Control:
             if req.method == "POST":
                 return self._create(req)
             if req.method == "GET":
-                return json_response(200, {"sessions": [s.summary() for s in self.registry.all()]})
+                return self._list(req)
             return _error(405, "use POST to create a session, GET to list them")
         session = self.registry.get(parts[1])
         if session is None:
+            path = self.registry.dropped(parts[1])
+            if path is not None and req.method == "GET" and len(parts) == 2:
+                return json_response(200, summary_from_file(parts[1], path))
+            if path is not None:
+                return _error(410, f"session {parts[1]!r} is sealed and no longer in memory; its trace is {path}")
             return _error(404, f"no session {parts[1]!r}")
         if len(parts) == 3:
             if req.method != "GET":
                 return _error(405, "use GET on a session's env")
+            if session.sealed:  # its secrets open nothing any more: not handed out either
+                return _error(410, f"session {session.id!r} is sealed; create a new one")
             # Sessions from a sessions file were never answered a POST: this is how an
             # orchestrator gets their secrets and harness environment.
             return json_response(200, self._credentials(session))
@@ -118,11 +145,27 @@ class Control:
                 return _error(400, f"bad DELETE body: {format_validation_error(e)}")
             except ValueError as e:
                 return _error(400, f"DELETE body is not JSON: {e}")
+            if session.sealed:
+                return json_response(200, session.summary())  # DELETE is idempotent
             session.seal(seal)
-            summary = session.summary()
             session.release()  # a long night of rollouts keeps summaries, not graphs
-            return json_response(200, summary)
+            self.registry.retire(session)
+            return json_response(200, session.summary())
         return _error(405, "use GET or DELETE on a session")
+
+    def _list(self, req: http.Request) -> http.Response:
+        q = req.query
+        state = q.get("state") or None
+        if state not in (None, "live", "sealed"):
+            return _error(400, "state must be live or sealed")
+        try:
+            limit = int(q.get("limit", DEFAULT_PAGE))
+        except ValueError:
+            limit = -1
+        if not 1 <= limit <= MAX_PAGE:
+            return _error(400, f"limit must be a whole number from 1 to {MAX_PAGE}")
+        page, next_after = self.registry.page(after=q.get("after") or None, limit=limit, state=state)
+        return json_response(200, {"sessions": [s.summary() for s in page], "next_after": next_after})
 
     def _create(self, req: http.Request) -> http.Response:
         try:

@@ -5,6 +5,7 @@ calls each hook in list order):
 
 - Settings: the ``intercept_*`` options, sessions, what the proxy imposes on itself;
 - Control: the proxy's own API under ``/_interceptor/``;
+- OpenProxyGuard: listening beyond loopback, only a session's connections are relayed (407);
 - TlsGuard: names a harness that rejects the CA (it would hang silently);
 - Claim: which session a request belongs to, or a 401 in the dialect's shape;
 - BodyCap: a request over ``intercept_max_body`` gets 413 before its body is read whole;
@@ -30,6 +31,7 @@ from interceptor.addons.claim import Claim
 from interceptor.addons.collect import Collect
 from interceptor.addons.control import Control
 from interceptor.addons.gate import Gate, guarded
+from interceptor.addons.openproxy import OpenProxyGuard
 from interceptor.addons.reach import Reach
 from interceptor.addons.redact import Redact
 from interceptor.addons.retry import Retry
@@ -46,6 +48,7 @@ settings = Settings(registry)
 addons = guarded([
     settings,
     Control(registry, settings),
+    OpenProxyGuard(registry),  # before TlsGuard and Claim, which read (and remove) Proxy-Authorization
     TlsGuard(registry, settings),  # before Claim, which takes the CONNECT's Proxy-Authorization
     Claim(registry, settings),
     BodyCap(settings),  # right after Claim: a body over intercept_max_body is never read whole

@@ -18,40 +18,17 @@ from __future__ import annotations
 import logging
 
 from mitmproxy import connection, ctx, http
-from mitmproxy.proxy import mode_specs
 
 from interceptor.addons.claim import _proxy_auth_secret
 from interceptor.addons.session import Registry
+from interceptor.addons.settings import exposed_hosts
 
 log = logging.getLogger(__name__)
-
-LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost", "::ffff:127.0.0.1"})
-
-
-def exposed_hosts() -> list[str]:
-    """The addresses the proxy listens on beyond loopback ("" is every interface)."""
-    out = []
-    for spec in ctx.options.mode:
-        try:
-            host = mode_specs.ProxyMode.parse(spec).listen_host(ctx.options.listen_host)
-        except ValueError:
-            continue
-        if host not in LOOPBACK:
-            out.append(host or "0.0.0.0")
-    return out
-
 
 class OpenProxyGuard:
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
         self._authorized: set[str] = set()  # client connections that presented a secret
-
-    def load(self, loader) -> None:
-        loader.add_option(
-            "intercept_open_proxy", bool, False,
-            "Listening beyond loopback, relay for clients without a session secret too (an open proxy). "
-            "Off: every connection must present one in Proxy-Authorization (407 otherwise).",
-        )
 
     @property
     def enforcing(self) -> bool:

@@ -13,6 +13,7 @@ import secrets
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,12 +130,17 @@ class Registry:
     loaded from another thread.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keep_sealed: int = 1000) -> None:
         self._by_id: dict[str, Session] = {}
         self._by_model_secret: dict[str, Session] = {}
         self._by_state_secret: dict[str, Session] = {}
         self._lock = threading.Lock()
         self.store: Store = Store()
+        # Released sessions still in memory, oldest first; beyond ``keep_sealed`` of them the
+        # oldest is dropped, and only its trace path is kept (its summary is read from there).
+        self.keep_sealed = keep_sealed
+        self._released: deque[str] = deque()
+        self._dropped: dict[str, Path] = {}
 
     def create(self, config: SessionConfig, trace_dir: Path, fsync: str,
                upstream: Upstream | None = None, file_stem: str | None = None) -> Session:
@@ -142,6 +148,7 @@ class Registry:
         with self._lock:
             if sid in self._by_id:
                 raise ValueError(f"session {sid!r} exists already")
+            self._dropped.pop(sid, None)
             trace_dir.mkdir(parents=True, exist_ok=True)
             path = trace_dir / f"{file_stem or sid}.msgpack"
             header = {
@@ -165,6 +172,40 @@ class Registry:
 
     def get(self, sid: str) -> Session | None:
         return self._by_id.get(sid)
+
+    def retire(self, session: Session) -> None:
+        """A sealed session was released: count it, and drop the oldest beyond ``keep_sealed``
+        from memory (an exchange still in flight holds the object and is still recorded)."""
+        with self._lock:
+            self._released.append(session.id)
+            while len(self._released) > self.keep_sealed:
+                old = self._by_id.pop(self._released.popleft(), None)
+                if old is None:
+                    continue
+                self._by_model_secret.pop(old.model_secret, None)
+                self._by_state_secret.pop(old.state_secret, None)
+                self._dropped[old.id] = old.trace_path
+
+    def dropped(self, sid: str) -> Path | None:
+        """The trace file of a session dropped from memory, None if there is no such session."""
+        return self._dropped.get(sid)
+
+    def page(self, *, after: str | None, limit: int, state: str | None) -> tuple[list[Session], str | None]:
+        """Sessions in creation order after the one with id ``after``: up to ``limit`` of them,
+        and the id to continue after (None at the end). ``state``: live, sealed or None (both)."""
+        sessions = list(self._by_id.values())
+        start = 0
+        if after is not None:
+            ids = list(self._by_id)
+            start = ids.index(after) + 1 if after in self._by_id else len(ids)
+        out: list[Session] = []
+        for i in range(start, len(sessions)):
+            s = sessions[i]
+            if state is None or (state == "sealed") == s.sealed:
+                if len(out) == limit:
+                    return out, out[-1].id
+                out.append(s)
+        return out, None
 
     def by_model_secret(self, secret: str) -> Session | None:
         return _lookup(self._by_model_secret, secret)

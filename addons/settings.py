@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mitmproxy import certs, ctx, exceptions
+from mitmproxy.proxy import mode_specs
 from mitmproxy.utils import human
 from pydantic import TypeAdapter, ValidationError
 
@@ -127,6 +128,14 @@ class Settings:
         loader.add_option("intercept_max_body", str, "64m",
                           "Largest request body a claimed request may carry (k/m/g suffixes, 0: no "
                           "limit); a larger one is answered 413 in the dialect's shape and never forwarded.")
+        loader.add_option(
+            "intercept_open_proxy", bool, False,
+            "Listening beyond loopback, relay for clients without a session secret too (an open proxy). "
+            "Off: every connection must present one in Proxy-Authorization (407 otherwise).",
+        )
+        loader.add_option("intercept_keep_sealed", int, 1000,
+                          "Sealed sessions kept in memory (summaries); older ones are dropped and their "
+                          "summaries read from their trace files.")
         loader.add_option("intercept_fsync", str, "turn", "When trace files are fsynced: after each turn's records, at the seal, or never.",
                           choices=FSYNC_POLICIES)
 
@@ -179,6 +188,10 @@ class Settings:
             except ValueError as e:
                 raise exceptions.OptionsError(
                     f"intercept_max_body: not a size such as 64m, 512k or 1g: {o.intercept_max_body!r}") from e
+        if "intercept_keep_sealed" in updated:
+            if o.intercept_keep_sealed < 0:
+                raise exceptions.OptionsError(f"intercept_keep_sealed must be 0 or more, got {o.intercept_keep_sealed}")
+            self.registry.keep_sealed = o.intercept_keep_sealed
         if "intercept_fsync" in updated:
             if o.intercept_fsync not in FSYNC_POLICIES:  # mitmproxy lists choices, it does not check them
                 raise exceptions.OptionsError(
@@ -334,7 +347,8 @@ class Settings:
             self._create_sessions(self.file_configs)
             log.info(f"interceptor: {len(self.file_configs)} session(s) from {ctx.options.intercept_sessions}")
         else:
-            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.started_at))
+            # (milliseconds: two starts within a second must not share, and so rename, a file)
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.started_at)) + f".{int(self.started_at * 1000) % 1000:03d}Z"
             # Its own file per start, never a rename of the last one's.
             default = self.create_session(self.default_config, file_stem=f"default-{stamp}")
         asyncio.get_running_loop().create_task(self._announce(default, harness_dir))
@@ -348,6 +362,15 @@ class Settings:
             await asyncio.sleep(0.02)
         else:
             log.warning("interceptor: the proxy server is not listening yet; the env names its configured port")
+        exposed = exposed_hosts()
+        if not exposed:
+            log.info("interceptor: listening on loopback only")
+        elif ctx.options.intercept_open_proxy:
+            log.warning(f"interceptor: OPEN PROXY: listening on {', '.join(exposed)} with intercept_open_proxy=true: "
+                        "anyone who can reach the port can relay through it to any host")
+        else:
+            log.info(f"interceptor: listening on {', '.join(exposed)}: every connection must present a session "
+                     "secret in Proxy-Authorization (HTTPS_PROXY=http://session:<secret>@host:port), else 407")
         if default is not None:
             self._banner(default, harness_dir)
         self.ready = True
@@ -387,7 +410,11 @@ class Settings:
         return f"http://{host}:{port}"
 
     def harness_env(self, session: Session) -> dict[str, str]:
-        env = {"HTTPS_PROXY": self.proxy_url(), "https_proxy": self.proxy_url()}
+        url = self.proxy_url()
+        if exposed_hosts() and not ctx.options.intercept_open_proxy:
+            # Every connection must then present the secret (OpenProxyGuard): in the proxy URL.
+            url = url.replace("http://", f"http://session:{session.model_secret}@", 1)
+        env = {"HTTPS_PROXY": url, "https_proxy": url}
         env.update({k: session.model_secret for k in KEY_VARIABLES})
         if self.bundle_path:
             env.update({k: str(self.bundle_path) for k in CA_VARIABLES})
@@ -440,6 +467,22 @@ class Settings:
         ]
         for line in lines:
             log.info(line)
+
+
+LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost", "::ffff:127.0.0.1"})
+
+
+def exposed_hosts() -> list[str]:
+    """The addresses the proxy listens on beyond loopback ("" is every interface)."""
+    out = []
+    for spec in ctx.options.mode:
+        try:
+            host = mode_specs.ProxyMode.parse(spec).listen_host(ctx.options.listen_host)
+        except ValueError:
+            continue
+        if host not in LOOPBACK:
+            out.append(host or "0.0.0.0")
+    return out
 
 
 def _is_real_master() -> bool:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pwd
 import secrets
 import shutil
 import signal
@@ -73,7 +74,16 @@ HARNESS_DEFAULTS = {
     "MSWEA_CONFIGURED": "true",
     # litellm (mini-swe-agent): use the bundled model price list instead of downloading it.
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    # mini-swe-agent: a model name litellm's price list does not know (any name the session
+    # imposes, a vLLM model) is a cost-lookup error that ends the run; count it as free.
+    "MSWEA_COST_TRACKING": "ignore_errors",
 }
+# Where `make test-deps` installs the harness CLIs (claude, codex, gemini).
+NODE_BIN = ROOT / "tests" / "harnesses" / "node_modules" / ".bin"
+# What a harness run as another user (--user) inherits of this environment; nothing else.
+USER_VARIABLES = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ")
+CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "CODEX_CA_CERTIFICATE")
+DEFAULT_TIMEOUT = 3600.0
 
 
 class Failure(Exception):
@@ -145,8 +155,10 @@ class Proxy:
         env = {k: v for k, v in os.environ.items() if k not in PROXY_VARIABLES}
         env[TOKEN_VARIABLE] = token  # never on its command line, which every user can read
         with open(log_path, "wb") as log:
+            # Its own session: a ^C at the terminal is for the harness, not for the proxy that
+            # must still seal the session and answer for the summary.
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, cwd=workdir)
+                                    env=env, cwd=workdir, start_new_session=True)
         proxy = cls(f"http://127.0.0.1:{port}", token, proc, log_path)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -158,9 +170,9 @@ class Proxy:
         proxy.stop()
         raise Failure(f"mitmdump did not answer within {timeout:.0f}s:\n{proxy.log_tail()}")
 
-    def healthy(self) -> bool:
+    def healthy(self, timeout: float = 0.5) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/_interceptor/health", timeout=0.5) as r:
+            with urllib.request.urlopen(f"{self.url}/_interceptor/health", timeout=timeout) as r:
                 return r.status == 200
         except (urllib.error.URLError, OSError):
             return False
@@ -262,12 +274,26 @@ def harness_env(session: dict[str, Any], args: argparse.Namespace, home: Path | 
 # -- running ------------------------------------------------------------------------------------
 
 
+def find_command(cmd: list[str]) -> list[str]:
+    """The command, its program found on PATH or where `make test-deps` put the harness CLIs."""
+    program = cmd[0]
+    if "/" in program or shutil.which(program):
+        return cmd
+    local = NODE_BIN / program
+    if local.exists():
+        return [str(local), *cmd[1:]]
+    raise Failure(f"{program}: not found on PATH, nor in {NODE_BIN.relative_to(ROOT)} (where `make test-deps` "
+                  "installs claude, codex and gemini); give its path or install it")
+
+
 def run(cmd: list[str], env: dict[str, str], cwd: str | None, proxy: Proxy, session_id: str,
-        timeout: float | None) -> tuple[int, bool]:
-    """The command's exit status (128 + signal if killed), and whether it timed out. Warns
-    on stderr the moment the proxy sees the harness reject its CA."""
+        timeout: float | None, user: pwd.struct_passwd | None = None) -> tuple[int, str | None]:
+    """The command's exit status (128 + signal if killed), and why it was stopped (``timeout``,
+    ``interrupt``) if it was. Warns on stderr the moment the proxy sees the harness reject its CA.
+    A ^C reaches the harness too (same process group); a second one terminates it."""
+    as_user = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []} if user else {}
     try:
-        proc = subprocess.Popen(cmd, env=env, cwd=cwd)
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, **as_user)
     except OSError as e:
         raise Failure(f"cannot run {cmd[0]!r}: {e.strerror}") from e
 
@@ -277,7 +303,8 @@ def run(cmd: list[str], env: dict[str, str], cwd: str | None, proxy: Proxy, sess
 
     previous = signal.signal(signal.SIGTERM, forward)
     started = time.monotonic()
-    warned = timed_out = False
+    warned = False
+    stopped: str | None = None
     try:
         while True:
             try:
@@ -285,16 +312,22 @@ def run(cmd: list[str], env: dict[str, str], cwd: str | None, proxy: Proxy, sess
                 break
             except subprocess.TimeoutExpired:
                 pass
-            except KeyboardInterrupt:  # the harness got the same SIGINT; let it finish
+            except KeyboardInterrupt:
+                if stopped == "interrupt":  # a second ^C: do not wait for it any longer
+                    proc.terminate()
+                stopped = "interrupt"  # the harness got the same SIGINT; let it finish
                 continue
             if not warned:
-                status, summary = proxy.api("GET", f"sessions/{session_id}")
+                try:
+                    status, summary = proxy.api("GET", f"sessions/{session_id}")
+                except Failure:
+                    status, summary = 0, None
                 if status == 200 and (summary or {}).get("tls_rejections"):
                     warned = True
                     print(f"run_harness: the harness rejected the proxy's TLS certificate: it does not trust "
                           f"the CA (it may hang retrying). {TLS_ADVICE}", file=sys.stderr, flush=True)
-            if timeout is not None and time.monotonic() - started > timeout:
-                timed_out = True
+            if timeout and time.monotonic() - started > timeout:
+                stopped = "timeout"
                 proc.terminate()
                 try:
                     proc.wait(10)
@@ -304,7 +337,7 @@ def run(cmd: list[str], env: dict[str, str], cwd: str | None, proxy: Proxy, sess
                 break
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return (128 - code if code < 0 else code), timed_out
+    return (128 - code if code < 0 else code), stopped
 
 
 TLS_ADVICE = ("The session's env points NODE_EXTRA_CA_CERTS, CODEX_CA_CERTIFICATE, SSL_CERT_FILE and "
@@ -332,12 +365,14 @@ def trace_details(path: str) -> dict[str, Any]:
             "branches": len(trace.branches)}
 
 
-def summary_text(cmd: list[str], code: int, timed_out: bool, elapsed: float, summary: dict[str, Any],
+def summary_text(cmd: list[str], code: int, stopped: str | None, elapsed: float, summary: dict[str, Any],
                  details: dict[str, Any]) -> str:
     name = Path(cmd[0]).name
     head = f"run_harness: {name} exited with {code} after {elapsed:.1f}s"
-    if timed_out:
+    if stopped == "timeout":
         head += " (killed: --timeout)"
+    elif stopped == "interrupt":
+        head += " (interrupted)"
     lines = [head]
     sealed = "sealed" if summary.get("sealed") else "NOT sealed"
     lines.append(f"  session  {summary.get('id')} ({sealed})  trace {summary.get('trace_path')}")
@@ -387,7 +422,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--home", help="HOME for the harness (created if missing) instead of a fresh temporary one")
     parser.add_argument("--keep-home", action="store_true", help="run the harness with this HOME")
     parser.add_argument("--cwd", help="working directory of the harness")
-    parser.add_argument("--timeout", type=float, help="stop the harness after this many seconds (exit 124)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help=f"stop the harness after this many seconds (exit 124; default {DEFAULT_TIMEOUT:.0f}, 0: never)")
+    parser.add_argument("--user", help="run the harness as this Unix user (needs root): it can then read neither the "
+                                       "proxy's token, nor its keys, nor its environment")
     parser.add_argument("--no-proxy-auth", action="store_true",
                         help="keep the secret out of the proxy URL (then a CA rejection cannot be tied to the session)")
     parser.add_argument("--summary-json", help="also write the summary as JSON to this file")
@@ -402,7 +440,44 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("give the harness command after --, e.g. -- claude -p 'hello'")
     if args.home and args.keep_home:
         parser.error("--home and --keep-home exclude each other")
+    if args.user and args.keep_home:
+        parser.error("--user runs the harness with a HOME of its own; --keep-home would share yours")
     return args
+
+
+def check_upstream(session: dict[str, Any], args: argparse.Namespace) -> None:
+    """Before the harness starts: the upstream has its key and answers (one clear line if not),
+    rather than a harness retrying a dead upstream silently for minutes."""
+    up = session.get("upstream") or {}
+    if up.get("api_key_env") and not up.get("key_set"):
+        where = "this environment" if not args.proxy else "the proxy's environment"
+        raise Failure(f"upstream {up.get('name')!r}: its key variable {up['api_key_env']} is not set in {where}")
+    url = up.get("base_url")
+    if not url:
+        return  # the provider host the harness addresses
+    # A connection, not a request: nothing reaches the upstream's logs or its rate limits.
+    u = urlsplit(url)
+    try:
+        socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=10).close()
+    except OSError as e:
+        raise Failure(f"upstream {up.get('name')!r} at {url} does not answer ({e.strerror or e}); "
+                      "the harness was not started")
+
+
+def user_home(user: pwd.struct_passwd, home: Path, env: dict[str, str]) -> dict[str, str]:
+    """A harness run as ``user``: its own HOME (owned by it) and a copy of the CA bundle there
+    (the proxy's folders need not be readable by it)."""
+    clean = dict(env)
+    bundle = env.get("SSL_CERT_FILE")
+    if bundle and os.path.exists(bundle):
+        copy = home / "interceptor-ca-bundle.pem"
+        shutil.copyfile(bundle, copy)
+        clean.update({k: str(copy) for k in CA_VARIABLES})
+    clean.update(HOME=str(home), USER=user.pw_name, LOGNAME=user.pw_name)
+    for path in (home, *home.rglob("*")):
+        os.chown(path, user.pw_uid, user.pw_gid)
+    home.chmod(0o700)
+    return clean
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -410,15 +485,29 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="run-harness-") as tmp:
         workdir = Path(tmp)
         proxy: Proxy | None = None
+        session: dict[str, Any] | None = None
+        code, stopped, started = 2, None, time.monotonic()
         try:
+            user = None
+            if args.user:
+                if os.geteuid() != 0:
+                    raise Failure("--user needs root (to run the harness as another user)")
+                try:
+                    user = pwd.getpwnam(args.user)
+                except KeyError:
+                    raise Failure(f"--user {args.user}: no such user") from None
+            command = find_command(args.command)
             if args.proxy:
                 if args.api_key_env:
                     raise Failure("--api-key-env is for a proxy this script starts; the running proxy's operator "
                                   "declared its upstreams and their keys: pick one with --upstream NAME or its base URL")
                 proxy = Proxy(args.proxy, admin_token(args))
-                if not proxy.healthy():
+                if not proxy.healthy(timeout=10):
                     raise Failure(f"no proxy answers at {args.proxy}/_interceptor/health")
             else:
+                if args.api_key_env and not os.environ.get(args.api_key_env):
+                    raise Failure(f"--api-key-env {args.api_key_env}: the variable is not set here, so the "
+                                  "upstream would get no key")
                 hosts = [*DEFAULT_HOSTS, *args.host]
                 options = list(args.options)
                 if args.upstream and "://" in args.upstream:
@@ -426,35 +515,70 @@ def main(argv: list[str] | None = None) -> int:
                 if args.api_key_env:
                     options.append(f"intercept_api_key_env={args.api_key_env}")
                 proxy = Proxy.start(workdir / "proxy", Path(args.trace_dir).resolve(), hosts, options)
-            status, session = proxy.api("POST", "sessions", session_config(args))
+            status, created = proxy.api("POST", "sessions", session_config(args))
             if status != 201:
-                message = ((session or {}).get("error") or {}).get("message") or session
+                message = ((created or {}).get("error") or {}).get("message") or created
                 raise Failure(f"the proxy refused the session ({status}): {message}")
+            session = created
+            try:
+                check_upstream(session, args)
+            except Failure:
+                proxy.api("DELETE", f"sessions/{session['id']}", {"stop_condition": "harness_not_started"})
+                session = None
+                raise
             home = None
-            if not args.keep_home:
+            if user is not None:
+                home = Path(args.home).resolve() if args.home else Path(tempfile.mkdtemp(prefix="run-harness-home-"))
+                home.mkdir(parents=True, exist_ok=True)
+            elif not args.keep_home:
                 home = Path(args.home).resolve() if args.home else workdir / "home"
                 home.mkdir(parents=True, exist_ok=True)
-            env = harness_env(session, args, home, dict(os.environ))
+            # Run as another user, the harness inherits only a few variables of this environment
+            # (which may hold keys of its own); else all but the ones that would bypass the proxy.
+            base = dict(os.environ) if user is None else {k: v for k, v in os.environ.items() if k in USER_VARIABLES}
+            env = harness_env(session, args, home, base)
+            cwd = args.cwd
+            if user is not None:
+                env = user_home(user, home, env)
+                cwd = cwd or str(home)
             started = time.monotonic()
-            code, timed_out = run(args.command, env, args.cwd, proxy, session["id"], args.timeout)
-            if timed_out:
+            code, stopped = run(command, env, cwd, proxy, session["id"], args.timeout, user)
+            if stopped == "timeout":
                 code = 124
-            elapsed = time.monotonic() - started
-            status, summary = proxy.api("DELETE", f"sessions/{session['id']}")
-            if status != 200:
-                summary = {"id": session["id"], "trace_path": session["trace_path"]}
-            text = summary_text(args.command, code, timed_out, elapsed, summary, trace_details(session["trace_path"]))
-            print(text, file=sys.stderr, flush=True)
-            if args.summary_json:
-                Path(args.summary_json).write_text(json.dumps({**summary, "exit_status": code,
-                                                               "elapsed": elapsed, "timed_out": timed_out}))
+            if user is not None and not args.home:
+                shutil.rmtree(home, ignore_errors=True)
+            return code
+        except KeyboardInterrupt:
+            stopped, code = "interrupt", 130
             return code
         except Failure as e:
             print(f"run_harness: {e}", file=sys.stderr)
             return 2
         finally:
-            if proxy is not None:
-                proxy.stop()
+            try:
+                if session is not None and proxy is not None:
+                    finish(args, proxy, session, code, stopped, time.monotonic() - started)
+            finally:
+                if proxy is not None:
+                    proxy.stop()
+
+
+def finish(args: argparse.Namespace, proxy: Proxy, session: dict[str, Any], code: int, stopped: str | None,
+           elapsed: float) -> None:
+    """Seal the session and print the summary: always, an interrupt or a dead proxy included."""
+    try:
+        status, summary = proxy.api("DELETE", f"sessions/{session['id']}")
+    except Failure as e:
+        print(f"run_harness: {e}", file=sys.stderr)
+        status, summary = 0, None
+    if status != 200:
+        summary = {"id": session["id"], "trace_path": session["trace_path"]}
+    text = summary_text(args.command, code, stopped, elapsed, summary, trace_details(session["trace_path"]))
+    print(text, file=sys.stderr, flush=True)
+    if args.summary_json:
+        Path(args.summary_json).write_text(json.dumps({**summary, "exit_status": code, "elapsed": elapsed,
+                                                       "timed_out": stopped == "timeout",
+                                                       "interrupted": stopped == "interrupt"}))
 
 
 if __name__ == "__main__":

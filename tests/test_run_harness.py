@@ -95,7 +95,7 @@ def test_it_names_a_harness_that_rejects_the_ca(tmp_path, sim, monkeypatch):
     printed while it hangs and the summary say why nothing happened."""
     claude = node_harness("claude")
     monkeypatch.setenv(KEY_ENV, REAL_KEY)
-    result = _run(["--upstream", sim.url("/v1"), "--api-key-env", KEY_ENV, "--timeout", "12",
+    result = _run(["--upstream", sim.url("/v1"), "--api-key-env", KEY_ENV, "--timeout", "30",
                    "--trace-dir", str(tmp_path), "--summary-json", str(tmp_path / "summary.json")],
                   ["env", "-u", "NODE_EXTRA_CA_CERTS", "-u", "SSL_CERT_FILE", "-u", "REQUESTS_CA_BUNDLE",
                    claude, "-p", "hello"])
