@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from conftest import session_clients
+from clients import session_clients
 from provider import Reply
 
 

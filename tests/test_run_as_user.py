@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import KEY_ENV, REAL_KEY
+from clients import KEY_ENV, REAL_KEY
 from provider import Reply
 
 ROOT = Path(__file__).resolve().parent.parent
