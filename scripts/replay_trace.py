@@ -4,10 +4,11 @@
     python scripts/replay_trace.py show traces/abc.msgpack [--json]
     python scripts/replay_trace.py verify traces/*.msgpack
     python scripts/replay_trace.py export traces/*.msgpack --out samples.jsonl
+    python scripts/replay_trace.py export traces/*.msgpack --format parquet --out samples.parquet --min-reward 1
 
 ``show`` is for "what did the model see and say, and what did each exchange cost";
 ``verify`` is the gate before a trainer consumes files (exit 1 at the first bad one);
-``export`` writes one JSON line per branch, the shape trainers read.
+``export`` writes one row per branch, the shape trainers read (``--format jsonl|parquet|messages``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import sys
 import warnings
 
-from interceptor.trace import HoleWarning, Message, ModelCall, Trace, read_trace
+from interceptor.trace import HoleWarning, Message, ModelCall, Trace, export, read_trace
 from interceptor.trace.verify import problems
 
 PREVIEW = 240  # characters of a message shown by ``show``
@@ -234,20 +235,19 @@ def cmd_verify(args) -> int:
 
 
 def cmd_export(args) -> int:
-    out = sys.stdout if args.out == "-" else open(args.out, "w", encoding="utf-8")
-    count = 0
     try:
+        out = export.Writer(args.format, sys.stdout if args.out == "-" else args.out)
+    except (ValueError, RuntimeError) as e:
+        print(f"export: {e}", file=sys.stderr)
+        return 2
+    with out:
         for path in args.files:
             trace, notes, _ = _load(path)
             for note in notes:
                 print(f"{path}: warning: {note}", file=sys.stderr)
-            for sample in samples(trace):
-                out.write(json.dumps(sample, ensure_ascii=False) + "\n")
-                count += 1
-    finally:
-        if out is not sys.stdout:
-            out.close()
-    print(f"{count} samples from {len(args.files)} traces -> {args.out}", file=sys.stderr)
+            out.write(export.filtered(trace, samples(trace), sampled_only=args.sampled_only,
+                                      min_reward=args.min_reward))
+    print(f"{out.count} samples from {len(args.files)} traces -> {args.out}", file=sys.stderr)
     return 0
 
 
@@ -262,9 +262,16 @@ def main(argv: list[str] | None = None) -> int:
                                       "at the first problem")
     p.add_argument("files", nargs="+")
     p.set_defaults(func=cmd_verify)
-    p = sub.add_parser("export", help="one JSON line per branch for trainers")
+    p = sub.add_parser("export", help="one row per branch for trainers (JSON lines, Parquet or chat "
+                                      "conversations; see interceptor.trace.export)")
     p.add_argument("files", nargs="+")
-    p.add_argument("--out", required=True, help="output .jsonl path, or - for stdout")
+    p.add_argument("--out", required=True, help="output path, or - for stdout (not for parquet)")
+    p.add_argument("--format", choices=export.FORMATS, default="jsonl",
+                   help="jsonl: the trace's row; parquet: the same with list columns (needs pyarrow, the "
+                        "parquet extra); messages: OpenAI-style chat conversations for chat templates/SFT")
+    p.add_argument("--sampled-only", action="store_true",
+                   help="only branches holding at least one message the model produced")
+    p.add_argument("--min-reward", type=float, help="only traces sealed with a reward of at least this")
     p.set_defaults(func=cmd_export)
     from interceptor.scripts import viewer
     viewer.add_subcommand(sub)

@@ -34,11 +34,13 @@ from interceptor.trace.records import (
     iter_records,
     read_trace,
 )
+from interceptor.trace.follow import Follower, Sealed, TurnLanded, follow_traces
 from interceptor.trace.recorder import Recorder
 from interceptor.trace.store import FSYNC_POLICIES, Store
 
 __all__ = [
-    "Branch", "Choice", "HoleWarning", "FSYNC_POLICIES", "MIN_SCHEMA_VERSION", "Message", "MessageNode",
+    "Branch", "Choice", "FSYNC_POLICIES", "Follower", "HoleWarning", "MIN_SCHEMA_VERSION", "Message",
+    "MessageNode", "Sealed", "TurnLanded", "follow_traces",
     "ModelCall", "Part", "Reasoning", "Recorder", "Request", "Response", "ResponseError",
     "SCHEMA_VERSION", "Sampling", "Store", "Tool", "ToolCall", "TornRecordWarning", "Trace",
     "TraceFormatError", "TraceVersionError", "Usage", "canonical_json", "iter_records",

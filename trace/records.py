@@ -137,6 +137,16 @@ def iter_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             _bad_tail(path, offset, size, "incomplete")
 
 
+def node_from_record(data: dict[str, Any]) -> tuple[int, MessageNode]:
+    """A ``turn`` record's node entry: its index and the node (``mask`` filled back in)."""
+    data = dict(data)
+    index = data.pop("i")
+    node = MessageNode.model_validate(data)
+    if node.mask is None and node.token_ids is not None:
+        node.mask = [node.sampled] * len(node.token_ids)
+    return index, node
+
+
 def _upgrade(record: dict[str, Any], version: int) -> dict[str, Any]:
     """Bring a record of an older supported schema version to the current shape. Version 1
     is current; a version 2 reader adds its migrations here."""
@@ -176,15 +186,11 @@ def fold(records: Iterator[tuple[int, dict[str, Any]]], source: str = "trace") -
         rec = _upgrade(rec, version)
         if kind == "turn":
             for data in rec.get("nodes", []):
-                data = dict(data)
-                index = data.pop("i")
+                index, node = node_from_record(data)
                 if index != len(trace.nodes):
                     raise TraceFormatError(
                         f"{source}: byte {offset}: node {index} out of sequence "
                         f"(expected {len(trace.nodes)})")
-                node = MessageNode.model_validate(data)
-                if node.mask is None and node.token_ids is not None:
-                    node.mask = [node.sampled] * len(node.token_ids)
                 trace.nodes.append(node)
             if "tools" in rec:
                 trace.tools = [Tool.model_validate(t) for t in rec["tools"]]
