@@ -104,8 +104,9 @@ class AsyncSession:
         return await asyncio.to_thread(self.sync.summary)
 
     async def close(self, reward: float | None = None, metrics: dict[str, Any] | None = None,
-                    stop_condition: str | None = None) -> dict[str, Any]:
-        return await asyncio.to_thread(self.sync.close, reward, metrics, stop_condition)
+                    stop_condition: str | None = None, **more: Any) -> dict[str, Any]:
+        """As ``Session.close``."""
+        return await asyncio.to_thread(lambda: self.sync.close(reward, metrics, stop_condition, **more))
 
     async def trace(self) -> Trace:
         return await asyncio.to_thread(self.sync.trace)

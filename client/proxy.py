@@ -343,17 +343,20 @@ class Session:
         return self.proxy.request("GET", f"sessions/{quote(self.id, safe='')}")
 
     def close(self, reward: float | None = None, metrics: dict[str, Any] | None = None,
-              stop_condition: str | None = None) -> dict[str, Any]:
-        """Seal the trace with what the evaluator knows and return the footer's summary. The
-        trace file is complete when this returns. Closing twice returns the first result."""
+              stop_condition: str | None = None, *, rewards: dict[str, Any] | None = None,
+              info: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Seal the trace with what the evaluator knows (``rewards``: name -> ``{"score",
+        "weight"}``, whose weighted sum is the reward when ``reward`` is not given) and return
+        the footer's summary. The trace file is complete when this returns. Closing twice
+        returns the first result."""
         if self.result is not None:
             return self.result
-        body = {k: v for k, v in dict(reward=reward, metrics=metrics, stop_condition=stop_condition).items()
-                if v is not None}
+        body = {k: _plain(v) for k, v in dict(reward=reward, metrics=metrics, stop_condition=stop_condition,
+                                                 rewards=rewards, info=info).items() if v is not None}
         try:
             SealConfig.model_validate(body)
         except ValidationError as e:
-            raise BadRequest(400, f"bad seal: {format_validation_error(e)}") from None
+            raise BadRequest(400, f"bad DELETE body: {format_validation_error(e)}") from None
         self.result = self.proxy.request("DELETE", f"sessions/{quote(self.id, safe='')}", body or None)
         return self.result
 
