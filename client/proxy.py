@@ -51,6 +51,7 @@ SCRIPT = Path(interceptor.addons.__file__).resolve().parent / "interception.py"
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy",
                    "NO_PROXY", "no_proxy")
 TOKEN_FILE = "interceptor-admin-token"  # as addons/settings.py writes it
+TOKEN_VARIABLE = "INTERCEPT_ADMIN_TOKEN"  # as addons/settings.py reads it
 
 
 def free_port() -> int:
@@ -108,9 +109,9 @@ class Proxy:
     """A proxy this process starts (``Proxy(...)`` then ``with``/``start()``) or one it attaches
     to (``Proxy.attach``). See the module docstring.
 
-    ``upstreams``: name -> ``{"base_url", "api_key_env"}``, the operator's upstreams that
-    sessions pick by name. ``env``: more environment for mitmdump (the real keys live there,
-    never in a session). ``hosts``: the provider hosts to intercept (the proxy's default when
+    ``upstreams``: name -> ``{"base_url", "api_key_env", "dialect"}`` (the proxy's
+    ``intercept_upstreams``), the operator's upstreams that sessions pick by name. ``env``:
+    more environment for mitmdump (the real keys live there, never in a session). ``hosts``: the provider hosts to intercept (the proxy's default when
     unset). ``options``: more mitmdump options, ``{"intercept_fsync": "seal"}``; a list value
     repeats the option. ``trace_dir``: where traces go (a fresh temporary folder, kept, when
     unset). ``workdir``: confdir and log (a temporary folder, removed at stop, when unset).
@@ -133,13 +134,13 @@ class Proxy:
         self._own_workdir = False
 
     @classmethod
-    def attach(cls, url: str, admin_token: str | None = None, *, confdir: str | os.PathLike | None = None,
-               upstreams: dict[str, dict[str, Any]] | None = None) -> Proxy:
+    def attach(cls, url: str, admin_token: str | None = None, *,
+               confdir: str | os.PathLike | None = None) -> Proxy:
         """A running proxy. The token: ``admin_token``, else ``$INTERCEPT_ADMIN_TOKEN``, else
         the file the proxy wrote in ``confdir`` (default ``~/.mitmproxy``)."""
-        proxy = cls(upstreams=upstreams)
+        proxy = cls()
         proxy.url = url.rstrip("/")
-        proxy.admin_token = admin_token or os.environ.get("INTERCEPT_ADMIN_TOKEN") or _token_from(confdir)
+        proxy.admin_token = admin_token or os.environ.get(TOKEN_VARIABLE) or _token_from(confdir)
         proxy.health()  # fail now, not at the first session
         return proxy
 
@@ -162,9 +163,11 @@ class Proxy:
         port = free_port()
         token = "ic-admin-" + secrets.token_urlsafe(32)
         opts: dict[str, Any] = {"confdir": confdir, "intercept_trace_dir": self.trace_dir,
-                                "intercept_admin_token": token, "termlog_verbosity": "info"}
+                                "termlog_verbosity": "info"}
         if self.hosts is not None:
             opts["intercept_hosts"] = self.hosts
+        if self.upstreams:
+            opts["intercept_upstreams"] = json.dumps(self.upstreams)
         opts.update(self.options)
         cmd = [mitmdump_bin(), "--listen-host", "127.0.0.1", "--listen-port", str(port), "-s", str(SCRIPT)]
         for name, value in opts.items():
@@ -172,6 +175,7 @@ class Proxy:
                 cmd += ["--set", f"{name}={item}"]
         env = {k: v for k, v in os.environ.items() if k not in PROXY_VARIABLES}
         env.update(self.env)
+        env[TOKEN_VARIABLE] = token  # never on its command line, which every user can read
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=env, cwd=self.workdir)
@@ -252,12 +256,11 @@ class Proxy:
                 agent: dict[str, Any] | None = None, **more: Any) -> Session:
         """A new session (one rollout). Arguments left ``None`` are not sent (the proxy's
         defaults apply); ``more`` takes the config's other fields (``id``, ``info``,
-        ``collect_tokens``). ``upstream`` is a declared upstream's name or a config."""
+        ``collect_tokens``). ``upstream`` names a declared upstream (``"vllm"``, or
+        ``{"base_url": ...}`` equal to a declared one's); the proxy resolves it."""
         config = {k: _plain(v) for k, v in dict(model=model, sampling=sampling, upstream=upstream, hooks=hooks,
                                                    limits=limits, task=task, agent=agent, **more).items()
                   if v is not None}
-        if "upstream" in config:
-            config["upstream"] = self._upstream(config["upstream"])
         validate_session_config(config)
         answer = self.request("POST", "sessions", config)
         return Session(self, answer, config)
@@ -266,22 +269,6 @@ class Proxy:
         """A session the proxy made itself (a sessions file, the default session): its
         secrets and environment, handed out by ``GET sessions/<id>/env``."""
         return Session(self, self.request("GET", f"sessions/{quote(session_id, safe='')}/env"), {})
-
-    def _upstream(self, upstream: Any) -> Any:
-        """A declared upstream's name. While the proxy's ``SessionConfig`` takes no names
-        (upstreams declared by the operator come with the proxy's own ``intercept_upstreams``),
-        the name is expanded here to the declared base URL and key variable."""
-        if not isinstance(upstream, str):
-            return upstream
-        try:
-            SessionConfig.model_validate({"upstream": upstream})
-            return upstream  # the proxy resolves names itself
-        except ValidationError:
-            pass
-        if upstream not in self.upstreams:
-            known = ", ".join(sorted(self.upstreams)) or "none declared"
-            raise BadRequest(400, f"bad session config: upstream: no upstream named {upstream!r} ({known})")
-        return dict(self.upstreams[upstream])
 
 
 def validate_session_config(config: dict[str, Any]) -> None:

@@ -88,25 +88,24 @@ def test_a_started_proxy_runs_a_session_and_seals_it_with_the_reward(sim, tmp_pa
     assert not _alive(proxy.pid)
 
 
-def test_attach_to_a_running_proxy_by_url_and_token(sim, tmp_path):
-    with MitmProcess(env={KEY_ENV: REAL_KEY}) as running:
-        proxy = Proxy.attach(running.url, running.admin_token,
-                             upstreams={"sim": {"base_url": sim.url("/v1"), "api_key_env": KEY_ENV}})
-        with proxy.session(model="attached-model", upstream="sim") as session:
-            assert _chat(session, "attached").startswith("You said: attached")
-        assert session.closed and session.result["stop_condition"] == "deleted"
-        assert session.trace().sealed and session.trace().num_turns == 1
-        assert running.api("GET", f"sessions/{session.id}")[1]["sealed"] is True
+def test_attach_to_a_running_proxy_by_url_and_token(sim, proxy):
+    running = proxy  # a mitmdump started by the tests' own helper, its upstream declared by options
+    client = Proxy.attach(running.url, running.admin_token)
+    with client.session(model="attached-model") as session:
+        assert _chat(session, "attached").startswith("You said: attached")
+    assert session.closed and session.result["stop_condition"] == "deleted"
+    assert session.trace().sealed and session.trace().num_turns == 1
+    assert running.api("GET", f"sessions/{session.id}")[1]["sealed"] is True
 
-        # the token from the proxy's confdir; a wrong token raises with the server's message
-        assert Proxy.attach(running.url, confdir=running.confdir).sessions()
-        with pytest.raises(Unauthorized) as err:
-            Proxy.attach(running.url, "not-the-token-0123456789").session()
-        status, body = call(running.url, "not-the-token-0123456789", "POST", "sessions", {})
-        assert err.value.status == status == 401 and err.value.message == body["error"]["message"]
+    # the token from the proxy's confdir; a wrong token raises with the server's message
+    assert Proxy.attach(running.url, confdir=running.confdir).sessions()
+    with pytest.raises(Unauthorized) as err:
+        Proxy.attach(running.url, "not-the-token-0123456789").session()
+    status, body = call(running.url, "not-the-token-0123456789", "POST", "sessions", {})
+    assert err.value.status == status == 401 and err.value.message == body["error"]["message"]
 
-        proxy.stop()  # an attached proxy is not ours to stop
-        assert running.proc.poll() is None and proxy.health()["ok"]
+    client.stop()  # an attached proxy is not ours to stop
+    assert running.proc.poll() is None and client.health()["ok"]
     assert sim.model_requests()[0].json["model"] == "attached-model"
 
 
@@ -131,7 +130,7 @@ def test_a_refused_config_raises_with_the_servers_message(proxy):
         client.session(id="twice")
     assert err.value.message == "session 'twice' exists already"
 
-    with pytest.raises(BadRequest, match="upstream: no upstream named 'nowhere'"):
+    with pytest.raises(BadRequest, match="upstream.name: no upstream 'nowhere' is declared"):
         client.session(upstream="nowhere")
     assert len(client.sessions()) == before + 1  # only "twice"
 
