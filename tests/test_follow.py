@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -87,17 +88,29 @@ def test_each_sealed_trace_once_in_seal_order_across_a_kill(sim, tmp_path, reade
     assert got == [f"s{k} {k / 10} 1" for k in order]
 
 
+def _landed(follower: Follower, timeout: float = 10) -> list:
+    """The next non-empty look: the proxy answers a turn before its writer thread has put the
+    record on disk, so it may land a moment after the harness has its answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        items = follower.poll()
+        if items:
+            return items
+        time.sleep(0.05)
+    return []
+
+
 def test_turns_as_they_land_then_the_seal(sim, tmp_path):
     with _proxy(sim, tmp_path) as proxy:
         follower = Follower(proxy.trace_dir, tmp_path / "state.json", turns=True, pattern="r*.msgpack")
         session = proxy.session(upstream="sim", id="r1")
         assert follower.poll() == []  # only the header so far
         _chat(session, "first")
-        (turn,) = follower.poll()
+        (turn,) = _landed(follower)
         assert isinstance(turn, TurnLanded) and turn.trace_id == "r1" and turn.index == 0
         assert [n.message.role for n in turn.nodes] == ["user", "assistant"] and turn.call.node == 1
         _chat(session, "second")
-        (turn,) = follower.poll()
+        (turn,) = _landed(follower)
         assert turn.nodes[0].message.content == "second" and turn.index == 2
         assert follower.poll() == []
         session.close(reward=1.0)
