@@ -110,3 +110,25 @@ def test_it_names_a_harness_that_rejects_the_ca(tmp_path, sim, monkeypatch):
 def test_the_harness_status_is_the_exit_status(tmp_path, code):
     result = _run(["--trace-dir", str(tmp_path)], [sys.executable, "-c", f"import sys; sys.exit({code})"])
     assert result.returncode == code, result.stderr
+
+
+def test_an_interrupt_still_seals_and_prints_the_summary(tmp_path):
+    """^C at the terminal reaches the whole foreground group: run_harness and the harness. The
+    proxy it started is in a session of its own, so it is still there to seal and summarise."""
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, str(RUN_HARNESS), "--trace-dir", str(tmp_path), "--summary-json",
+                             str(tmp_path / "summary.json"), "--", "sleep", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list(tmp_path.glob("*.msgpack")):
+        time.sleep(0.2)  # the session exists: the harness is starting
+    time.sleep(1)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "(interrupted)" in err and "(sealed)" in err, err
+    assert "does not answer" not in err and "Traceback" not in err, err
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["sealed"] and summary["interrupted"]
