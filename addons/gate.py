@@ -80,15 +80,13 @@ class Guard:
         self.addon = addon
         self.name = getattr(addon, "name", type(addon).__name__.lower())
         self._step = type(addon).__name__
-        self._hooks: dict[str, Any] = {}
 
     def __getattr__(self, attr: str) -> Any:
         value = getattr(self.addon, attr)
         if attr not in FLOW_HOOKS or not callable(value):
             return value
-        hook = self._hooks.get(attr)
-        if hook is None:
-            hook = self._hooks[attr] = self._guard(attr, inspect.iscoroutinefunction(value))
+        hook = self._guard(attr, inspect.iscoroutinefunction(value))
+        setattr(self, attr, hook)  # found directly from now on, without __getattr__
         return hook
 
     def _guard(self, hook: str, is_async: bool):
@@ -106,7 +104,7 @@ class Guard:
 
         if is_async:
             async def guarded_async(flow, *args):
-                if skip_after_fault and fault_of(flow):
+                if skip_after_fault and FAULT_KEY in flow.metadata:
                     return
                 try:
                     await getattr(self.addon, hook)(flow, *args)
@@ -115,7 +113,7 @@ class Guard:
             return guarded_async
 
         def guarded_sync(flow, *args):
-            if skip_after_fault and fault_of(flow):
+            if skip_after_fault and FAULT_KEY in flow.metadata:
                 return
             try:
                 getattr(self.addon, hook)(flow, *args)

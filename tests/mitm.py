@@ -33,6 +33,7 @@ class MitmProcess:
     script: bool = True
     # More scripts after the entry script (test-only ones such as tests/faults.py).
     extra_scripts: list[Path] = field(default_factory=list)
+    script_path: Path = SCRIPT  # another checkout's entry script (bench/failclosed.py's "before")
     env: dict[str, str] | None = None
     workdir: Path | None = None
     # Instead of ``--listen-port <free port>``: these arguments, and the port is read from the
@@ -55,7 +56,7 @@ class MitmProcess:
         opts.update(self.options)
         cmd = [mitmdump_bin(), *(["--listen-port", str(self.port)] if self.listen is None else self.listen)]
         if self.script:
-            cmd += ["-s", str(SCRIPT)]
+            cmd += ["-s", str(self.script_path)]
             for extra in self.extra_scripts:
                 cmd += ["-s", str(extra)]
         for k, v in opts.items():
@@ -124,6 +125,17 @@ class MitmProcess:
         self.stop()
         if self._tmp:
             self._tmp.cleanup()
+
+    def memory(self) -> dict[str, int]:
+        """The process's resident memory now (``VmRSS``) and at its peak (``VmHWM``), bytes."""
+        assert self.proc
+        out = {}
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    out[key] = int(value.split()[0]) * 1024
+        return out
 
     def log(self) -> str:
         try:

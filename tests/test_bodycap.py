@@ -16,16 +16,6 @@ from provider import Reply
 MB = 1 << 20
 
 
-def memory(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM in bytes."""
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = int(value.split()[0]) * 1024
-    return out
-
 
 def body_of(size: int) -> bytes:
     head = b'{"model": "claude-harness", "max_tokens": 8, "messages": [{"role": "user", "content": "'
@@ -35,13 +25,13 @@ def body_of(size: int) -> bytes:
 
 def test_a_200mb_body_is_refused_in_shape_without_being_held(proxy, new_session, sim, harness_env):
     session = new_session(model="imposed-model")
-    before = memory(proxy.proc.pid)
+    before = proxy.memory()
     context = ssl.create_default_context(cafile=str(proxy.ca_bundle))
     with httpx.Client(proxy=proxy.url, verify=context, timeout=120) as client:
         resp = client.post("https://api.anthropic.com/v1/messages", content=body_of(200 * MB),
                            headers={"x-api-key": session["model_secret"], "anthropic-version": "2023-06-01",
                                     "content-type": "application/json"})
-    after = memory(proxy.proc.pid)
+    after = proxy.memory()
     assert resp.status_code == 413, resp.text
     assert resp.headers["x-should-retry"] == "false"
     body = resp.json()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import anthropic
 import httpx
+import httpx2
 import pytest
 
 from interceptor.addons.gate import FLOW_HOOKS
@@ -55,8 +56,11 @@ def rig(tmp_path_factory):
         proc = MitmProcess(options={"intercept_upstream": sim.url("/v1"), "intercept_api_key_env": KEY_ENV,
                                     "faults_file": str(faults)},
                            env={KEY_ENV: REAL_KEY}, extra_scripts=[FAULTS])
-        with proc:
+        proc.start(timeout=90)  # one start for the module: worth waiting for on a loaded machine
+        try:
             yield sim, proc, faults
+        finally:
+            proc.cleanup()
 
 
 class Rig:
@@ -99,6 +103,7 @@ class Rig:
 def assert_refused_in_shape(err: anthropic.APIStatusError, rig: Rig, step: str) -> None:
     assert err.status_code == 500
     assert err.response.headers["x-should-retry"] == "false"
+    assert step in err.response.headers["x-interceptor-fault"]
     body = err.response.json()
     assert body["type"] == "error" and body["error"]["type"] == "api_error"
     assert step in body["error"]["message"] and "nothing was forwarded" in body["error"]["message"]
@@ -273,3 +278,18 @@ def test_a_full_disk_mid_session_loses_no_turn_and_health_says_so_while_it_lasts
     status, summary = r.proxy.api("GET", f"sessions/{r.session['id']}")
     assert summary["store"]["late"] >= 5 and summary["store"]["lost"] == 0
     assert r.proxy.log().count(f"cannot write {r.session['trace_path']}") == 1  # once per session
+
+
+@pytest.mark.parametrize("step", hooks_of("error"))
+def test_a_fault_in_an_error_hook_still_leaves_one_error_call(r, step):
+    """The upstream cuts the stream (mitmproxy's ``error`` hook) and the hook that would
+    record it raises: the Gate records the exchange instead, once; the next turn records."""
+    r.sim.script(Reply(text=["a ", "b ", "c ", "d"], cut_after=3), Reply(text="whole"))
+    r.inject({"raise": step})
+    with pytest.raises((anthropic.APIError, httpx2.HTTPError)):  # the SDK's own httpx
+        r.ask("one", stream=True)
+    r.inject({})
+    assert r.ask("two", stream=True).content[0].text == "whole"
+    trace = r.sealed()
+    kinds = [c.error.type if c.error else "turn" for c in trace.calls]
+    assert len(kinds) == 2 and kinds[0] != "turn" and kinds[1] == "turn"
