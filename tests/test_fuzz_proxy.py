@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from interceptor.trace import read_trace
 from interceptor.trace.verify import problems
-from conftest import KEY_ENV, REAL_KEY
+from clients import KEY_ENV, REAL_KEY
 from mitm import MitmProcess
 from provider import ProviderSimulator, Reply
 from test_fuzz_bodies import DIALECTS, IMPOSED, bodies
