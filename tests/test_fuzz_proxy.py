@@ -84,13 +84,17 @@ def test_any_body_through_the_proxy_leaves_rewritten_or_is_refused_in_shape(rig,
         assert resp.headers["x-should-retry"] == "false"
         body = resp.json()
         assert (body["type"] == "error") if dialect == "anthropic" else ("message" in body["error"])
+    turns = proc.api("GET", f"sessions/{session['id']}")[1]["turns"]
     good = post(client, session, dialect, json.dumps(DIALECTS[dialect][2]).encode())
     assert good.status_code == 200, good.text
+    assert proc.api("GET", f"sessions/{session['id']}")[1]["turns"] == turns + 1
 
 
 def test_the_proxied_trace_verifies(rig):
+    """Whatever the examples of this worker recorded (under xdist another worker may have run
+    them, with its own proxy) folds back and verifies, and the file agrees with the summary."""
     sim, proc, session, client = rig
-    status, _ = proc.api("DELETE", f"sessions/{session['id']}")
+    status, summary = proc.api("DELETE", f"sessions/{session['id']}")
     assert status == 200
     trace = read_trace(session["trace_path"])
-    assert trace.num_turns >= 3 * 8 and problems(trace) == []
+    assert problems(trace) == [] and trace.num_turns == summary["turns"] and len(trace.calls) == summary["calls"]
