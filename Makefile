@@ -14,9 +14,11 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3 \
 	/usr/local/bin/python3.1[2-9] /usr/bin/python3.1[2-9]; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
 
-.PHONY: run test venv test-deps browser bench clean
+.PHONY: run test test-latest venv test-deps browser bench clean
 
-$(STAMP): setup.cfg pyproject.toml
+# trace/_version.py: setup.cfg reads the version from it, and an editable install keeps the
+# version it was installed with until it is reinstalled.
+$(STAMP): setup.cfg pyproject.toml trace/_version.py
 	@test -n "$(PYTHON)" || { echo "error: no Python >= 3.12 found; install python3.12 or set PYTHON=/path/to/python3.12" >&2; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -25,8 +27,12 @@ $(STAMP): setup.cfg pyproject.toml
 
 venv: $(STAMP)
 
-$(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[test]'
+# The test extras at the versions CI tests (tests/constraints.txt): `test` (pytest, the SDKs)
+# and `harness` (mini-swe-agent, heavy: only the real-harness tests need it).
+CONSTRAINTS := tests/constraints.txt
+
+$(TEST_STAMP): $(STAMP) $(CONSTRAINTS)
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[test,harness]'
 	@touch $@
 
 # The harness CLIs the end-to-end tests run (Claude Code, Codex), pinned by the lock file.
@@ -59,8 +65,19 @@ run: venv
 test: test-deps
 	$(VENV)/bin/pytest $(ARGS)
 
+# The suite against the newest releases of the SDKs, mitmproxy and mini-swe-agent (no
+# constraints), in a venv of its own: what moving a pin in tests/constraints.txt would break.
+# The Node harnesses stay at their lock file.
+LATEST := .venv-latest
+test-latest: $(HARNESS_STAMP)
+	@test -n "$(PYTHON)" || { echo "error: no Python >= 3.12 found" >&2; exit 1; }
+	@test -x $(LATEST)/bin/python || $(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install -q --upgrade pip
+	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e '.[test,harness]'
+	$(LATEST)/bin/pytest $(ARGS)
+
 bench: test-deps
 	$(PY) bench/overhead.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) $(LATEST) *.egg-info build

@@ -14,6 +14,22 @@ from interceptor.trace import Store
 from mitm import MitmProcess
 from provider import ProviderSimulator
 
+# Which tests are which, to run a part of the suite (README "Development"): `proxy` tests
+# start a real mitmdump (through a fixture, MitmProcess or run_harness), `harness` tests also
+# run a real harness CLI; everything else is the fast in-process part.
+PROXY_FIXTURES = {"proxy", "start_proxy", "new_session", "mproxy", "hproxy"}
+RUNS_PROXIES = {"test_run_harness.py"}  # through scripts/run_harness.py
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        name = item.path.name
+        if name.startswith("test_harness_"):
+            item.add_marker(pytest.mark.harness)
+        if (name.startswith("test_harness_") or name in RUNS_PROXIES or PROXY_FIXTURES & set(item.fixturenames)
+                or "MitmProcess" in vars(item.module)):
+            item.add_marker(pytest.mark.proxy)
+
 
 @pytest.fixture(autouse=True)
 def _no_ambient_proxy(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,7 @@ checks every harness's task must pass.
 
 The harnesses are the acceptance test of the product, so nothing about them is faked: the
 npm packages pinned in tests/harnesses (installed by `make test-deps`) and mini-swe-agent
-from the `test` extra. A harness that is not installed fails its tests with what to run; only
+from the `harness` extra. A harness that is not installed fails its tests with what to run; only
 a machine without Node.js/npm skips the Node harnesses, and says so.
 """
 
@@ -52,7 +52,7 @@ def node_harness(name: str) -> str:
 def mini_harness() -> str:
     exe = Path(sys.executable).with_name("mini")
     if not exe.exists():
-        pytest.fail(f"{exe} is missing: mini-swe-agent comes with the test extra (`make test-deps`)")
+        pytest.fail(f"{exe} is missing: mini-swe-agent comes with the harness extra (`make test-deps`)")
     return str(exe)
 
 

@@ -3,6 +3,7 @@
 Imports nothing else of ours: dialects and addons depend on this package, never the reverse.
 """
 
+from interceptor.trace._version import VERSION
 from interceptor.trace.messages import (
     Choice,
     Message,
@@ -43,6 +44,6 @@ __all__ = [
     "MessageNode", "Sealed", "TurnLanded", "follow_traces",
     "ModelCall", "Part", "Reasoning", "Recorder", "Request", "Response", "ResponseError",
     "SCHEMA_VERSION", "Sampling", "Store", "Tool", "ToolCall", "TornRecordWarning", "Trace",
-    "TraceFormatError", "TraceVersionError", "Usage", "canonical_json", "iter_records",
+    "TraceFormatError", "TraceVersionError", "Usage", "VERSION", "canonical_json", "iter_records",
     "message_hash", "read_trace",
 ]

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from interceptor.trace import tokens
+from interceptor.trace._version import VERSION
 from interceptor.trace.graph import Graph
 from interceptor.trace.messages import Message, Request, Response, ResponseError, Usage
 from interceptor.trace.model import SCHEMA_VERSION, ModelCall, Reward, Timing, Trace
@@ -61,13 +61,6 @@ def _timing(trace: Trace) -> Timing:
                   last_answer_at=max(ended, default=None))
 
 
-def producer_version() -> str:
-    try:
-        return metadata.version("llm-interceptor")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
-
-
 class Recorder:
     """Record one session to ``path`` through ``store``.
 
@@ -95,7 +88,7 @@ class Recorder:
         fields.setdefault("id", self.path.stem)
         fields["id"] = str(fields["id"])
         fields.setdefault("started_at", time.time())
-        fields.setdefault("producer_version", producer_version())
+        fields.setdefault("producer_version", VERSION)
         self._trace = Trace(**fields)
         self._graph = Graph(self._trace)
         self._estimates: dict[int, int] = {}
