@@ -17,6 +17,7 @@ calls each hook in list order):
 - Retry: a retried request gets the recorded answer, never a second sample;
 - Gate: a claimed flow leaves only when every step completed; any addon's exception on it
   answers in the dialect's shape and forwards nothing (each addon above is ``guarded``);
+- Annotate, Status: what the proxy did, on each flow (mitmweb) and in a status line;
 - Redact: no key or secret in what mitmproxy prints, saves or shows (last: after every addon
   that still needs them, before mitmproxy's own dumper, save and view).
 
@@ -26,6 +27,7 @@ Editing this file while mitmdump runs makes mitmproxy reload it, which starts a 
 live sessions are forgotten (their traces on disk stay whole).
 """
 
+from interceptor.addons.annotate import Annotate
 from interceptor.addons.bodycap import BodyCap
 from interceptor.addons.claim import Claim
 from interceptor.addons.collect import Collect
@@ -38,6 +40,7 @@ from interceptor.addons.retry import Retry
 from interceptor.addons.rewrite import Rewrite
 from interceptor.addons.session import Registry
 from interceptor.addons.settings import Settings
+from interceptor.addons.status import Status
 from interceptor.addons.tee import Tee
 from interceptor.addons.tlsguard import TlsGuard
 from interceptor.addons.wsrelay import WsRelay
@@ -60,5 +63,6 @@ addons = guarded([
     Retry(),  # last step: its capture sees the bytes the harness received
 ]) + [
     Gate(settings),  # after every step, and never guarded: it is what answers their faults
+    Annotate(), Status(registry),  # observers after the Gate (they see its answers too); never raise
     Redact(settings),  # last, unguarded (it fails closed itself): after everything that needs a secret
 ]

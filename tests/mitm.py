@@ -27,13 +27,15 @@ SCRIPT = ROOT / "addons" / "interception.py"
 
 @dataclass
 class MitmProcess:
-    """``script=False`` runs bare mitmdump (for benchmarks' side-by-side baseline)."""
+    """``script=False`` runs bare mitmdump (for benchmarks' side-by-side baseline);
+    ``program="mitmweb"`` runs mitmweb instead (pass its web_* options)."""
 
     options: dict[str, Any] = field(default_factory=dict)
     script: bool = True
     # More scripts after the entry script (test-only ones such as tests/faults.py).
     extra_scripts: list[Path] = field(default_factory=list)
     script_path: Path = SCRIPT  # another checkout's entry script (bench/failclosed.py's "before")
+    program: str = "mitmdump"
     env: dict[str, str] | None = None
     workdir: Path | None = None
     # Instead of ``--listen-port <free port>``: these arguments, and the port is read from the
@@ -54,7 +56,8 @@ class MitmProcess:
         if self.script:
             opts["intercept_trace_dir"] = str(self.trace_dir)
         opts.update(self.options)
-        cmd = [mitmdump_bin(), *(["--listen-port", str(self.port)] if self.listen is None else self.listen)]
+        program = str(Path(mitmdump_bin()).with_name(self.program))
+        cmd = [program, *(["--listen-port", str(self.port)] if self.listen is None else self.listen)]
         if self.script:
             cmd += ["-s", str(self.script_path)]
             for extra in self.extra_scripts:

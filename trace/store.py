@@ -154,6 +154,12 @@ class Store:
     def health(self, path: Path) -> WriteHealth:
         return self._health.get(Path(path)) or WriteHealth()
 
+    @property
+    def pending(self) -> int:
+        """Records queued and not yet written (approximate while the writer is mid-batch):
+        the proxy's status line shows it as the writer's lag."""
+        return self._queue.qsize()
+
     def flush(self, timeout: float | None = None) -> None:
         """Block until everything queued so far was written, or tried once (held records
         stay held). Raises ``TimeoutError`` if the writer did not get there in ``timeout``."""

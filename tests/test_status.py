@@ -1,0 +1,156 @@
+"""The proxy says what it does: the status line in mitmdump's log, and each flow's annotation
+in mitmweb's flow list (its own API, ``GET /flows``), for a turn, a replayed retry and a
+refused request; the proxy's own answers marked as such."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+import urllib.request
+
+import anthropic
+import openai
+import pytest
+
+from interceptor.scripts.run_harness import free_port
+from conftest import KEY_ENV, REAL_KEY, session_clients
+from mitm import MitmProcess
+from provider import Reply
+
+STATUS = re.compile(r"interceptor status: .*")
+
+
+def status_lines(proxy: MitmProcess) -> list[str]:
+    return STATUS.findall(proxy.log())
+
+
+def wait_for(predicate, timeout: float = 20.0, step: float = 0.1):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError("timed out")
+
+
+def three_turns(sim, new_session, harness_env) -> dict:
+    sim.script(*[Reply(text=f"answer {k}") for k in range(3)])
+    s = new_session()
+    harness_env(s["env"])
+    oai, _ = session_clients(s)
+    for k in range(3):
+        oai.chat.completions.create(model="m", messages=[{"role": "user", "content": f"question {k}"}])
+    return s
+
+
+@pytest.mark.parametrize("proxy", [{"intercept_status": 1}], indirect=True)
+def test_status_line_while_traffic_flows_then_quiet(sim, proxy, new_session, harness_env):
+    assert status_lines(proxy) == []  # a live default session alone is idle: nothing said
+    three_turns(sim, new_session, harness_env)
+    line = wait_for(lambda: next((l for l in status_lines(proxy) if "totals 3 turns" in l), None))
+    assert "last minute 3 turns, 3 calls" in line and "0 errors, 0 replays, 0 refused" in line
+    assert re.search(r"sessions 2 live, 0 sealed", line)  # the default session and ours
+    assert re.search(r"trace \d+\.\d (KB|MB) written, [1-9]\d* records, \d+ queued", line)
+    # idle: one last line saying so, then nothing
+    wait_for(lambda: status_lines(proxy)[-1].endswith("· idle"), timeout=10)
+    said = len(status_lines(proxy))
+    time.sleep(2.5)
+    assert len(status_lines(proxy)) == said
+
+
+@pytest.mark.parametrize("proxy", [{"intercept_status": 0}], indirect=True)
+def test_status_zero_turns_it_off(sim, proxy, new_session, harness_env):
+    three_turns(sim, new_session, harness_env)
+    time.sleep(2.5)
+    assert status_lines(proxy) == []
+
+
+def test_a_negative_interval_stops_the_proxy_with_the_reason():
+    proc = MitmProcess(options={"intercept_status": -1})
+    try:
+        proc.start(expect_failure=True)
+        assert proc.wait(30) != 0
+        assert "intercept_status must be a number of seconds >= 0" in proc.log()
+    finally:
+        proc.cleanup()
+
+
+@pytest.fixture
+def proxy(start_proxy, request):
+    return start_proxy(getattr(request, "param", None))
+
+
+# --- mitmweb -------------------------------------------------------------------------------
+
+@pytest.fixture
+def web(sim):
+    password = secrets.token_hex(12)
+    port = free_port()
+    proc = MitmProcess(program="mitmweb", env={KEY_ENV: REAL_KEY}, options={
+        "intercept_upstream": sim.url("/v1"), "intercept_api_key_env": KEY_ENV,
+        "web_port": port, "web_host": "127.0.0.1", "web_open_browser": "false", "web_password": password})
+    proc.start()
+
+    def flows() -> list[dict]:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/flows",
+                                     headers={"Authorization": f"Bearer {password}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.load(r)
+
+    proc.flows = flows
+    yield proc
+    proc.cleanup()
+
+
+def test_mitmweb_lists_each_flow_with_what_the_proxy_did(sim, web, harness_env):
+    sim.script(Reply(text="first answer"), Reply(text="second answer"))
+    s = web.create_session(upstream={"base_url": sim.url("/v1")})
+    harness_env(s["env"])
+    oai, _ = session_clients(s)
+    msgs = [{"role": "user", "content": "summarise"}]
+    oai.chat.completions.create(model="gpt-4o", messages=msgs)  # turn 1
+    oai.chat.completions.create(model="gpt-4o", messages=msgs + [{"role": "assistant", "content": "first answer"},
+                                                                 {"role": "user", "content": "more"}])  # turn 2
+    again = oai.chat.completions.create(model="gpt-4o", messages=msgs + [
+        {"role": "assistant", "content": "first answer"}, {"role": "user", "content": "more"}],
+        extra_headers={"x-stainless-retry-count": "1"})  # the SDK's retry: replayed
+    assert again.choices[0].message.content == "second answer" and len(sim.model_requests()) == 2
+    bad = anthropic.Anthropic(api_key="sk-ic-m-not-a-session", max_retries=0, timeout=30)
+    with pytest.raises(anthropic.AuthenticationError):
+        bad.messages.create(model="claude-x", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.NotFoundError):  # a non-model path of a provider host
+        oai.files.list()
+
+    def model_flows():
+        # (a forwarded flow's host is the upstream's by now: the simulator's)
+        got = [f for f in web.flows() if not f["request"]["path"].startswith("/_interceptor/")]
+        return got if len(got) == 5 else None
+
+    turn1, turn2, replay, refused, local = wait_for(model_flows)
+    sid = s["id"]
+    assert turn1["marked"] == turn2["marked"] == "🟢"
+    assert turn1["comment"].startswith(f"interceptor: session {sid} · turn 1 · call 1 (")
+    assert f"session {sid} · turn 2 · call 2 (" in turn2["comment"]
+    assert "rewritten: model" not in turn1["comment"]  # the session imposes no model here
+    call2 = re.search(r"call 2 \((\w+)\)", turn2["comment"]).group(1)
+    assert replay["marked"] == "🔁"
+    assert re.fullmatch(rf"interceptor: session {sid} · call 3 \(\w+\) · "
+                        rf"replayed: the recorded answer of call {call2}, no second sample", replay["comment"])
+    assert refused["marked"] == "⛔"
+    assert refused["comment"] == ("interceptor: refused 401: unknown session secret: it matches no session of "
+                                  "this proxy; nothing forwarded")
+    assert local["marked"] == "🤖" and "answered by the proxy (not a model route)" in local["comment"]
+
+
+def test_a_session_model_shows_as_a_rewrite(sim, web, harness_env):
+    sim.script(Reply(text="ok"))
+    s = web.create_session(model="session-model", sampling={"temperature": 0.25},
+                           upstream={"base_url": sim.url("/v1")})
+    harness_env(s["env"])
+    oai, _ = session_clients(s)
+    oai.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}], temperature=1.0)
+    flow = wait_for(lambda: next((f for f in web.flows() if f["request"]["path"] == "/v1/chat/completions"), None))
+    assert "rewritten: model, temperature" in flow["comment"]
