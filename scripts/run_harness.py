@@ -305,6 +305,7 @@ def run(cmd: list[str], env: dict[str, str], cwd: str | None, proxy: Proxy, sess
     started = time.monotonic()
     warned = False
     stopped: str | None = None
+    progress = sys.stderr.isatty()  # a terminal gets a live line; a pipe or a file nothing extra
     try:
         while True:
             try:
@@ -317,12 +318,15 @@ def run(cmd: list[str], env: dict[str, str], cwd: str | None, proxy: Proxy, sess
                     proc.terminate()
                 stopped = "interrupt"  # the harness got the same SIGINT; let it finish
                 continue
-            if not warned:
+            if not warned or progress:
                 try:
                     status, summary = proxy.api("GET", f"sessions/{session_id}")
                 except Failure:
                     status, summary = 0, None
-                if status == 200 and (summary or {}).get("tls_rejections"):
+                if progress and status == 200:
+                    print("\r\033[K" + progress_line(summary, time.monotonic() - started), end="",
+                          file=sys.stderr, flush=True)
+                if not warned and status == 200 and (summary or {}).get("tls_rejections"):
                     warned = True
                     print(f"run_harness: the harness rejected the proxy's TLS certificate: it does not trust "
                           f"the CA (it may hang retrying). {TLS_ADVICE}", file=sys.stderr, flush=True)
@@ -337,7 +341,20 @@ def run(cmd: list[str], env: dict[str, str], cwd: str | None, proxy: Proxy, sess
                 break
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if progress:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
     return (128 - code if code < 0 else code), stopped
+
+
+def progress_line(summary: dict[str, Any], elapsed: float) -> str:
+    """What a terminal sees while the harness runs: turns, tokens, the last call's outcome."""
+    turns, calls, last = summary.get("turns", 0), summary.get("calls", 0), summary.get("last_call") or {}
+    line = (f"run_harness: {elapsed:.0f}s · {turns} turn{'' if turns == 1 else 's'} · "
+            f"{calls} call{'' if calls == 1 else 's'} · tokens {summary.get('input_tokens', 0):,} in, "
+            f"{summary.get('output_tokens', 0):,} out")
+    if last:
+        line += f" · last call {last.get('status') or '-'} {last.get('error') or last.get('finish_reason') or ''}".rstrip()
+    return line
 
 
 TLS_ADVICE = ("The session's env points NODE_EXTRA_CA_CERTS, CODEX_CA_CERTIFICATE, SSL_CERT_FILE and "

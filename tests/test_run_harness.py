@@ -5,6 +5,7 @@ The real harnesses run through it in tests/test_harness_*.py."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -132,3 +133,50 @@ def test_an_interrupt_still_seals_and_prints_the_summary(tmp_path):
     assert "does not answer" not in err and "Traceback" not in err, err
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["sealed"] and summary["interrupted"]
+# Three turns a second apart: a terminal sees the progress line move.
+THREE_TURNS = """
+import time, openai
+client = openai.OpenAI(max_retries=0)
+for k in range(3):
+    client.chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": f"q{k}"}])
+    time.sleep(1.2)
+print("done")
+"""
+
+
+def test_progress_on_a_terminal_and_nothing_extra_when_piped(sim, tmp_path, monkeypatch):
+    import os
+    import pty
+    import select
+
+    sim.script(*[Reply(text=f"a{k}") for k in range(6)])
+    monkeypatch.setenv(KEY_ENV, REAL_KEY)
+    args = ["--upstream", sim.url("/v1"), "--api-key-env", KEY_ENV, "--trace-dir", str(tmp_path / "traces")]
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, str(RUN_HARNESS), *args, "--id", "tty", "--", sys.executable, "-c", THREE_TURNS],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    seen = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 60)
+        if not ready:
+            break
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed its end
+            break
+        if not chunk:
+            break
+        seen += chunk
+    proc.wait(60)
+    os.close(master)
+    text = seen.decode(errors="replace")
+    assert proc.returncode == 0, text
+    lines = [part.removeprefix("\x1b[K") for part in text.split("\r")]
+    progress = [line for line in lines if re.match(r"run_harness: \d+s · \d+ turns? · ", line)]
+    assert any(" · 1 turn · 1 call · tokens " in line for line in progress), text
+    assert any(" · 3 turns · 3 calls · " in line and line.endswith("· last call 200 stop") for line in progress), text
+    assert "turns 3  calls 3" in text  # the summary after it, as always
+    piped = _run(args + ["--id", "piped"], [sys.executable, "-c", THREE_TURNS])
+    assert piped.returncode == 0, piped.stderr
+    assert "\r" not in piped.stderr and "last call" not in piped.stderr

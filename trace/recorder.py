@@ -272,6 +272,10 @@ class Recorder:
         trace = self._trace
         out = {"id": trace.id, **self._totals(), "stop_condition": trace.stop_condition,
                "sealed": trace.sealed, "trace_path": str(self.path)}
+        if trace.calls:  # what run_harness's progress line shows
+            last = trace.calls[-1]
+            out["last_call"] = {"status": last.status, "finish_reason": last.finish_reason,
+                                "error": last.error.type if last.error else None}
         if trace.sealed:
             out.update(stopped_by=trace.stopped_by, truncated=trace.truncated)
             if trace.reward is not None:
