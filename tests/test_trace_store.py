@@ -64,7 +64,8 @@ def test_round_trip_equals_the_in_memory_trace(tmp_path):
     assert r.recorder.summary() == {
         "id": "r", "turns": 5, "input_tokens": back.num_input_tokens, "output_tokens": 25,
         "calls": 6, "errors": 1, "stop_condition": "done", "sealed": True,
-        "trace_path": str(r.path), "stopped_by": None, "truncated": False}
+        "trace_path": str(r.path), "stopped_by": None, "truncated": False,
+        "last_call": {"status": 502, "finish_reason": None, "error": "upstream"}}
 
 
 def test_turn_records_carry_only_new_nodes(tmp_path):
