@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from interceptor.scripts.run_harness import free_port
-from conftest import KEY_ENV, REAL_KEY, session_clients
+from clients import KEY_ENV, REAL_KEY, session_clients
 from mitm import MitmProcess
 from provider import Reply
 
