@@ -10,16 +10,16 @@ so they are taken out of what it receives.
   to the bytes it left in ``flow.request.content`` (spliced in, not re-serialised), and lists
   them among the call's overrides (reason ``collect_tokens``). A key the body already asks
   for (the harness's own ``logprobs``) is left alone and, below, never stripped.
-- ``responseheaders`` (after Tee): wraps the Tee's stream callable, so the Tee assembles the
+- ``on_headers`` (the pipeline's strip stage): wraps the Tee's stream callable, so the Tee assembles the
   upstream's bytes, token ids included, and the harness gets each event without them. The
   wrapper cuts the stream into whole events, O(chunk) per call, and forwards each event as
   soon as its blank line arrives; events it does not touch go out byte for byte.
-- ``response`` (after Tee, which has parsed and recorded the full JSON body): strips the
+- ``on_response`` (after the Tee, which has parsed and recorded the full JSON body): strips the
   body. Either way one ``rewrite`` record (direction ``response``) says what was removed,
   written right after the turn and before the harness has the answer.
 
-Listed after Tee and before Retry, so Retry's capture (and any replay) holds the bytes the
-harness actually received.
+``addons/pipeline.py`` runs the answer-side stages after the Tee's and before Retry's capture,
+so the capture (and any replay) holds the bytes the harness actually received.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from interceptor.dialects.sse import split_lines
 
 log = logging.getLogger(__name__)
 
-KEY = "collect"
 REASON = "collect_tokens"
 
 
@@ -296,28 +295,29 @@ class Collect:
         # Plain bytes back, so events can be cut and rewritten as they pass.
         flow.request.headers["accept-encoding"] = "identity"
         ex.call_id = ex.call_id or uuid.uuid4().hex[:16]  # the rewrite record names the call
-        ex.extra[KEY] = plan
+        ex.collect = plan
 
-    def responseheaders(self, flow: http.HTTPFlow) -> None:
+    def on_headers(self, flow: http.HTTPFlow, stream):
         plan = self._plan(flow)
         response = flow.response
-        if plan is None or response is None or not response.stream:
-            return
+        if plan is None or response is None or not stream:
+            return stream
         if not response.headers.get("content-type", "").startswith("text/event-stream"):
-            return
+            return stream
         encoding = response.headers.get("content-encoding", "").strip()
         if encoding.lower() in ("", "identity"):
             encoding = ""
         try:
-            response.stream = StripStream(response.stream, exchange_of(flow), plan, encoding or None)
+            stripped = StripStream(stream, exchange_of(flow), plan, encoding or None)
         except ValueError as e:  # an encoding nobody here can read: forward as is
             log.warning(f"interceptor: token fields left in a {encoding} stream: {e}")
-            return
+            return stream
         plan.streamed = True
         if encoding:
             del response.headers["content-encoding"]
+        return stripped
 
-    def response(self, flow: http.HTTPFlow) -> None:
+    def on_response(self, flow: http.HTTPFlow) -> None:
         plan = self._plan(flow)
         response = flow.response
         if plan is None or response is None:
@@ -336,7 +336,7 @@ class Collect:
             self._check(ex, plan)
         plan.record(ex)
 
-    def error(self, flow: http.HTTPFlow) -> None:
+    def on_error(self, flow: http.HTTPFlow) -> None:
         """A stream that broke after events were stripped: the rewrite is still on record."""
         plan = self._plan(flow)
         if plan is not None and plan.streamed:
@@ -347,7 +347,7 @@ class Collect:
         vLLM >= 0.10.2 or SGLang): the trace then has no tokens to train on."""
         if not plan.token_ids or "prompt_token_ids" in plan.removed or ex.session.id in self._warned:
             return
-        if ex.extra.get("replayed"):
+        if ex.replayed:
             return
         self._warned.add(ex.session.id)
         log.warning(f"interceptor: session {ex.session.id!r} collects tokens, but the upstream "
@@ -356,5 +356,4 @@ class Collect:
     @staticmethod
     def _plan(flow: http.HTTPFlow) -> Plan | None:
         ex = exchange_of(flow)
-        plan = ex.extra.get(KEY) if ex is not None else None
-        return plan if isinstance(plan, Plan) else None
+        return ex.collect if ex is not None else None

@@ -1,7 +1,9 @@
 """Per-flow state shared by the addons, kept in ``flow.metadata[KEY]``.
 
-One object instead of loose metadata keys, so each addon can see what the earlier ones
-decided (session, route, parsed body, overrides) without re-deriving it.
+One object with typed fields instead of loose metadata keys, so each addon can see what the
+earlier ones decided (session, route, parsed body, overrides, the retry decision, the token
+collection plan, the stream's assembler) without re-deriving it, and a type checker sees
+every reader and writer of each fact.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from interceptor.trace.messages import Request
 if TYPE_CHECKING:
     from mitmproxy import http
 
+    from interceptor.addons.collect import Plan
+    from interceptor.addons.retry import Recorded
     from interceptor.addons.session import Session
+    from interceptor.addons.tee import StreamTee
 
 KEY = "interceptor"
 
@@ -47,11 +52,21 @@ class Exchange:
     done: Step = Step(0)  # the Gate forwards only when every required step is in here
     committed: bool = False  # a turn (or an error call) is on the record
     call_id: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    turn: str | None = None  # the committed turn's call id (Record)
+    replay_of: str | None = None  # answered from the record of this call, not sampled (Retry)
+    retry_reason: str | None = None  # why an unflagged request counts as a retry (Retry)
+    recorded: Recorded | None = None  # the answer as the harness receives it, kept for replay (Retry)
+    collect: Plan | None = None  # the token fields the proxy asked for, to strip (Collect)
+    tee: StreamTee | None = None  # the streamed answer's assembler (Tee)
 
     @property
     def dialect(self):
         return self.route.dialect
+
+    @property
+    def replayed(self) -> bool:
+        """Answered from the record (a retry); no upstream request, no turn."""
+        return self.replay_of is not None
 
 
 def exchange_of(flow: http.HTTPFlow) -> Exchange | None:

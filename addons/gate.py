@@ -35,7 +35,7 @@ from mitmproxy import http
 from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import Exchange, Step, exchange_of
 from interceptor.addons.settings import Settings
-from interceptor.addons.tee import commit
+from interceptor.addons.record import commit
 from interceptor.addons.wsrelay import WS_KEY, Socket, WsRelay
 from interceptor.dialects import host_dialect
 from interceptor.trace.messages import ResponseError
@@ -175,7 +175,7 @@ class Gate:
         ex, fault = exchange_of(flow), fault_of(flow)
         if ex is None or fault is None or flow.response is None or REFUSED in flow.response.headers:
             return
-        if ex.extra.get("turn"):
+        if ex.turn:
             return  # the record has this answer as a turn (the fault came after): deliver it
         self._refuse(flow, ex, fault)
 

@@ -11,15 +11,21 @@ calls each hook in list order):
 - BodyCap: a request over ``intercept_max_body`` gets 413 before its body is read whole;
 - Rewrite: the session's model, sampling, key and upstream;
 - Reach: a dead upstream answers 502 in the dialect's shape, on the record;
-- WsRelay: Codex's Responses WebSocket, frame by frame;
-- Tee: the answer streamed back untouched while the turn is assembled and committed;
-- Collect: token ids and logprobs from a vLLM upstream for the trace, not the harness;
+- Collect: asks a vLLM upstream for token ids and logprobs, for the trace, not the harness;
 - Retry: a retried request gets the recorded answer, never a second sample;
+- WsRelay: Codex's Responses WebSocket, frame by frame;
+- Tee: the answer on its way back, one pipeline built in one place (``pipeline.py``): the
+  turn assembled and committed, Collect's token fields stripped, Retry's capture of what
+  the harness received, in that order whatever the order of this list;
 - Gate: a claimed flow leaves only when every step completed; any addon's exception on it
   answers in the dialect's shape and forwards nothing (each addon above is ``guarded``);
 - Annotate, Status: what the proxy did, on each flow (mitmweb) and in a status line;
 - Redact: no key or secret in what mitmproxy prints, saves or shows (last: after every addon
   that still needs them, before mitmproxy's own dumper, save and view).
+
+The request hooks run in list order; the answer's stages run in the pipeline's order. The
+in-process test of the whole list (``tests/test_addons.py``) fails if the list is in an
+order that breaks a turn.
 
 The code lives in ``interceptor.addons.*``; mitmproxy puts this folder on ``sys.path`` while
 loading the script, which is why nothing here may share a name with a module it imports.
@@ -47,6 +53,8 @@ from interceptor.addons.wsrelay import WsRelay
 
 registry = Registry()
 settings = Settings(registry)
+collect = Collect()
+retry = Retry()
 
 addons = guarded([
     settings,
@@ -57,10 +65,10 @@ addons = guarded([
     BodyCap(settings),  # right after Claim: a body over intercept_max_body is never read whole
     Rewrite(),
     Reach(),
+    collect,  # after Rewrite: adds its keys to the rewritten body
+    retry,  # after Rewrite, which keeps the raw body the digest is of
     WsRelay(),  # before Tee: a WebSocket's frames are its exchanges, not the upgrade
-    Tee(),
-    Collect(),  # after Tee (which records the tokens), before Retry (which keeps what the harness got)
-    Retry(),  # last step: its capture sees the bytes the harness received
+    Tee(strip=collect, capture=retry),  # the answer's pipeline: its stages' order is its own
 ]) + [
     Gate(settings),  # after every step, and never guarded: it is what answers their faults
     Annotate(), Status(registry),  # observers after the Gate (they see its answers too); never raise

@@ -19,7 +19,7 @@ from mitmproxy.proxy import server_hooks
 
 from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import Step, exchange_of
-from interceptor.addons.tee import commit
+from interceptor.addons.record import commit
 from interceptor.trace.messages import ResponseError
 
 FRESH = 30.0

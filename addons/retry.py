@@ -21,8 +21,9 @@ digest of the body exactly as the harness sent it:
   SDK's keep-alive pool keeps it open; a client that gave up closed it.
 
 Upstream errors are never replayed: the SDK's retry of a 429 must reach the provider.
-The addon is listed last so that it sees the bytes the harness received after every other
-addon had its say (its request hook runs after Rewrite, which keeps the raw body).
+Its request hook runs after Rewrite (which keeps the raw body); its capture is the stream
+pipeline's last stage (``addons/pipeline.py``), so it keeps the bytes the harness received
+after every other stage had its say.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,7 +39,7 @@ from mitmproxy import connection, ctx, http
 
 from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import Exchange, Step, exchange_of
-from interceptor.trace import ModelCall
+from interceptor.addons.record import commit_replay
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class Retry:
         if (not flagged and not new_key and self.undelivered and last and last.digest == digest
                 and last.replayable and not last.delivered):
             flagged = True
-            ex.extra["retry"] = "undelivered"
+            ex.retry_reason = "undelivered"
         if flagged:
             pending = book.inflight.get(digest)
             if pending is not None and not pending.done.is_set():
@@ -186,7 +186,7 @@ class Retry:
             book.last = None  # a fresh turn: its retries must coalesce on it, not replay the old one
         rec = Recorded(digest=digest, call_id=uuid.uuid4().hex[:16], conn_id=flow.client_conn.id)
         ex.call_id = rec.call_id
-        ex.extra["recorded"] = rec
+        ex.recorded = rec
         book.inflight[digest] = rec
         ex.done |= Step.DECIDED
 
@@ -197,39 +197,21 @@ class Retry:
         resp.headers["content-length"] = str(len(rec.body))
         resp.headers["x-interceptor-replay"] = rec.call_id
         flow.response = resp
-        now = time.time()
-        call = ModelCall(
-            id=uuid.uuid4().hex[:16],
-            dialect=ex.dialect.name,
-            endpoint=flow.request.path.split("?", 1)[0],
-            requested_model=ex.requested_model,
-            stream=ex.stream,
-            status=rec.status,
-            started_at=ex.started_at,
-            ended_at=now,
-            replay_of=rec.call_id,
-        )
-        ex.committed = True  # nothing more for the Tee to record
-        ex.extra["replayed"] = rec.call_id
-        try:
-            ex.session.recorder.record_call(call)
-        except Exception:
-            log.exception(f"interceptor: session {ex.session.id!r}: could not record replay")
-        how = "coalesced retry" if coalesced else f"retry ({ex.extra.get('retry', 'flagged')})"
+        commit_replay(ex, flow, rec.status, rec.call_id)
+        how = "coalesced retry" if coalesced else f"retry ({ex.retry_reason or 'flagged'})"
         log.info(f"interceptor: session {ex.session.id!r}: {how} answered from call {rec.call_id}")
 
-    # -- response: capture ---------------------------------------------------------------------
+    # -- answer: capture (the pipeline's last stage) ----------------------------------------
 
-    def responseheaders(self, flow: http.HTTPFlow) -> None:
+    def on_headers(self, flow: http.HTTPFlow, stream):
         rec = self._recorded(flow)
         if rec is None or flow.response is None:
-            return
+            return stream
         rec.status = flow.response.status_code
         rec.headers = list(flow.response.headers.fields)
-        if flow.response.stream:
-            flow.response.stream = _Capture(flow.response.stream, rec)
+        return _Capture(stream, rec) if stream else stream
 
-    def response(self, flow: http.HTTPFlow) -> None:
+    def on_response(self, flow: http.HTTPFlow) -> None:
         rec = self._recorded(flow)
         if rec is None or flow.response is None:
             return
@@ -238,18 +220,18 @@ class Retry:
             rec.status = flow.response.status_code
             rec.headers = list(flow.response.headers.fields)
             rec.body = bytearray(flow.response.raw_content or b"")
-        rec.committed = bool(ex and ex.extra.get("turn"))
+        rec.committed = bool(ex and ex.turn)
         rec.completed = True
         if "close" in (flow.request.headers.get("connection", "") + flow.response.headers.get("connection", "")).lower():
             rec.followed = True  # the connection was meant to close: closing it proves nothing
         self._settle(flow, rec)
 
-    def error(self, flow: http.HTTPFlow) -> None:
+    def on_error(self, flow: http.HTTPFlow) -> None:
         rec = self._recorded(flow)
         if rec is None:
             return
         ex = exchange_of(flow)
-        if ex is not None and ex.extra.get("turn"):
+        if ex is not None and ex.turn:
             # Committed, then the client went away: the turn's bytes up to and including its
             # terminal event were captured when the Tee let them through, so the retry that
             # follows gets them whole. The client cannot have read them: undelivered.
@@ -277,5 +259,4 @@ class Retry:
     @staticmethod
     def _recorded(flow: http.HTTPFlow) -> Recorded | None:
         ex = exchange_of(flow)
-        rec = ex.extra.get("recorded") if ex else None
-        return rec if isinstance(rec, Recorded) else None
+        return ex.recorded if ex else None

@@ -4,7 +4,8 @@ For SSE, ``flow.response.stream`` is a synchronous callable that returns each ch
 (nothing is buffered) and feeds the dialect's assembler on the way, O(chunk) per call. The
 turn is committed *before* the chunk carrying the terminal event is returned, so a harness
 that stops reading at ``message_stop`` / ``response.completed`` / ``[DONE]`` and sends its
-next request at once never races the record. JSON answers are assembled in ``response``.
+next request at once never races the record. JSON answers are assembled in ``on_response``.
+``Assemble`` is the first stage of the answer's pipeline; ``Tee`` is the addon that runs it.
 
 A failed exchange (an error status, an ``error`` event, a cut stream, an unreachable
 upstream) commits no turn but is one call on the record, with its error.
@@ -15,72 +16,17 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 
 from mitmproxy import http
 
 from interceptor.addons.exchange import Exchange, exchange_of
-from interceptor.dialects.encoding import Decoder
+from interceptor.addons.pipeline import Pipeline, Stage
+from interceptor.addons.record import commit
 from interceptor.dialects.base import Frames
-from interceptor.trace import ModelCall
-from interceptor.trace.messages import Response, ResponseError, Sampling
+from interceptor.dialects.encoding import Decoder
+from interceptor.trace.messages import ResponseError
 
 log = logging.getLogger(__name__)
-
-
-def effective_sampling(ex: Exchange) -> Sampling:
-    """The settings the upstream actually received: the rewritten body, read back."""
-    if ex.body is None:
-        return Sampling()
-    try:
-        return ex.dialect.sampling(ex.body)
-    except Exception:  # the body was forwarded; a record without sampling beats no record
-        return Sampling()
-
-
-def make_call(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: ResponseError | None,
-              status: int | None = None) -> ModelCall:
-    return ModelCall(
-        id=ex.call_id or uuid.uuid4().hex[:16],
-        dialect=ex.dialect.name,
-        endpoint=flow.request.path.split("?", 1)[0],
-        model=(response.model if response and response.model else None) or (ex.body or {}).get("model"),
-        requested_model=ex.requested_model,
-        stream=ex.stream,
-        sampling=effective_sampling(ex),
-        overrides=[o.as_dict() for o in ex.overrides],
-        status=status if status is not None else (flow.response.status_code if flow.response else None),
-        finish_reason=response.finish_reason if response else None,
-        native_finish_reason=response.native_finish_reason if response else None,
-        usage=response.usage if response else None,
-        started_at=ex.started_at,
-        first_byte_at=ex.first_byte_at,
-        ended_at=time.time(),
-        error=error,
-    )
-
-
-def commit(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: ResponseError | None = None,
-           *, status: int | None = None) -> None:
-    """Put the exchange on the record exactly once: a turn when the model answered, a call
-    with its error otherwise. ``status`` stands in for the flow's when the exchange is not
-    the flow's own (a WebSocket frame's answer; the flow's is the upgrade's 101)."""
-    if ex.committed:
-        return
-    ex.committed = True
-    if response is not None and response.error is not None and error is None:
-        error = response.error
-    call = make_call(ex, flow, response, error, status)
-    recorder = ex.session.recorder
-    try:
-        if error is None and response is not None and ex.request is not None:
-            recorder.commit_turn(ex.request, response, call)
-            if call.node is not None:  # else the recorder kept it as an error call
-                ex.extra["turn"] = call.id
-        else:
-            recorder.record_call(call)
-    except Exception:
-        log.exception(f"interceptor: session {ex.session.id!r}: could not record call {call.id}")
 
 
 class StreamTee:
@@ -131,30 +77,32 @@ class StreamTee:
         commit(self.ex, self.flow, None, error)
 
 
-class Tee:
-    def responseheaders(self, flow: http.HTTPFlow) -> None:
+class Assemble:
+    """The pipeline's first stage (``addons/pipeline.py``): decode, frame, assemble, commit."""
+
+    def on_headers(self, flow: http.HTTPFlow, stream):
         ex = exchange_of(flow)
         if ex is None or ex.route.kind != "model" or flow.response is None or ex.committed:
-            return
+            return stream
         ex.first_byte_at = time.time()
         ctype = flow.response.headers.get("content-type", "")
         frames = ex.dialect.frames(flow.response.status_code, ctype, ex.stream)
         if frames is not None:
             encoding = flow.response.headers.get("content-encoding", "identity")
             try:
-                # Kept on the exchange too: later addons (Collect, Retry) wrap the callable.
-                flow.response.stream = ex.extra["tee"] = StreamTee(ex, flow, encoding, frames)
+                ex.tee = StreamTee(ex, flow, encoding, frames)
+                return ex.tee
             except ValueError as e:  # an encoding we cannot read: forward, record the gap
-                flow.response.stream = True
                 commit(ex, flow, None, ResponseError(type="unsupported_encoding", message=str(e), status=200))
+                return True
+        return stream
 
-    def response(self, flow: http.HTTPFlow) -> None:
+    def on_response(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)
         if ex is None or ex.route.kind != "model" or ex.committed or flow.response is None:
             return
-        stream = ex.extra.get("tee")
-        if isinstance(stream, StreamTee):
-            stream.finish()
+        if ex.tee is not None:
+            ex.tee.finish()
             return
         status = flow.response.status_code
         body = None
@@ -175,13 +123,30 @@ class Tee:
             return
         commit(ex, flow, response)
 
-    def error(self, flow: http.HTTPFlow) -> None:
+    def on_error(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)
         if ex is None or ex.route.kind != "model" or ex.committed:
             return
         message = flow.error.msg if flow.error else "connection error"
-        stream = ex.extra.get("tee")
-        if isinstance(stream, StreamTee):
-            stream.finish(f"the stream broke: {message}")
+        if ex.tee is not None:
+            ex.tee.finish(f"the stream broke: {message}")
         else:
             commit(ex, flow, None, ResponseError(type="upstream_unreachable" if flow.response is None else "connection_error", message=message, status=None))
+
+
+class Tee:
+    """The addon that carries an answer back to the harness: the stream pipeline
+    (``addons/pipeline.py``), this module's ``Assemble`` first, then the stages given (in the
+    script: Collect's strip, Retry's capture)."""
+
+    def __init__(self, strip: Stage | None = None, capture: Stage | None = None) -> None:
+        self.pipeline = Pipeline(Assemble(), strip=strip, capture=capture)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        self.pipeline.responseheaders(flow)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self.pipeline.response(flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self.pipeline.error(flow)

@@ -35,7 +35,7 @@ from typing import Any
 from mitmproxy import ctx, http
 
 from interceptor.addons.exchange import KEY, Exchange, exchange_of
-from interceptor.addons.tee import commit
+from interceptor.addons.record import commit
 from interceptor.dialects.sse import SSEEvent
 from interceptor.trace.messages import Message, Request, ResponseError, Tool
 

@@ -1,0 +1,90 @@
+"""Pipeline: what happens to a provider's answer on its way back to the harness, in one place.
+
+A streamed answer passes through one chain of callables set as ``flow.response.stream``,
+built here and nowhere else, innermost first:
+
+1. **assemble** (``tee.Assemble``): decode the content encoding, cut the body into events
+   (the dialect's ``frames``), feed the dialect's assembler, and commit the turn before the
+   bytes of its terminal event go on;
+2. **strip** (``collect.Collect``): take the token ids and logprobs the proxy asked for out
+   of what the harness receives (the assembler above has recorded them);
+3. **hold** (empty for now: response hooks, for the sessions that have them), after strip and
+   before capture, so a hook sees what the harness would and a replay repeats what the hook
+   let through;
+4. **capture** (``retry.Retry``): keep the bytes the harness is sent, for a replay.
+
+A JSON answer takes the same stages in the same order in ``response``, a broken one in
+``error``. The order is the ``Pipeline`` constructor's, not the order of the script's addon
+list: the one addon that runs it is the Tee (``tee.Tee``); Collect and Retry are listed in
+the script for their request hooks only, and their answer-side work is ``on_headers`` /
+``on_response`` / ``on_error``, names mitmproxy never calls.
+
+Each stage runs even when an earlier one raised (Retry must still settle what it has in
+flight); the first exception is put on the flow as a ``Fault`` naming the stage, exactly as
+the Guard would for an addon of its own, and the Gate answers it (``addons/gate.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from mitmproxy import http
+
+from interceptor.addons.gate import FAULT_KEY, Fault
+
+log = logging.getLogger(__name__)
+
+#: ``flow.response.stream``: a chain of callables, or False/True (buffered / passed on as is).
+Stream = Callable[[bytes], Any] | bool | None
+
+
+class Stage(Protocol):
+    def on_headers(self, flow: http.HTTPFlow, stream: Stream) -> Stream:
+        """Given the chain built so far (False when the answer is read whole), return it
+        wrapped, or unchanged."""
+
+    def on_response(self, flow: http.HTTPFlow) -> None: ...
+
+    def on_error(self, flow: http.HTTPFlow) -> None: ...
+
+
+class Pipeline:
+    def __init__(self, assemble: Stage, strip: Stage | None = None, hold: Stage | None = None,
+                 capture: Stage | None = None) -> None:
+        # The order of the chain is this line.
+        self.stages: tuple[Stage, ...] = tuple(s for s in (assemble, strip, hold, capture) if s is not None)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.response is None:
+            return
+        stream: Stream = flow.response.stream
+        for stage in self.stages:
+            try:
+                stream = stage.on_headers(flow, stream)
+            except Exception as e:  # noqa: BLE001 - see the module docstring
+                self._fault(flow, stage, "on_headers", e)
+        flow.response.stream = stream or False
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self._each(flow, "on_response")
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._each(flow, "on_error")
+
+    def _each(self, flow: http.HTTPFlow, hook: str) -> None:
+        for stage in self.stages:
+            try:
+                getattr(stage, hook)(flow)
+            except Exception as e:  # noqa: BLE001 - see the module docstring
+                self._fault(flow, stage, hook, e)
+
+    @staticmethod
+    def _fault(flow: http.HTTPFlow, stage: Stage, hook: str, e: Exception) -> None:
+        step = f"{type(stage).__name__}.{hook}"
+        flow.metadata.setdefault(FAULT_KEY, Fault(step, f"raised {type(e).__name__}"))
+        # The exception's text may quote the answer: frames only, as the Guard logs them.
+        frames = "".join(traceback.format_tb(e.__traceback__))
+        log.error(f"interceptor: {step} raised {type(e).__name__}; the Gate answers the flow\n{frames}")

@@ -1,0 +1,101 @@
+"""Record: the one place an exchange goes on the record, for HTTP and WebSocket alike.
+
+An exchange is recorded exactly once: as a turn (nodes and a call) when the model answered,
+as one call with its error otherwise, or as a replay call when Retry answered it from an
+earlier one. Every path that ends an exchange (the stream pipeline, Reach's 502, a
+WebSocket frame, a replay) comes here, so what a call record holds is decided once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from mitmproxy import http
+
+from interceptor.addons.exchange import Exchange
+from interceptor.trace import ModelCall
+from interceptor.trace.messages import Response, ResponseError, Sampling
+
+log = logging.getLogger(__name__)
+
+
+def effective_sampling(ex: Exchange) -> Sampling:
+    """The settings the upstream actually received: the rewritten body, read back."""
+    if ex.body is None:
+        return Sampling()
+    try:
+        return ex.dialect.sampling(ex.body)
+    except Exception:  # the body was forwarded; a record without sampling beats no record
+        return Sampling()
+
+
+def endpoint(flow: http.HTTPFlow) -> str:
+    return flow.request.path.split("?", 1)[0]
+
+
+def make_call(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: ResponseError | None,
+              status: int | None = None) -> ModelCall:
+    return ModelCall(
+        id=ex.call_id or uuid.uuid4().hex[:16],
+        dialect=ex.dialect.name,
+        endpoint=endpoint(flow),
+        model=(response.model if response and response.model else None) or ex.dialect.requested_model(ex.body, flow.request.path),
+        requested_model=ex.requested_model,
+        stream=ex.stream,
+        sampling=effective_sampling(ex),
+        overrides=[o.as_dict() for o in ex.overrides],
+        status=status if status is not None else (flow.response.status_code if flow.response else None),
+        finish_reason=response.finish_reason if response else None,
+        native_finish_reason=response.native_finish_reason if response else None,
+        usage=response.usage if response else None,
+        started_at=ex.started_at,
+        first_byte_at=ex.first_byte_at,
+        ended_at=time.time(),
+        error=error,
+    )
+
+
+def commit(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: ResponseError | None = None,
+           *, status: int | None = None) -> None:
+    """Put the exchange on the record exactly once: a turn when the model answered, a call
+    with its error otherwise. ``status`` stands in for the flow's when the exchange is not
+    the flow's own (a WebSocket frame's answer; the flow's is the upgrade's 101)."""
+    if ex.committed:
+        return
+    ex.committed = True
+    if response is not None and response.error is not None and error is None:
+        error = response.error
+    call = make_call(ex, flow, response, error, status)
+    recorder = ex.session.recorder
+    try:
+        if error is None and response is not None and ex.request is not None:
+            recorder.commit_turn(ex.request, response, call)
+            ex.turn = call.id
+        else:
+            recorder.record_call(call)
+    except Exception:
+        log.exception(f"interceptor: session {ex.session.id!r}: could not record call {call.id}")
+
+
+def commit_replay(ex: Exchange, flow: http.HTTPFlow, status: int, replay_of: str) -> None:
+    """An exchange answered from the record of call ``replay_of``: one call saying so, no
+    turn. Marks the exchange as a replay, which every later stage reads from ``ex.replay_of``."""
+    ex.committed = True  # nothing more for the pipeline to record
+    ex.replay_of = replay_of
+    call = ModelCall(
+        id=uuid.uuid4().hex[:16],
+        dialect=ex.dialect.name,
+        endpoint=endpoint(flow),
+        requested_model=ex.requested_model,
+        stream=ex.stream,
+        status=status,
+        started_at=ex.started_at,
+        ended_at=time.time(),
+        replay_of=replay_of,
+    )
+    try:
+        ex.session.recorder.record_call(call)
+    except Exception:
+        log.exception(f"interceptor: session {ex.session.id!r}: could not record replay")
