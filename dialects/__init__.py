@@ -22,17 +22,20 @@ from dataclasses import dataclass
 from interceptor.dialects.anthropic import ANTHROPIC, AnthropicDialect
 from interceptor.dialects.base import Dialect, Override, RouteKind, StreamAssembler
 from interceptor.dialects.chat import CHAT, ChatDialect
+from interceptor.dialects.gemini import GEMINI, GeminiDialect
 from interceptor.dialects.responses import RESPONSES, ResponsesDialect
 
 __all__ = [
     "ANTHROPIC",
     "CHAT",
     "DIALECTS",
+    "GEMINI",
     "REGISTRY",
     "RESPONSES",
     "AnthropicDialect",
     "ChatDialect",
     "Dialect",
+    "GeminiDialect",
     "Override",
     "ResponsesDialect",
     "Route",
@@ -48,6 +51,7 @@ REGISTRY: tuple[Dialect, ...] = (
     CHAT,
     RESPONSES,
     ANTHROPIC,
+    GEMINI,
 )
 
 DIALECTS: dict[str, Dialect] = {d.name: d for d in REGISTRY}

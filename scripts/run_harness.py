@@ -54,7 +54,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "addons" / "interception.py"
-DEFAULT_HOSTS = ("api.openai.com", "api.anthropic.com", "chatgpt.com")  # as addons/settings.py
+DEFAULT_HOSTS = ("api.openai.com", "api.anthropic.com", "chatgpt.com",
+                 "generativelanguage.googleapis.com")  # as interceptor.dialects.default_hosts()
 TOKEN_VARIABLE = "INTERCEPT_ADMIN_TOKEN"
 
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy",
@@ -77,6 +78,9 @@ HARNESS_DEFAULTS = {
     # mini-swe-agent: a model name litellm's price list does not know (any name the session
     # imposes, a vLLM model) is a cost-lookup error that ends the run; count it as free.
     "MSWEA_COST_TRACKING": "ignore_errors",
+    # Gemini CLI: run in the rollout's folder without asking to trust it; no telemetry.
+    "GEMINI_CLI_TRUST_WORKSPACE": "true",
+    "GEMINI_TELEMETRY_ENABLED": "false",
 }
 # Where `make test-deps` installs the harness CLIs (claude, codex, gemini).
 NODE_BIN = ROOT / "tests" / "harnesses" / "node_modules" / ".bin"

@@ -30,7 +30,7 @@ NODE_BIN = ROOT / "tests" / "harnesses" / "node_modules" / ".bin"
 RUN_HARNESS = ROOT / "scripts" / "run_harness.py"
 # Codex asks chatgpt.com for its model list with the key it holds; intercepted, it is
 # answered locally at once instead of failing slowly through retries (no network here).
-HOSTS = ["api.openai.com", "api.anthropic.com", "chatgpt.com"]
+HOSTS = ["api.openai.com", "api.anthropic.com", "chatgpt.com", "generativelanguage.googleapis.com"]
 
 FINAL = "FINAL-ANSWER-42"
 TOOL_OUTPUT = "hello-from-tool"

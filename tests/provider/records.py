@@ -51,7 +51,7 @@ class Headers(Mapping[str, str]):
 
 
 # Routes that generate a model answer and consume a scripted reply.
-MODEL_ROUTES = ("chat", "responses", "messages")
+MODEL_ROUTES = ("chat", "responses", "messages", "gemini")
 
 
 @dataclass
@@ -92,6 +92,8 @@ class RequestRecord:
     def stream(self) -> bool:
         if self.transport == "websocket":
             return True  # every WebSocket answer is a stream of events
+        if self.route == "gemini":
+            return ":streamGenerateContent" in self.route_path  # Gemini says so in the path
         return isinstance(self.json, dict) and self.json.get("stream") is True
 
     def to_dict(self) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Sequence
 from urllib.parse import parse_qs, urlsplit
 
-from . import anthropic_messages, errors, openai_chat, openai_responses, responses_ws, tokens, wire
+from . import anthropic_messages, errors, gemini, openai_chat, openai_responses, responses_ws, tokens, wire
 from .records import Headers, RequestRecord
 from .reply import Reply
 from .turn import Turn, random_id
@@ -53,6 +53,9 @@ def route_of(method: str, path: str) -> str | None:
     """Which endpoint a request is for. Suffix matching, so `/v1/...`, `/...` and a
     prefixed base URL (`/openai/v1/...`) all work, as SDK base URLs vary."""
     path = path.rstrip("/")
+    route = gemini.route_of(method, path)
+    if route is not None:
+        return route
     if method == "POST":
         for suffix, route in (
             ("/chat/completions", "chat"),
@@ -72,7 +75,9 @@ def route_of(method: str, path: str) -> str | None:
 
 
 def family_of(route: str | None, headers: Headers) -> str:
-    """"anthropic" or "openai": decides error shapes and response headers."""
+    """"anthropic", "openai" or "gemini": decides error shapes and response headers."""
+    if route is not None and route.startswith("gemini"):
+        return "gemini"
     if route in ("messages", "count_tokens"):
         return "anthropic"
     if route in ("chat", "responses", "input_tokens"):
@@ -80,10 +85,13 @@ def family_of(route: str | None, headers: Headers) -> str:
     return "anthropic" if ("anthropic-version" in headers or "x-api-key" in headers) else "openai"
 
 
-def key_of(headers: Headers) -> str | None:
+def key_of(headers: Headers, query: dict[str, list[str]] | None = None) -> str | None:
     """What a string script key matches: `x-sim-key`, else the API key as sent."""
     if "x-sim-key" in headers:
         return headers["x-sim-key"]
+    google = gemini.key_of(headers, query or {})
+    if google:
+        return google
     if "x-api-key" in headers:
         return headers["x-api-key"]
     auth = headers.get("authorization", "")
@@ -282,7 +290,7 @@ def _check(reply: Reply) -> None:
 
 
 def _echo(record: RequestRecord) -> str:
-    last = tokens.last_user_text(record.json)
+    last = gemini.last_user_text(record.json) if record.route == "gemini" else tokens.last_user_text(record.json)
     if not last:
         return "Hello from the provider simulator."
     return "You said: " + (last if len(last) <= 200 else last[:200] + "...")
@@ -367,7 +375,8 @@ class _Handler(BaseHTTPRequestHandler):
                 responses_ws.serve(self, headers, "req_" + secrets.token_hex(16))
                 return
             route = route_of(self.command, urlsplit(path).path)
-            record = RequestRecord(self.command, path, headers, body, time.time(), route=route, key=key_of(headers))
+            record = RequestRecord(self.command, path, headers, body, time.time(), route=route,
+                                   key=key_of(headers, parse_qs(urlsplit(path).query)))
             sim._log(record)
             self._answer(record)
         except (_Cut, responses_ws.Cut):
@@ -394,6 +403,9 @@ class _Handler(BaseHTTPRequestHandler):
             request_id = "req_" + secrets.token_hex(16)
             base = {"x-request-id": request_id, "openai-version": "2020-10-01", "openai-processing-ms": "1"}
 
+        if family == "gemini":
+            gemini.serve(self, record, sim, {"x-gemini-service-tier": "standard"})
+            return
         if route is None:
             self._error(family, 404, Reply(status=404, error_message=f"Unknown route {record.method} {record.path}"), request_id, base)
             return

@@ -1,0 +1,650 @@
+"""Google's Gemini API (``generativelanguage.googleapis.com``), as Gemini CLI and the genai
+SDKs speak it.
+
+The wire format, from Google's reference (https://ai.google.dev/api/generate-content,
+https://ai.google.dev/api/tokens, https://ai.google.dev/api/models,
+https://ai.google.dev/gemini-api/docs/thinking, https://ai.google.dev/gemini-api/docs/function-calling):
+
+- routes: ``POST /v1beta/models/<model>:generateContent`` (JSON),
+  ``:streamGenerateContent`` (SSE with ``?alt=sse``, else one JSON array delivered as it
+  grows), ``:countTokens`` (a side route), ``GET /v1beta/models[/<model>]`` (side). The model
+  lives in the path, not the body: the session's model rewrites the path.
+- the key arrives in ``x-goog-api-key`` or the ``key`` query parameter; the real key is
+  sent the same way.
+- a body is ``contents`` (role ``user`` or ``model``, ``parts``), ``systemInstruction``,
+  ``tools[].functionDeclarations``, ``toolConfig``, ``generationConfig`` (sampling, with
+  ``thinkingConfig``); an answer is ``candidates[].content.parts``, ``finishReason``,
+  ``usageMetadata``, ``modelVersion``, ``responseId``; a streamed answer is a sequence of
+  such answers, each carrying the parts generated since the last, the last one with the
+  ``finishReason`` (the terminal event) and the final ``usageMetadata``.
+- an error is ``{"error": {"code": <status>, "message", "status": "INVALID_ARGUMENT"}}``
+  (https://ai.google.dev/gemini-api/docs/troubleshooting).
+
+Gemini has no tool-call ids (a ``functionCall`` is paired with its ``functionResponse`` by
+order and name), and a harness may invent its own when it restates a call (Gemini CLI sends
+``run_shell_command_<time>_0``). So the canonical id is derived from the call itself (name
+and arguments, plus its rank among identical calls of the same message), never taken from
+the wire: the call the model sampled and the call the harness restates next turn get the same
+id, and the graph reuses the node. Each ``functionResponse`` takes the id of the call it
+answers: the one whose wire ``id`` it names, else the n-th call named N of the model turn
+before it for the n-th response named N. Likewise the placeholder signature a client puts on
+a call the model sent unsigned (``skip_thought_signature_validator``,
+https://ai.google.dev/gemini-api/docs/thought-signatures) is no signature.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from interceptor.dialects.base import Override, RouteKind
+from interceptor.dialects.common import (
+    Knob,
+    KnobDialect,
+    apply_knobs,
+    NativeAssembler,
+    inline_part,
+    other_part,
+    url_part,
+)
+from interceptor.dialects.sse import SSEDecoder, SSEEvent
+from interceptor.trace.messages import (
+    FinishReason,
+    Message,
+    Part,
+    Reasoning,
+    Request,
+    Response,
+    ResponseError,
+    Sampling,
+    Tool,
+    ToolCall,
+    Usage,
+    canonical_json,
+)
+
+_PATH = re.compile(r"^/(v1|v1beta|v1alpha)/models/([^/:]+):([A-Za-z]+)$")
+_MODELS = re.compile(r"^/(v1|v1beta|v1alpha)/models(/[^/:]+)?$")
+_VERSION = re.compile(r"^/(v1|v1beta|v1alpha)(?=/|$)")
+_METHODS: dict[str, RouteKind] = {"generateContent": "model", "streamGenerateContent": "model", "countTokens": "side"}
+
+FINISH: dict[str, FinishReason] = {
+    "STOP": "stop",
+    "MAX_TOKENS": "length",
+    "SAFETY": "content_filter",
+    "RECITATION": "content_filter",
+    "BLOCKLIST": "content_filter",
+    "PROHIBITED_CONTENT": "content_filter",
+    "SPII": "content_filter",
+    "IMAGE_SAFETY": "content_filter",
+    "MALFORMED_FUNCTION_CALL": "error",
+}
+_NATIVE_FINISH = {"stop": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS",
+                  "content_filter": "SAFETY", "error": "OTHER"}
+
+# google.rpc.Code names by HTTP status, as the API answers them
+# (https://ai.google.dev/gemini-api/docs/troubleshooting#error-codes).
+_STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ABORTED",
+    413: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    499: "CANCELLED",
+    500: "INTERNAL",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+_GC = "generationConfig"
+KNOBS = (
+    Knob("temperature", (_GC, "temperature")),
+    Knob("top_p", (_GC, "topP")),
+    Knob("top_k", (_GC, "topK")),
+    Knob("max_tokens", (_GC, "maxOutputTokens")),
+    Knob("seed", (_GC, "seed")),
+    Knob("presence_penalty", (_GC, "presencePenalty")),
+    Knob("frequency_penalty", (_GC, "frequencyPenalty")),
+    # thinkingConfig whole (thinkingBudget, includeThoughts, thinkingLevel), then the level
+    # alone as the canonical effort (Gemini 3's "low" / "high").
+    Knob("thinking", (_GC, "thinkingConfig")),
+    Knob("reasoning_effort", (_GC, "thinkingConfig", "thinkingLevel")),
+    Knob("stop", (_GC, "stopSequences"), owner="harness",
+         to_native=lambda v: v, from_native=lambda v: [v] if isinstance(v, str) else list(v)),
+    Knob("n", (_GC, "candidateCount"), owner="harness"),
+    Knob("logprobs", (_GC, "responseLogprobs"), owner="harness"),
+    Knob("top_logprobs", (_GC, "logprobs"), owner="harness"),
+    Knob("tool_choice", ("toolConfig", "functionCallingConfig"), owner="harness"),
+)
+
+_REQUEST_KEYS = {"contents", "systemInstruction", "system_instruction", "tools", "model"}
+
+
+#: What a client sends in place of a signature the model never gave (documented, see above).
+PLACEHOLDER_SIGNATURE = "skip_thought_signature_validator"
+
+
+def _signature(part: dict[str, Any]) -> str | None:
+    sig = part.get("thoughtSignature")
+    return None if sig == PLACEHOLDER_SIGNATURE else sig
+
+
+def _call_id(name: str, args: Any, rank: int) -> str:
+    digest = hashlib.sha256(canonical_json([name, args]).encode()).hexdigest()[:16]
+    return f"gemini-{name}-{digest}-{rank}"
+
+
+def _text_parts(parts: list[dict[str, Any]]) -> str | list[Part]:
+    """User-side content: text, inline data and file references; anything else kept whole."""
+    out: list[Part] = []
+    for p in parts:
+        if "text" in p and not p.get("thought"):
+            out.append(Part(type="text", text=p["text"]))
+        elif isinstance(p.get("inlineData"), dict):
+            d = p["inlineData"]
+            kind = "image" if str(d.get("mimeType", "")).startswith("image/") else "file"
+            part = inline_part(kind, d.get("data") or "")
+            part.media_type = d.get("mimeType") or part.media_type
+            out.append(part)
+        elif isinstance(p.get("fileData"), dict):
+            d = p["fileData"]
+            kind = "image" if str(d.get("mimeType", "")).startswith("image/") else "file"
+            out.append(url_part(kind, d.get("fileUri") or "", media_type=d.get("mimeType")))
+        else:
+            out.append(other_part(p))
+    if all(p.type == "text" for p in out):
+        return "".join(p.text or "" for p in out)
+    return out
+
+
+def _model_message(parts: list[dict[str, Any]], wire_ids: dict[str, str] | None = None) -> Message:
+    """A ``model`` turn: text is content, ``thought`` parts are reasoning (consecutive ones
+    are one, whatever the stream's split), a signature on any other part travels with it
+    (on its call, or as signature-only reasoning), ``functionCall`` parts are tool calls."""
+    wire_ids = {} if wire_ids is None else wire_ids  # the wire id of a call -> its canonical id
+    content: list[Part] = []
+    reasoning: list[Reasoning] = []
+    calls: list[ToolCall] = []
+    ranks: dict[str, int] = {}
+    thought_open = False
+    for p in parts:
+        signature = _signature(p)
+        if p.get("thought"):
+            if thought_open:
+                last = reasoning[-1]
+                last.text += p.get("text") or ""
+                last.signature = signature or last.signature
+            else:
+                reasoning.append(Reasoning(text=p.get("text") or "", signature=signature))
+                thought_open = True
+            continue
+        thought_open = False
+        if isinstance(p.get("functionCall"), dict):
+            fc = p["functionCall"]
+            name, args = str(fc.get("name") or ""), fc.get("args") or {}
+            key = canonical_json([name, args])
+            rank = ranks[key] = ranks.get(key, -1) + 1
+            extra = {"thoughtSignature": signature} if signature else None
+            calls.append(ToolCall(id=_call_id(name, args, rank), name=name,
+                                  arguments=json.dumps(args, ensure_ascii=False), extra=extra))
+            if fc.get("id"):
+                wire_ids[str(fc["id"])] = calls[-1].id
+            continue
+        if signature:
+            reasoning.append(Reasoning(signature=signature))
+        if "text" in p:
+            if content and content[-1].type == "text":
+                content[-1].text = (content[-1].text or "") + p["text"]
+            else:
+                content.append(Part(type="text", text=p["text"]))
+        else:
+            content.append(other_part(p))
+    text: str | list[Part] = content
+    if all(c.type == "text" for c in content):
+        text = "".join(c.text or "" for c in content)
+    return Message(role="assistant", content=text, tool_calls=calls, reasoning=reasoning)
+
+
+def _user_messages(parts: list[dict[str, Any]], answered: list[ToolCall], wire_ids: dict[str, str]) -> list[Message]:
+    """A ``user`` turn: each ``functionResponse`` is a tool message paired with a call of the
+    model turn before it (by id, else the n-th of that name); the rest is one user message."""
+    out: list[Message] = []
+    rest: list[dict[str, Any]] = []
+    taken: set[int] = set()
+    for p in parts:
+        fr = p.get("functionResponse")
+        if not isinstance(fr, dict):
+            rest.append(p)
+            continue
+        name = str(fr.get("name") or "")
+        call_id = wire_ids.get(str(fr.get("id")))
+        if call_id is not None:
+            taken.update(k for k, call in enumerate(answered) if call.id == call_id)
+        else:
+            for k, call in enumerate(answered):
+                if k not in taken and call.name == name:
+                    taken.add(k)
+                    call_id = call.id
+                    break
+            else:
+                call_id = f"gemini-{name}-unpaired-{len(taken) + len(out)}"
+        response = fr.get("response")
+        out.append(Message(role="tool", tool_call_id=str(call_id), name=name,
+                           content=json.dumps(response, ensure_ascii=False, sort_keys=True)))
+    if rest:
+        out.append(Message(role="user", content=_text_parts(rest)))
+    return out
+
+
+def _tools(tool: dict[str, Any]) -> list[Tool]:
+    decls = tool.get("functionDeclarations") or tool.get("function_declarations")
+    if isinstance(decls, list):
+        return [Tool(name=d.get("name", ""), description=d.get("description"),
+                     parameters=d.get("parametersJsonSchema") or d.get("parameters")) for d in decls]
+    # Google's own tools (googleSearch, codeExecution, urlContext): kept by kind.
+    return [Tool(name=k, type=k, parameters=v if isinstance(v, dict) else None) for k, v in tool.items()]
+
+
+def _usage(raw: dict[str, Any] | None) -> Usage | None:
+    if not raw:
+        return None
+    thoughts = raw.get("thoughtsTokenCount") or 0
+    return Usage(
+        input_tokens=raw.get("promptTokenCount") or 0,
+        output_tokens=(raw.get("candidatesTokenCount") or 0) + thoughts,
+        cached_input_tokens=raw.get("cachedContentTokenCount") or 0,
+        reasoning_tokens=thoughts,
+    )
+
+
+def _native_usage(usage: Usage) -> dict[str, Any]:
+    out = {"promptTokenCount": usage.input_tokens,
+           "candidatesTokenCount": usage.output_tokens - usage.reasoning_tokens,
+           "totalTokenCount": usage.input_tokens + usage.output_tokens}
+    if usage.reasoning_tokens:
+        out["thoughtsTokenCount"] = usage.reasoning_tokens
+    if usage.cached_input_tokens:
+        out["cachedContentTokenCount"] = usage.cached_input_tokens
+    return out
+
+
+def _native_parts(message: Message) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = []
+    signatures: list[str] = []
+    for r in message.reasoning:
+        if r.text:
+            part: dict[str, Any] = {"text": r.text, "thought": True}
+            if r.signature:
+                part["thoughtSignature"] = r.signature
+            parts.append(part)
+        elif r.signature:
+            signatures.append(r.signature)
+    content = message.content
+    blocks = [Part(type="text", text=content)] if isinstance(content, str) else content
+    for block in blocks:
+        if block.type == "text":
+            if block.text:
+                parts.append({"text": block.text})
+        elif block.data is not None:
+            parts.append(dict(block.data))
+    if signatures and parts and "thought" not in parts[-1] and "text" in parts[-1]:
+        parts[-1]["thoughtSignature"] = signatures[0]
+    for call in message.tool_calls:
+        try:
+            args = json.loads(call.arguments) if call.arguments else {}
+        except ValueError:
+            args = {}
+        part = {"functionCall": {"name": call.name, "args": args}}
+        if call.extra and call.extra.get("thoughtSignature"):
+            part["thoughtSignature"] = call.extra["thoughtSignature"]
+        parts.append(part)
+    return parts
+
+
+class JSONArrayFrames:
+    """``streamGenerateContent`` without ``alt=sse``: one JSON array whose elements arrive
+    as they are generated (``[{...}\\r\\n,{...}\\r\\n]``). Each complete top-level element is
+    an event; the scan keeps only the element in progress and its nesting state, O(chunk)."""
+
+    _SPECIAL = re.compile(rb'[\[\]{}"\\]')
+    _STRING = re.compile(rb'["\\]')
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+        self.buf = bytearray()
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        events: list[SSEEvent] = []
+        start = 0 if self.depth > 1 or self.in_string else None
+        i = 0
+        n = len(chunk)
+        while i < n:
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                    i += 1
+                    continue
+                m = self._STRING.search(chunk, i)
+                if m is None:
+                    break
+                i = m.start()
+                if chunk[i] == 0x5C:  # backslash
+                    self.escaped = True
+                else:
+                    self.in_string = False
+                i += 1
+                continue
+            m = self._SPECIAL.search(chunk, i)
+            if m is None:
+                break
+            i = m.start()
+            c = chunk[i]
+            if c == 0x22:  # quote
+                self.in_string = True
+            elif c in (0x7B, 0x5B):  # { [
+                self.depth += 1
+                if self.depth == 2:
+                    start = i
+            elif c in (0x7D, 0x5D):  # } ]
+                if self.depth == 2 and start is not None:
+                    self.buf += chunk[start:i + 1]
+                    events.append(self._event())
+                    start = None
+                self.depth -= 1
+            i += 1
+        if start is not None:
+            self.buf += chunk[start:]
+        return events
+
+    def _event(self) -> SSEEvent:
+        raw = bytes(self.buf)
+        self.buf.clear()
+        try:
+            return SSEEvent(data=raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            return SSEEvent(data=raw.decode("utf-8", "replace"), malformed=True)
+
+    def flush(self) -> list[SSEEvent]:
+        if self.buf:  # an element cut off by the end of the body: the assembler sees the damage
+            return [self._event()]
+        return []
+
+
+class GeminiDialect(KnobDialect):
+    name = "gemini"
+    hosts = ("generativelanguage.googleapis.com",)
+    key_variables = ("GEMINI_API_KEY",)
+    credential_headers: ClassVar[tuple[str, ...]] = ("x-goog-api-key", "authorization", "x-api-key", "api-key")
+    knobs = KNOBS
+
+    # -- where it is spoken ----------------------------------------------------------------
+
+    def route(self, method: str, path: str) -> RouteKind | None:
+        m = _PATH.match(path)
+        if m is not None:
+            return _METHODS.get(m.group(3)) if method == "POST" else None
+        if method == "GET" and _MODELS.match(path):
+            return "side"
+        return None
+
+    def upstream_path(self, base_path: str, path: str) -> str:
+        """A base URL that ends in an API version (``/v1beta``) replaces the harness's; one
+        without (``https://host`` or ``/proxy``) keeps it, as the genai SDKs build URLs."""
+        base = base_path.rstrip("/")
+        if _VERSION.fullmatch("/" + base.rsplit("/", 1)[-1]):
+            return base + _VERSION.sub("", path, count=1)
+        return base + path
+
+    # -- credentials -------------------------------------------------------------------------
+
+    def secret(self, headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
+        return (headers.get("x-goog-api-key", "").strip() or (query.get("key") or "").strip()
+                or super().secret(headers, query))
+
+    def put_key(self, headers: MutableMapping[str, str], query: MutableMapping[str, str], key: str | None) -> None:
+        in_query = "key" in query
+        query.pop("key", None)
+        for name in self.credential_headers:
+            headers.pop(name, None)
+        if key and in_query:
+            query["key"] = key
+        elif key:
+            headers["x-goog-api-key"] = key
+
+    # -- where the model lives ----------------------------------------------------------------
+
+    def requested_model(self, body: dict[str, Any] | None, path: str) -> str | None:
+        m = _PATH.match(path.split("?", 1)[0])
+        return m.group(2) if m else None
+
+    def path_with_model(self, path: str, model: str | None) -> tuple[str, Override | None]:
+        route, sep, query = path.partition("?")
+        m = _PATH.match(route)
+        if not model or m is None or m.group(2) == model:
+            return path, None
+        new = f"/{m.group(1)}/models/{model}:{m.group(3)}" + sep + query
+        return new, Override("model", m.group(2), model)
+
+    def side_overrides(self, body: dict[str, Any], model: str | None) -> list[Override]:
+        return []  # countTokens names the model in the path
+
+    def apply_overrides(self, body: dict[str, Any], model: str | None, sampling: Sampling) -> list[Override]:
+        """The knobs and the rules; the model is ``path_with_model``'s (a body with a
+        ``model`` would no longer be the harness's bytes)."""
+        changes = apply_knobs(body, self.knobs, sampling)
+        self.reconcile(body, changes)
+        return changes
+
+    # -- bodies ---------------------------------------------------------------------------------
+
+    def parse_request(self, body: dict[str, Any]) -> Request:
+        messages: list[Message] = []
+        system = body.get("systemInstruction") or body.get("system_instruction")
+        if isinstance(system, dict):
+            messages.append(Message(role="system", content=_text_parts(system.get("parts") or [])))
+        elif isinstance(system, str):
+            messages.append(Message(role="system", content=system))
+        last_calls: list[ToolCall] = []
+        wire_ids: dict[str, str] = {}
+        for c in body.get("contents") or []:
+            parts = c.get("parts") or []
+            if c.get("role") == "model":
+                wire_ids = {}
+                msg = _model_message(parts, wire_ids)
+                messages.append(msg)
+                last_calls = list(msg.tool_calls)
+            else:
+                messages.extend(_user_messages(parts, last_calls, wire_ids))
+                last_calls, wire_ids = [], {}
+        return Request(
+            messages=messages,
+            tools=[t for tool in body.get("tools") or [] for t in _tools(tool)],
+            model=body.get("model"),
+            sampling=self.sampling(body),
+            stream=False,
+            extra={k: v for k, v in body.items() if k not in _REQUEST_KEYS and k not in (_GC, "toolConfig")},
+        )
+
+    def parse_response(self, body: dict[str, Any]) -> Response:
+        if isinstance(body.get("error"), dict):
+            return Response(error=self.response_error(body["error"].get("code"), body), finish_reason="error")
+        candidates = sorted(body.get("candidates") or [], key=lambda c: c.get("index", 0))
+        head = candidates[0] if candidates else {}
+        message = _model_message((head.get("content") or {}).get("parts") or [])
+        native = head.get("finishReason")
+        finish = FINISH.get(native, "stop") if native else None
+        if finish == "stop" and message.tool_calls:
+            finish = "tool_calls"
+        extra = {k: body[k] for k in ("promptFeedback",) if body.get(k) is not None}
+        if not candidates and (body.get("promptFeedback") or {}).get("blockReason"):
+            finish, native = "content_filter", body["promptFeedback"]["blockReason"]
+        return Response(
+            id=body.get("responseId"),
+            model=body.get("modelVersion"),
+            message=message,
+            finish_reason=finish,
+            native_finish_reason=native,
+            usage=_usage(body.get("usageMetadata")),
+            extra=extra,
+        )
+
+    def assembler(self) -> GeminiAssembler:
+        return GeminiAssembler(self)
+
+    def reconcile(self, body: dict[str, Any], changes: list[Override]) -> None:
+        """Gemini rejects ``thinkingBudget`` and ``thinkingLevel`` in one request (400,
+        https://ai.google.dev/gemini-api/docs/thinking#levels-budgets): the level, the
+        newer setting, wins."""
+        config = (body.get(_GC) or {}).get("thinkingConfig")
+        if isinstance(config, dict) and "thinkingBudget" in config and "thinkingLevel" in config:
+            old = config.pop("thinkingBudget")
+            changes.append(Override(f"{_GC}.thinkingConfig.thinkingBudget", old, None,
+                                    "Gemini rejects thinkingBudget together with thinkingLevel"))
+
+    def is_stream(self, body: dict[str, Any], path: str = "") -> bool:
+        return ":streamGenerateContent" in path.split("?", 1)[0]
+
+    def frames(self, status: int, content_type: str, stream: bool):
+        if status != 200 or not stream:
+            return None
+        if content_type.startswith("text/event-stream"):
+            return SSEDecoder()
+        if content_type.startswith("application/json"):
+            return JSONArrayFrames()
+        return None
+
+    def json_body(self, response: Response) -> dict[str, Any]:
+        native = response.native_finish_reason or (
+            _NATIVE_FINISH.get(response.finish_reason) if response.finish_reason else None)
+        candidate: dict[str, Any] = {"content": {"role": "model", "parts": _native_parts(response.message)}}
+        if native:
+            candidate["finishReason"] = native
+        candidate["index"] = 0
+        body: dict[str, Any] = {"candidates": [candidate]}
+        if response.usage is not None:
+            body["usageMetadata"] = _native_usage(response.usage)
+        if response.model:
+            body["modelVersion"] = response.model
+        if response.id:
+            body["responseId"] = response.id
+        body.update(response.extra)
+        return body
+
+    def stream_events(self, response: Response) -> list[SSEEvent]:
+        """One chunk per part, then the finish chunk with the usage, as the API streams."""
+        body = self.json_body(response)
+        candidate = body["candidates"][0]
+        head = {k: body[k] for k in ("modelVersion", "responseId") if k in body}
+        chunks = [{"candidates": [{"content": {"role": "model", "parts": [p]}, "index": 0}], **head}
+                  for p in candidate["content"]["parts"]]
+        last = {"candidates": [{"content": {"role": "model", "parts": []}, "index": 0}], **head}
+        if chunks:
+            last = chunks.pop()
+        if "finishReason" in candidate:
+            last["candidates"][0]["finishReason"] = candidate["finishReason"]
+        if "usageMetadata" in body:
+            last["usageMetadata"] = body["usageMetadata"]
+        chunks.append(last)
+        return [SSEEvent(data=json.dumps(c, separators=(",", ":"), ensure_ascii=False)) for c in chunks]
+
+    # -- errors -------------------------------------------------------------------------------
+
+    def error_body(self, status: int, message: str, type: str | None = None) -> dict[str, Any]:
+        return {"error": {"code": status, "message": message, "status": type or _STATUS.get(status, "UNKNOWN")}}
+
+    def response_error(self, status: int, body: Any) -> ResponseError:
+        err = body.get("error") if isinstance(body, dict) else None
+        if isinstance(err, dict):
+            return ResponseError(type=str(err.get("status") or err.get("code") or "error"),
+                                 message=str(err.get("message") or ""), status=status)
+        if isinstance(body, list) and body and isinstance(body[0], dict) and "error" in body[0]:
+            return self.response_error(status, body[0])  # an error inside the array stream
+        return super().response_error(status, body)
+
+
+@dataclass(slots=True)
+class _Candidate:
+    parts: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, part: dict[str, Any]) -> None:
+        """Text pieces of one kind are joined (kept in a list, joined once in ``native``);
+        every other part comes whole."""
+        prev = self.parts[-1] if self.parts else None
+        if (prev is not None and "text" in part and "_texts" in prev
+                and bool(prev.get("thought")) == bool(part.get("thought"))
+                and not prev.get("thoughtSignature")):
+            prev["_texts"].append(part["text"])
+            if part.get("thoughtSignature"):
+                prev["thoughtSignature"] = part["thoughtSignature"]
+            return
+        if "text" in part:
+            part = {**part, "_texts": [part["text"]]}
+        self.parts.append(part)
+
+    def native(self, index: int) -> dict[str, Any]:
+        parts = []
+        for p in self.parts:
+            if "_texts" in p:
+                p = {k: v for k, v in p.items() if k != "_texts"} | {"text": "".join(p["_texts"])}
+            parts.append(p)
+        out: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": index, **self.extra}
+        if self.finish_reason:
+            out["finishReason"] = self.finish_reason
+        return out
+
+
+class GeminiAssembler(NativeAssembler):
+    """Chunks -> the GenerateContentResponse they add up to -> ``parse_response``.
+    Terminal: the chunk whose candidates all carry a ``finishReason`` (or a blocked prompt);
+    an ``{"error": ...}`` chunk is terminal too."""
+
+    terminal = "a chunk with finishReason"
+
+    def __init__(self, dialect: GeminiDialect):
+        super().__init__(dialect)
+        self.head: dict[str, Any] = {}
+        self.usage: dict[str, Any] | None = None
+        self.candidates: dict[int, _Candidate] = {}
+
+    def fold(self, obj: dict[str, Any], event: SSEEvent) -> bool:
+        if isinstance(obj.get("error"), dict):
+            return self.fail(self.dialect.response_error(obj["error"].get("code"), obj))
+        for key in ("modelVersion", "responseId", "promptFeedback"):
+            if obj.get(key) is not None and key not in self.head:
+                self.head[key] = obj[key]
+        if obj.get("usageMetadata"):
+            self.usage = obj["usageMetadata"]
+        chunk = obj.get("candidates") or []
+        for c in chunk:
+            index = c.get("index", 0)
+            state = self.candidates.get(index)
+            if state is None:
+                state = self.candidates[index] = _Candidate()
+            for part in (c.get("content") or {}).get("parts") or []:
+                state.add(part)
+            if c.get("finishReason"):
+                state.finish_reason = c["finishReason"]
+        if not chunk and (obj.get("promptFeedback") or {}).get("blockReason"):
+            return True
+        return bool(self.candidates) and all(s.finish_reason for s in self.candidates.values())
+
+    def native(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"candidates": [self.candidates[i].native(i) for i in sorted(self.candidates)],
+                                **self.head}
+        if self.usage is not None:
+            body["usageMetadata"] = self.usage
+        return body
+
+
+GEMINI = GeminiDialect()
