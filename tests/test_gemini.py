@@ -48,6 +48,8 @@ REPLIES = {
                    tool_calls=[ToolCall(name="run_shell_command", arguments={"command": "ls"}),
                                ToolCall(name="run_shell_command", arguments={"command": "pwd"})]),
     "length": Reply(text=["cut"], finish_reason="length"),
+    # Quotes, backslashes and brackets inside strings: the array framing must not count them.
+    "escapes": Reply(text=['She said "hi" ', '{not json} [x] \\', ' back\\"slash']),
 }
 
 
@@ -214,7 +216,8 @@ def test_usage_finish_and_json_round_trip(name):
     assert response.usage.output_tokens == usage["candidatesTokenCount"] + usage.get("thoughtsTokenCount", 0)
     assert response.usage.reasoning_tokens == usage.get("thoughtsTokenCount", 0)
     assert response.native_finish_reason == body["candidates"][0]["finishReason"]
-    assert response.finish_reason == {"text": "stop", "thinking": "stop", "tools": "tool_calls", "length": "length"}[name]
+    assert response.finish_reason == {"text": "stop", "thinking": "stop", "tools": "tool_calls", "length": "length",
+                                    "escapes": "stop"}[name]
     assert GEMINI.parse_response(GEMINI.json_body(response)) == response
 
 

@@ -58,9 +58,17 @@ def route_of(method: str, path: str) -> str | None:
     if m is not None:
         return ROUTES.get(m.group(3)) if method == "POST" else None
     m = _MODELS.match(path)
-    if m is not None and method == "GET":
+    if m is not None and method == "GET" and m.group(1) != "v1":  # /v1/models is everyone's
         return "gemini_model" if m.group(2) else "gemini_models"
     return None
+
+
+def claims(route: str | None, headers: Any, query: dict[str, list[str]]) -> str | None:
+    """A model list on `/v1` (where a proxy's `/v1` base URL puts it) is Gemini's when it
+    carries Gemini's key; any other request keeps its route."""
+    if route in ("models", "model") and key_of(headers, query):
+        return "gemini_" + route
+    return route
 
 
 def model_of(path: str) -> str | None:

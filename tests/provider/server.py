@@ -374,7 +374,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 responses_ws.serve(self, headers, "req_" + secrets.token_hex(16))
                 return
-            route = route_of(self.command, urlsplit(path).path)
+            route = gemini.claims(route_of(self.command, urlsplit(path).path), headers, parse_qs(urlsplit(path).query))
             record = RequestRecord(self.command, path, headers, body, time.time(), route=route,
                                    key=key_of(headers, parse_qs(urlsplit(path).query)))
             sim._log(record)
