@@ -383,8 +383,11 @@ def test_the_scripts_addon_order_records_tokens_strips_them_and_replays_what_the
                         tctx.master.event_loop.run_until_complete(value)
 
         def send(retry_count: int) -> http.HTTPFlow:
+            # The secret in the proxy URL too, as run_harness hands it over: a proxy that may
+            # listen beyond loopback relays only for its sessions (OpenProxyGuard).
+            proxy_auth = "Basic " + base64.b64encode(f"session:{session.model_secret}".encode()).decode()
             flow = flow_for("POST", CHAT_URL, {**CHAT_BODY, "stream": True},
-                            {"authorization": f"Bearer {session.model_secret}",
+                            {"authorization": f"Bearer {session.model_secret}", "proxy-authorization": proxy_auth,
                              "x-stainless-retry-count": str(retry_count)})
             hook("requestheaders", flow)
             hook("request", flow)
