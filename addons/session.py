@@ -152,13 +152,15 @@ class Registry:
             trace_dir.mkdir(parents=True, exist_ok=True)
             path = trace_dir / f"{file_stem or sid}.msgpack"
             header = {
-                "session": sid,
-                "model": config.model,
-                "sampling": config.sampling.set_fields(),
-                "upstream": ({"name": upstream.name, "base_url": upstream.base_url,
-                              "api_key_env": upstream.api_key_env, "dialect": upstream.dialect}
-                             if upstream else None),
-                "collect_tokens": config.collect_tokens,
+                "id": sid,
+                "config": {
+                    "model": config.model,
+                    "sampling": config.sampling.set_fields(),
+                    "upstream": ({"name": upstream.name, "base_url": upstream.base_url,
+                                  "api_key_env": upstream.api_key_env, "dialect": upstream.dialect}
+                                 if upstream else None),
+                    "collect_tokens": config.collect_tokens,
+                },
                 "task": config.task,
                 "agent": config.agent,
                 "info": config.info,

@@ -19,7 +19,7 @@ import os
 import sys
 import warnings
 
-from interceptor.trace import HoleWarning, Message, ModelCall, Trace, export, read_trace
+from interceptor.trace import HoleWarning, Message, ModelCall, Rewrite, Trace, export, read_trace
 from interceptor.trace.verify import problems
 
 PREVIEW = 240  # characters of a message shown by ``show``
@@ -129,11 +129,10 @@ def _ending_line(trace: Trace) -> str:
     return line
 
 
-def _rewrite_line(rewrite: dict) -> str:
-    rest = {k: v for k, v in rewrite.items() if k not in ("direction", "call", "by")}
-    where = f"call {rewrite['call']}  " if rewrite.get("call") else ""
-    return (f"{rewrite.get('direction', 'request')}  {where}{rewrite.get('by', '')}  "
-            + json.dumps(rest, ensure_ascii=False))
+def _rewrite_line(rewrite: Rewrite) -> str:
+    rest = rewrite.model_dump(mode="json", exclude_defaults=True, exclude={"direction", "call", "by"})
+    where = f"call {rewrite.call}  " if rewrite.call else ""
+    return f"{rewrite.direction}  {where}{rewrite.by}  " + json.dumps(rest, ensure_ascii=False)
 
 
 def show_json(trace: Trace) -> dict:
@@ -154,8 +153,8 @@ def show_json(trace: Trace) -> dict:
         "total_tokens": trace.num_total_tokens,
         "branches": len(trace.branches),
         "nodes": len(trace.nodes),
-        "request_rewrites": trace.request_rewrites,
-        "response_rewrites": trace.response_rewrites,
+        "request_rewrites": [r.model_dump(mode="json", exclude_defaults=True) for r in trace.request_rewrites],
+        "response_rewrites": [r.model_dump(mode="json", exclude_defaults=True) for r in trace.response_rewrites],
         "calls": [
             {
                 "id": c.id,
@@ -165,7 +164,7 @@ def show_json(trace: Trace) -> dict:
                 "endpoint": c.endpoint,
                 "stream": c.stream,
                 "sampling": c.sampling.set_fields(),
-                "overrides": c.overrides,
+                "overrides": [o.model_dump(mode="json") for o in c.overrides],
                 "usage": c.usage.model_dump(mode="json") if c.usage else None,
                 "finish_reason": c.finish_reason,
                 "native_finish_reason": c.native_finish_reason,
@@ -181,13 +180,15 @@ def show_json(trace: Trace) -> dict:
 
 
 def samples(trace: Trace):
-    """One training sample per branch."""
+    """One training sample per branch, with the tools that branch's own calls advertised
+    (a sub-agent's samples get the sub-agent's tools). ``reference_logprobs`` and
+    ``loss_weights`` appear only when a trainer put them on the trace."""
     for b in trace.branches:
-        yield {
+        sample = {
             "trace_id": trace.id,
             "branch": b.index,
             "messages": [m.model_dump(mode="json", exclude_defaults=True) for m in b.messages],
-            "tools": [t.model_dump(mode="json", exclude_defaults=True) for t in trace.tools],
+            "tools": [t.model_dump(mode="json", exclude_defaults=True) for t in b.tools],
             "token_ids": b.token_ids,
             "sampled_mask": b.sampled_mask,
             "logprobs": b.logprobs,
@@ -197,6 +198,10 @@ def samples(trace: Trace):
             "task": trace.task or None,
             "calls": b.calls,
         }
+        for name in ("reference_logprobs", "loss_weights"):
+            if getattr(b, name) is not None:
+                sample[name] = getattr(b, name)
+        yield sample
 
 
 def cmd_show(args) -> int:

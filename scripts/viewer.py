@@ -90,7 +90,8 @@ def page_data(path: str | Path) -> dict[str, Any]:
         "tools": [t.model_dump(mode="json", exclude_defaults=True) for t in trace.tools],
         "nodes": nodes,
         "calls": [c.model_dump(mode="json", exclude_defaults=True) for c in trace.calls],
-        "rewrites": [*trace.request_rewrites, *trace.response_rewrites],
+        "rewrites": [r.model_dump(mode="json", exclude_defaults=True)
+                     for r in (*trace.request_rewrites, *trace.response_rewrites)],
         "events": events,
         "notes": notes,
     }

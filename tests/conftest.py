@@ -4,13 +4,20 @@ real SDK clients pointed at it with ``HTTPS_PROXY`` and nothing else (default ba
 from __future__ import annotations
 
 import atexit
+import os
 from collections.abc import Iterator
+
+# Before anything imports interceptor.trace, and inherited by every proxy the tests start
+# (directly or through run_harness): a value msgpack cannot pack is an error, not a string
+# in the file (trace/store.py STRICT_PACK).
+os.environ["INTERCEPT_TEST_STRICT_PACK"] = "1"
 
 import pytest
 
 from clients import KEY_ENV, REAL_KEY, dead_upstream
 from interceptor.scripts.run_harness import PROXY_VARIABLES
 from interceptor.trace import Store
+from interceptor.trace import store as store_module
 from mitm import MitmProcess
 from provider import ProviderSimulator
 
@@ -46,6 +53,7 @@ def _stores_stopped(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     lives as long as its module: it closes it itself.)"""
     made: list[Store] = []
     init = Store.__init__
+    monkeypatch.setattr(store_module, "STRICT_PACK", True)  # whatever imported the store first
 
     def tracked(self, *args, **kwargs) -> None:
         init(self, *args, **kwargs)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from interceptor.trace.store import UNPACKABLE
 from interceptor.scripts.run_harness import PROXY_VARIABLES, control_api, free_port, mitmdump_bin  # one definition of each
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,8 +127,12 @@ class MitmProcess:
 
     def cleanup(self) -> None:
         self.stop()
+        log = self.log() if self.script else ""
         if self._tmp:
             self._tmp.cleanup()
+        # INTERCEPT_TEST_STRICT_PACK (tests/conftest.py): a record that could not be packed
+        # was not written; whichever test made it, the proxy's user must hear of it.
+        assert UNPACKABLE not in log, next(line for line in log.splitlines() if UNPACKABLE in line)
 
     def memory(self) -> dict[str, int]:
         """The process's resident memory now (``VmRSS``) and at its peak (``VmHWM``), bytes."""

@@ -176,14 +176,13 @@ def the_call(proxy: MitmProcess, session: dict):
     assert call.error is None and trace.num_turns == 1
     assert_no_credentials(proxy, session)
     for o in call.overrides:
-        assert set(o) == {"key", "old", "new", "reason"}
-        assert o["key"].lower() not in ("authorization", "x-api-key", "api-key")
+        assert o.key.lower() not in ("authorization", "x-api-key", "api-key")
     return call
 
 
 def provider_reasons(call) -> dict[str, dict]:
     """The overrides made for a provider constraint (not plain session authority), by key."""
-    return {o["key"]: o for o in call.overrides if o["reason"] != "session"}
+    return {o.key: o.model_dump() for o in call.overrides if o.reason != "session"}
 
 
 @pytest.mark.parametrize("temperature,sent", [(0.5, None), (1, 1)])
@@ -194,7 +193,7 @@ def test_anthropic_thinking_takes_no_temperature_but_1(make_session, sim, mproxy
     assert body.get("temperature") == sent
     assert body["thinking"] == THINKING and body["model"] == "claude-sim"
     call = the_call(mproxy, session)
-    assert {"key": "temperature", "old": 0.2, "new": temperature, "reason": "session"} in call.overrides
+    assert {"key": "temperature", "old": 0.2, "new": temperature, "reason": "session"} in [o.model_dump() for o in call.overrides]
     if sent is None:
         o = provider_reasons(call)["temperature"]
         assert (o["old"], o["new"]) == (0.5, None) and "thinking" in o["reason"]
@@ -280,8 +279,8 @@ def test_openai_reasoning_model_chat_gets_max_completion_tokens_and_no_temperatu
     assert set(reasons) == {"temperature", "top_p"}
     assert reasons["temperature"]["old"] == 0.7 and reasons["temperature"]["new"] is None
     assert "reasoning model" in reasons["temperature"]["reason"]
-    assert {"key": "max_tokens", "old": 50, "new": None, "reason": "session"} in call.overrides
-    assert {"key": "max_completion_tokens", "old": None, "new": 500, "reason": "session"} in call.overrides
+    assert {"key": "max_tokens", "old": 50, "new": None, "reason": "session"} in [o.model_dump() for o in call.overrides]
+    assert {"key": "max_completion_tokens", "old": None, "new": 500, "reason": "session"} in [o.model_dump() for o in call.overrides]
     assert call.sampling.temperature is None and call.sampling.max_tokens == 500
 
 
@@ -309,8 +308,8 @@ def test_responses_gets_max_output_tokens_and_reasoning_effort(make_session, sim
     reasoning_model = model != "gpt-4.1"
     assert body.get("temperature") == (None if reasoning_model else 0.3)
     call = the_call(mproxy, session)
-    assert {"key": "reasoning.effort", "old": "low", "new": "high", "reason": "session"} in call.overrides
-    assert {"key": "max_output_tokens", "old": 20, "new": 300, "reason": "session"} in call.overrides
+    assert {"key": "reasoning.effort", "old": "low", "new": "high", "reason": "session"} in [o.model_dump() for o in call.overrides]
+    assert {"key": "max_output_tokens", "old": 20, "new": 300, "reason": "session"} in [o.model_dump() for o in call.overrides]
     assert set(provider_reasons(call)) == ({"temperature"} if reasoning_model else set())
     assert call.sampling.reasoning_effort == "high" and call.sampling.max_tokens == 300
 

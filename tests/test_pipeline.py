@@ -107,7 +107,7 @@ def test_sdk_through_proxy_matches_direct(new_session, kind, sim, proxy, harness
     assert call.finish_reason == "stop"
     assert call.model == SESSION["model"]
     assert call.requested_model in ("gpt-4o", "claude-x")
-    assert {o["key"] for o in call.overrides} >= {"model", "temperature"}
+    assert {o.key for o in call.overrides} >= {"model", "temperature"}
     assert trace.num_turns == 1
     assert trace.messages[-1].text() == text
     assert session["model_secret"] not in proxy.log()

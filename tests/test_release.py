@@ -9,7 +9,7 @@ from interceptor.trace.messages import Message, Request, Response
 
 def test_release_keeps_the_summary_and_records_late_exchanges(tmp_path):
     store = Store()
-    rec = Recorder(tmp_path / "s.msgpack", {"session": "s"}, store=store)
+    rec = Recorder(tmp_path / "s.msgpack", {"id": "s"}, store=store)
     request = Request(messages=[Message(role="user", content="hi")])
     reply = Response(message=Message(role="assistant", content="hello"))
     rec.commit_turn(request, reply, ModelCall(id="c1"))

@@ -349,8 +349,8 @@ def test_training_fields_from_vllm_align_and_never_reach_the_harness(session, mp
             lps[start:start + len(ids)] = values
         assert b.sampled_mask == mask and b.logprobs == lps
     for call, (prompt, completion, _) in zip(trace.calls, vllm.sent):
-        assert {o["key"]: (o["new"], o["reason"]) for o in call.overrides
-                if o["reason"] == "collect_tokens"} == {"return_token_ids": (True, "collect_tokens"),
+        assert {o.key: (o.new, o.reason) for o in call.overrides
+                if o.reason == "collect_tokens"} == {"return_token_ids": (True, "collect_tokens"),
                                                         "logprobs": (True, "collect_tokens")}
         assert call.sampling.logprobs is True  # what the upstream received
         # the stream carried no usage (the harness did not ask): counted from the token ids
@@ -359,7 +359,7 @@ def test_training_fields_from_vllm_align_and_never_reach_the_harness(session, mp
     # each exchange's rewrite follows its turn, written before the harness got the answer
     assert kinds(s["trace_path"]) == ["header"] + ["turn", "rewrite"] * 4 + ["footer"]
     removed = {"prompt_token_ids", "choices[].token_ids", "choices[].logprobs"}
-    assert [(r["call"], set(r["removed"]), r["body"]) for r in trace.response_rewrites] == \
+    assert [(r.call, set(r.removed), r.body) for r in trace.response_rewrites] == \
         [(c.id, removed, "sse" if stream else "json") for c in trace.calls]
     assert_sound(trace, s["trace_path"])
     shown = replay_cli("show", s["trace_path"]).stdout
@@ -383,8 +383,8 @@ def test_logprobs_the_harness_asked_for_are_kept(session, mproxy, msim, stream):
     assert got == vllm.sent[0][2]
     trace = sealed_trace(mproxy, s)
     [call] = trace.calls
-    assert [o["key"] for o in call.overrides if o["reason"] == "collect_tokens"] == ["return_token_ids"]
-    assert trace.response_rewrites[0]["removed"] == ["choices[].token_ids", "prompt_token_ids"]
+    assert [o.key for o in call.overrides if o.reason == "collect_tokens"] == ["return_token_ids"]
+    assert trace.response_rewrites[0].removed == ["choices[].token_ids", "prompt_token_ids"]
     assert trace.branches[0].logprobs[-len(got):] == got
 
 
@@ -418,7 +418,7 @@ def test_a_chunk_that_only_carried_token_ids_is_dropped_and_the_stream_goes_on(s
     assert branch.token_ids == [1, 2, 3, 11, 12, 13]
     assert branch.logprobs == [0.0, 0.0, 0.0, -0.1, -0.2, -0.3]
     [rewrite] = trace.response_rewrites
-    assert (rewrite["events"], rewrite["dropped_events"]) == (4, 1)
+    assert (rewrite.events, rewrite.dropped_events) == (4, 1)
 
 
 def test_logprobs_the_harness_turned_off_are_asked_for_and_stripped(session, mproxy, msim):
@@ -430,7 +430,7 @@ def test_logprobs_the_harness_turned_off_are_asked_for_and_stripped(session, mpr
     [request] = msim.model_requests()
     assert request.json["logprobs"] is True and request.json["return_token_ids"] is True
     trace = sealed_trace(mproxy, s)
-    changes = {o["key"]: (o["old"], o["new"]) for o in trace.calls[0].overrides if o["reason"] == "collect_tokens"}
+    changes = {o.key: (o.old, o.new) for o in trace.calls[0].overrides if o.reason == "collect_tokens"}
     assert changes == {"return_token_ids": (None, True), "logprobs": (False, True)}
     assert trace.branches[0].token_ids is not None
 
@@ -583,3 +583,38 @@ def test_reads_the_golden_file_of_the_previous_version():
     assert trace.num_turns == 3 and trace.sealed
     assert all(b.token_ids is not None for b in trace.branches)
     assert problems(trace) == []
+    # version 1 kept no per-call tool set: every turn advertised the one set written first
+    assert [[t.name for t in ts] for ts in trace.tool_sets] == [["bash"]]
+    assert [c.tool_set for c in trace.calls] == [0, 0, 0]
+    assert [t.name for t in trace.branches[0].tools] == ["bash"]
+SUB_SYSTEM = "You are a search sub-agent."
+SUB_TOOLS = [{"type": "function", "function": {"name": name, "description": f"{name} in the repository",
+              "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
+             for name in ("read_file", "grep")]
+
+
+def test_each_subagent_is_exported_with_the_tools_it_advertised(session, mproxy, msim, tmp_path):
+    """A main agent (bash) and a sub-agent (read_file, grep) take turns on one session: each
+    branch's sample carries its own agent's tools, and each tool set is written once."""
+    s = session()
+    oai, _ = session_clients(s)
+    agents = {"main": ([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "main task"}], TOOLS),
+              "sub": ([{"role": "system", "content": SUB_SYSTEM}, {"role": "user", "content": "find the bug"}], SUB_TOOLS)}
+    for k in range(2):
+        for name, (history, tools) in agents.items():
+            msim.script(Reply(text=f"{name} step {k}"))
+            r = oai.chat.completions.create(model="gpt-4o", messages=history, tools=tools)
+            history += [{"role": "assistant", "content": r.choices[0].message.content},
+                        {"role": "user", "content": "go on"}]
+    trace = sealed_trace(mproxy, s)
+    assert [[t.name for t in ts] for ts in trace.tool_sets] == [["bash"], ["read_file", "grep"]]
+    assert [c.tool_set for c in trace.calls] == [0, 1, 0, 1]
+    written = [rec for _, rec in iter_records(s["trace_path"]) if rec["kind"] == "turn" and "tools" in rec]
+    assert len(written) == 2  # alternating agents do not restate their tools
+    out = tmp_path / "samples.jsonl"
+    result = replay_cli("export", s["trace_path"], "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    exported = {sample["messages"][0]["content"]: [t["name"] for t in sample["tools"]]
+                for sample in map(json.loads, out.read_text().splitlines())}
+    assert exported == {SYSTEM: ["bash"], SUB_SYSTEM: ["read_file", "grep"]}
+    assert_sound(trace, s["trace_path"])

@@ -105,3 +105,36 @@ def test_export_writes_one_sample_per_branch(tmp_path):
     assert len(first["token_ids"]) == len(first["sampled_mask"]) == len(first["logprobs"])
     assert first["reward"] == 1.0
     assert lines[2]["token_ids"] is None  # no token ids from that upstream
+
+
+def test_export_carries_the_trainers_fields_when_present_and_verify_checks_them(tmp_path):
+    """``reference_logprobs`` and ``loss_weights`` are reserved per node: a trainer's file
+    with them exports them aligned with the branch's tokens (0.0 and the sampled mask on the
+    nodes without), and ``verify`` refuses them misaligned."""
+    def write(path, weights):
+        path.write_bytes(b"".join(msgpack.packb(r) for r in [
+            {"kind": "header", "schema_version": 2, "id": path.stem},
+            {"kind": "turn", "nodes": [
+                {"i": 0, "message": {"role": "user", "content": "q"}, "token_ids": [1, 2]},
+                {"i": 1, "parent": 0, "message": {"role": "assistant", "content": "a"}, "sampled": True,
+                 "token_ids": [3, 4], "logprobs": [-0.5, -0.25], "reference_logprobs": [-0.4, -0.3],
+                 "loss_weights": weights}],
+             "call": {"id": "c", "node": 1}},
+        ]))
+
+    trainer = tmp_path / "trainer.msgpack"
+    write(trainer, [0.5, 1.0])
+    out_file = tmp_path / "s.jsonl"
+    out = run("export", str(trainer), "--out", str(out_file))
+    assert out.returncode == 0, out.stderr
+    (sample,) = [json.loads(line) for line in out_file.read_text().splitlines()]
+    assert sample["reference_logprobs"] == [0.0, 0.0, -0.4, -0.3]
+    assert sample["loss_weights"] == [0.0, 0.0, 0.5, 1.0]  # the prompt node: its mask
+    plain = recorded(tmp_path, turns=1)
+    out = run("export", str(plain.path), "--out", "-")
+    assert "reference_logprobs" not in json.loads(out.stdout.splitlines()[0])  # absent, not null
+
+    misaligned = tmp_path / "misaligned.msgpack"
+    write(misaligned, [1.0])
+    out = run("verify", str(misaligned))
+    assert out.returncode == 1 and "loss_weights has 1 entries for 2 token ids" in out.stderr

@@ -23,8 +23,11 @@ from interceptor.trace.model import (
     MIN_SCHEMA_VERSION,
     SCHEMA_VERSION,
     Branch,
+    Header,
     MessageNode,
     ModelCall,
+    Override,
+    Rewrite,
     Trace,
 )
 from interceptor.trace.records import (
@@ -34,16 +37,17 @@ from interceptor.trace.records import (
     TraceVersionError,
     iter_records,
     read_trace,
+    record_schema,
 )
 from interceptor.trace.follow import Follower, Sealed, TurnLanded, follow_traces
 from interceptor.trace.recorder import Recorder
 from interceptor.trace.store import FSYNC_POLICIES, Store
 
 __all__ = [
-    "Branch", "Choice", "FSYNC_POLICIES", "Follower", "HoleWarning", "MIN_SCHEMA_VERSION", "Message",
+    "Branch", "Choice", "FSYNC_POLICIES", "Follower", "Header", "HoleWarning", "MIN_SCHEMA_VERSION", "Message",
     "MessageNode", "Sealed", "TurnLanded", "follow_traces",
-    "ModelCall", "Part", "Reasoning", "Recorder", "Request", "Response", "ResponseError",
+    "ModelCall", "Override", "Part", "Reasoning", "Recorder", "Request", "Response", "ResponseError", "Rewrite",
     "SCHEMA_VERSION", "Sampling", "Store", "Tool", "ToolCall", "TornRecordWarning", "Trace",
     "TraceFormatError", "TraceVersionError", "Usage", "VERSION", "canonical_json", "iter_records",
-    "message_hash", "read_trace",
+    "message_hash", "read_trace", "record_schema",
 ]

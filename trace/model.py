@@ -14,7 +14,7 @@ The models here are the in-memory and export shape; the on-disk record stream is
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
@@ -29,7 +29,9 @@ from interceptor.trace.messages import (
     restated_hash,
 )
 
-SCHEMA_VERSION = 1
+# 2: per-call tool sets, per-node reference_logprobs and loss_weights, a typed header and
+# typed rewrites (unknown fields refused). README "Record format" says what each version reads.
+SCHEMA_VERSION = 2
 # The oldest record format this reader still folds. Raise it only with a migration note in
 # the README: trainers keep old files for years.
 MIN_SCHEMA_VERSION = 1
@@ -56,6 +58,42 @@ class MessageNode(_Model):
     mask: list[bool] | None = None
     logprobs: list[float] | None = None
     advantages: list[float] | None = None  # None until a trainer sets it
+    # Reserved for trainers (the proxy never sets them), aligned with token_ids like
+    # logprobs: a reference model's logprobs of the same tokens (KL terms), and a per-token
+    # loss weight (None: the sampled mask is the weight).
+    reference_logprobs: list[float] | None = None
+    loss_weights: list[float] | None = None
+
+
+class Override(_Model):
+    """One change the proxy made to a request body: which key (dotted when nested,
+    ``reasoning.effort``), what it was, what it is now (None: removed), and why (``session``
+    for the session's settings, else the provider rule that forced it). Never a credential."""
+
+    key: str
+    old: Any = None
+    new: Any = None
+    reason: str = "session"
+
+
+class Rewrite(_Model):
+    """What the proxy changed in what passed through, beyond the session's settings: in a
+    request (a hook replaced a tool result) or in a response (``collect_tokens`` took out the
+    token ids it had asked for). ``by`` says what did it; ``call`` and ``node`` where."""
+
+    direction: Literal["request", "response"] = "request"
+    by: str = ""
+    call: str | None = None
+    node: int | None = None
+    what: str | None = None  # what was rewritten (tool_result, web_search, ...)
+    message: str | None = None  # which message, as a person finds it ("tool call_1")
+    reason: str | None = None
+    original: Any = None  # what the harness sent or the provider answered, when kept
+    delivered: Any = None  # what went on instead
+    body: Literal["json", "sse"] | None = None  # the answer's framing (collect_tokens)
+    removed: list[str] = Field(default_factory=list)  # paths taken out
+    events: int | None = None  # SSE events rewritten
+    dropped_events: int | None = None  # SSE events dropped whole (they carried only token ids)
 
 
 class ModelCall(_Model):
@@ -76,7 +114,7 @@ class ModelCall(_Model):
     requested_model: str | None = None
     stream: bool = False
     sampling: Sampling = Field(default_factory=Sampling)
-    overrides: list[dict[str, Any]] = Field(default_factory=list)
+    overrides: list[Override] = Field(default_factory=list)
     status: int | None = None
     finish_reason: FinishReason | None = None
     native_finish_reason: str | None = None
@@ -87,6 +125,9 @@ class ModelCall(_Model):
     error: ResponseError | None = None
     replay_of: str | None = None
     response_id: str | None = None  # the provider's id of the answer (Responses chains on it)
+    # Which of Trace.tool_sets the request advertised; None: no tools (or not known, for an
+    # exchange that committed nothing). Two sub-agents in one session advertise different sets.
+    tool_set: int | None = None
 
     @property
     def duration(self) -> float | None:
@@ -120,7 +161,13 @@ class Branch(_Model):
 
     ``token_ids`` is ``None`` unless every node on the path carries token ids; when set,
     ``sampled_mask``, ``logprobs`` and ``advantages`` have the same length (logprobs and
-    advantages are 0.0 off the sampled tokens).
+    advantages are 0.0 off the sampled tokens). ``reference_logprobs`` and ``loss_weights``
+    are set only when a trainer put them on some node of the path (nodes without them count
+    0.0, and their sampled mask as the weight).
+
+    ``tools`` is what the branch's last call advertised (``tool_set`` its index in
+    ``Trace.tool_sets``): the schema the sample's final prompt was written against, which a
+    sub-agent or a compaction does not share with the main conversation.
     """
 
     index: int
@@ -132,6 +179,26 @@ class Branch(_Model):
     sampled_mask: list[bool] | None = None
     logprobs: list[float] | None = None
     advantages: list[float] | None = None
+    reference_logprobs: list[float] | None = None
+    loss_weights: list[float] | None = None
+    tool_set: int | None = None
+    tools: list[Tool] = Field(default_factory=list)
+
+
+class Header(_Model):
+    """The first record of a trace file: which session, which code wrote it, and what the
+    evaluator said about the rollout (``agent``, ``task``, ``info``) and how it was set up
+    (``config``: the session's settings, secrets removed)."""
+
+    schema_version: int = SCHEMA_VERSION
+    producer: str = "llm-interceptor"
+    producer_version: str = ""
+    id: str
+    started_at: float = 0.0
+    agent: dict[str, Any] = Field(default_factory=dict)
+    task: dict[str, Any] = Field(default_factory=dict)
+    info: dict[str, Any] = Field(default_factory=dict)
+    config: dict[str, Any] = Field(default_factory=dict)
 
 
 class Trace(_Model):
@@ -148,11 +215,11 @@ class Trace(_Model):
     task: dict[str, Any] = Field(default_factory=dict)
     info: dict[str, Any] = Field(default_factory=dict)
     config: dict[str, Any] = Field(default_factory=dict)
-    tools: list[Tool] = Field(default_factory=list)  # the tools last advertised
+    tool_sets: list[list[Tool]] = Field(default_factory=list)  # each distinct set once, first seen first
     nodes: list[MessageNode] = Field(default_factory=list)
     calls: list[ModelCall] = Field(default_factory=list)
-    request_rewrites: list[dict[str, Any]] = Field(default_factory=list)
-    response_rewrites: list[dict[str, Any]] = Field(default_factory=list)
+    request_rewrites: list[Rewrite] = Field(default_factory=list)
+    response_rewrites: list[Rewrite] = Field(default_factory=list)
     stop_condition: str | None = None
     sealed: bool = False
     reward: float | None = None
@@ -191,24 +258,28 @@ class Trace(_Model):
     @property
     def branches(self) -> list[Branch]:
         """Every root-to-leaf path, in the order their leaves were created."""
-        node_calls: dict[int, list[str]] = {}
+        node_calls: dict[int, list[ModelCall]] = {}
         for call in self.calls:
             for n in ([call.node] if call.node is not None else []) + call.choice_nodes:
-                node_calls.setdefault(n, []).append(call.id)
+                node_calls.setdefault(n, []).append(call)
         return [self._branch(k, leaf, node_calls) for k, leaf in enumerate(self.leaves())]
 
-    def _branch(self, index: int, leaf: int, node_calls: dict[int, list[str]]) -> Branch:
+    def _branch(self, index: int, leaf: int, node_calls: dict[int, list[ModelCall]]) -> Branch:
         path = self.path(leaf)
         nodes = [self.nodes[i] for i in path]
+        calls = [c for i in path for c in node_calls.get(i, [])]
+        tool_set = calls[-1].tool_set if calls else None
         branch = Branch(
             index=index,
             leaf=leaf,
             nodes=path,
             messages=[n.message for n in nodes],
-            calls=[c for i in path for c in node_calls.get(i, [])],
+            calls=[c.id for c in calls],
+            tool_set=tool_set,
+            tools=self.tool_sets[tool_set] if tool_set is not None and tool_set < len(self.tool_sets) else [],
         )
         if nodes and all(n.token_ids is not None for n in nodes):
-            ids, mask, lps, adv = [], [], [], []
+            ids, mask, lps, adv, ref, weights = [], [], [], [], [], []
             for n in nodes:
                 k = len(n.token_ids)
                 ids += n.token_ids
@@ -216,9 +287,33 @@ class Trace(_Model):
                 mask += m
                 lps += n.logprobs if n.logprobs is not None else [0.0] * k
                 adv += n.advantages if n.advantages is not None else [0.0] * k
+                ref += n.reference_logprobs if n.reference_logprobs is not None else [0.0] * k
+                weights += n.loss_weights if n.loss_weights is not None else [float(x) for x in m]
             branch.token_ids, branch.sampled_mask = ids, mask
             branch.logprobs, branch.advantages = lps, adv
+            if any(n.reference_logprobs is not None for n in nodes):
+                branch.reference_logprobs = ref
+            if any(n.loss_weights is not None for n in nodes):
+                branch.loss_weights = weights
         return branch
+
+    @property
+    def tools(self) -> list[Tool]:
+        """The tools the last committed call advertised (what most single-agent readers
+        want); a branch's own are ``Branch.tools``."""
+        last = next((c for c in reversed(self.calls) if c.node is not None), None)
+        if last is None or last.tool_set is None or last.tool_set >= len(self.tool_sets):
+            return []
+        return self.tool_sets[last.tool_set]
+
+    def tool_set_index(self, tools: list[Tool]) -> int | None:
+        """The index of ``tools`` in ``tool_sets``, or None (also for no tools)."""
+        if not tools:
+            return None
+        for k in range(len(self.tool_sets) - 1, -1, -1):  # the newest set is the likeliest
+            if self.tool_sets[k] == tools:
+                return k
+        return None
 
     @property
     def messages(self) -> list[Message]:
@@ -317,6 +412,7 @@ class Trace(_Model):
         """A JSON-able dict of the whole trace plus its derived views, for export and
         ``show --json``. Token arrays are plain lists of numbers."""
         data = self.model_dump(mode="json")
+        data["tools"] = [t.model_dump(mode="json") for t in self.tools]
         data["branches"] = [b.model_dump(mode="json") for b in self.branches]
         data["num_turns"] = self.num_turns
         data["num_input_tokens"] = self.num_input_tokens

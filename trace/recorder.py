@@ -15,9 +15,9 @@ from typing import Any
 from interceptor.trace import tokens
 from interceptor.trace._version import VERSION
 from interceptor.trace.graph import Graph
-from interceptor.trace.messages import Message, Request, Response, ResponseError, Usage
-from interceptor.trace.model import SCHEMA_VERSION, ModelCall, Reward, Timing, Trace
-from interceptor.trace.records import HEADER_FIELDS, call_record, node_record
+from interceptor.trace.messages import Message, Request, Response, ResponseError, Tool, Usage
+from interceptor.trace.model import SCHEMA_VERSION, Header, ModelCall, Reward, Rewrite, Timing, Trace
+from interceptor.trace.records import call_record, node_record
 from interceptor.trace.store import FSYNC_POLICIES, Store
 
 log = logging.getLogger(__name__)
@@ -26,9 +26,6 @@ log = logging.getLogger(__name__)
 # with trainers and uploaded; a secret in one is a leaked secret.
 _SECRET_KEYS = {"secret", "model_secret", "state_secret", "api_key", "admin_token",
                 "authorization", "password", "x-api-key"}
-
-
-_HEADER_ALIASES = {"session": "id", "session_id": "id", "started": "started_at"}
 
 
 def _scrub(value: Any) -> Any:
@@ -64,40 +61,34 @@ def _timing(trace: Trace) -> Timing:
 class Recorder:
     """Record one session to ``path`` through ``store``.
 
-    ``header`` holds the session's id (``id``, ``session`` or ``session_id``), ``agent``,
-    ``task``, ``info``, ``config`` and optionally ``started_at``; any other key is a session
-    setting and goes into ``config``. Secrets are scrubbed from it. ``fsync``: ``never``, ``turn`` (after every turn or call record) or
-    ``seal`` (only the footer).
+    ``header`` is a ``Header`` or a dict of its fields (``id``, ``agent``, ``task``, ``info``,
+    ``config``, ``started_at``); any other key is refused (``ValidationError``), since a
+    misspelt field would otherwise vanish from every trace. ``id`` defaults to the file's
+    stem, ``started_at`` to now; the schema and producer versions are always this code's.
+    Secrets are scrubbed from ``agent``, ``task``, ``info`` and ``config``. ``fsync``:
+    ``never``, ``turn`` (after every turn or call record) or ``seal`` (only the footer).
     """
 
-    def __init__(self, path: Path, header: dict, *, store: Store, fsync: str = "turn"):
+    def __init__(self, path: Path, header: Header | dict[str, Any], *, store: Store, fsync: str = "turn"):
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
         self.path = Path(path)
         self.store = store
         self.fsync = fsync
-        header = _scrub(dict(header))
-        fields: dict[str, Any] = {"config": dict(header.pop("config", None) or {})}
-        for key, value in header.items():
-            key = _HEADER_ALIASES.get(key, key)
-            if key in HEADER_FIELDS:
-                if value is not None:
-                    fields[key] = value
-            else:  # flat session settings (model, sampling, upstream...) are config
-                fields["config"][key] = value
-        fields.setdefault("id", self.path.stem)
-        fields["id"] = str(fields["id"])
-        fields.setdefault("started_at", time.time())
-        fields.setdefault("producer_version", VERSION)
-        self._trace = Trace(**fields)
+        if not isinstance(header, Header):
+            header = Header.model_validate({"id": self.path.stem, **header})
+        header = header.model_copy(update={
+            "schema_version": SCHEMA_VERSION, "producer_version": VERSION,
+            "started_at": header.started_at or time.time(),
+            **{k: _scrub(getattr(header, k)) for k in ("agent", "task", "info", "config")}})
+        self._trace = Trace(**header.model_dump())
         self._graph = Graph(self._trace)
         self._estimates: dict[int, int] = {}
         self._by_response_id: dict[str, int] = {}
-        self._tools_estimate: int | None = None  # of trace.tools; reset when they change
+        self._last_tools: tuple[list[Tool], int | None] = ([], None)  # the previous turn's set
+        self._tools_estimates: dict[int | None, int] = {}  # tool set index -> its token count
         self._released: dict | None = None  # the summary, once the graph was let go
-        record = {"kind": "header", "schema_version": SCHEMA_VERSION}
-        record.update(self._trace.model_dump(include=set(HEADER_FIELDS)))
-        self._append(record, sync=fsync == "turn", new=True)
+        self._append({"kind": "header", **header.model_dump()}, sync=fsync == "turn", new=True)
 
     # --- public API --------------------------------------------------------------------
 
@@ -119,7 +110,7 @@ class Recorder:
             self.record_call(call)
             return call
         trace = self._trace
-        mark = (len(trace.nodes), len(trace.calls), trace.tools, self._tools_estimate)
+        mark = (len(trace.nodes), len(trace.calls), len(trace.tool_sets), self._last_tools)
         try:
             record = self._turn(request, response, call)
             self._append(record, sync=self.fsync == "turn")
@@ -148,10 +139,7 @@ class Recorder:
         call.node = turn.sampled
         call.choice_nodes = turn.choices
         record: dict[str, Any] = {"kind": "turn"}
-        if request.tools != trace.tools:
-            trace.tools = list(request.tools)
-            self._tools_estimate = None
-            record["tools"] = [t.model_dump(exclude_defaults=True) for t in request.tools]
+        call.tool_set = self._tool_set(request.tools, record)
         self._fill(call, request, response, turn.prompt_path)
         trace.calls.append(call)
         if call.response_id:
@@ -160,7 +148,7 @@ class Recorder:
         record["call"] = call_record(call)
         return record
 
-    def _rollback(self, nodes: int, calls: int, tools: list, tools_estimate: int | None) -> None:
+    def _rollback(self, nodes: int, calls: int, tool_sets: int, last_tools: tuple) -> None:
         trace = self._trace
         if len(trace.nodes) > nodes:
             del trace.nodes[nodes:]
@@ -168,7 +156,10 @@ class Recorder:
             self._estimates = {i: n for i, n in self._estimates.items() if i < nodes}
             self._by_response_id = {k: i for k, i in self._by_response_id.items() if i < nodes}
         del trace.calls[calls:]
-        trace.tools, self._tools_estimate = tools, tools_estimate
+        # A tool set first seen in the failed turn was never written: it must not be referred to.
+        del trace.tool_sets[tool_sets:]
+        self._tools_estimates = {k: n for k, n in self._tools_estimates.items() if k is None or k < tool_sets}
+        self._last_tools = last_tools
 
     def conversation(self, response_id: str) -> list[Message] | None:
         """The messages up to and including the reply the provider called ``response_id``,
@@ -197,16 +188,16 @@ class Recorder:
             self._append({"kind": kind, "call": {"id": call.id, "status": call.status, "error": error}},
                          sync=self.fsync == "turn")
 
-    def record_rewrite(self, rewrite: dict) -> None:
-        """What a boundary hook changed; ``rewrite["direction"]`` is ``request`` (default)
-        or ``response``. Stored as given (scrubbed of secrets)."""
-        rewrite = _scrub(dict(rewrite))
-        rewrite.setdefault("direction", "request")
-        if rewrite["direction"] == "response":
+    def record_rewrite(self, rewrite: Rewrite | dict[str, Any]) -> None:
+        """What the proxy changed in what passed through (``Rewrite``; a dict of its fields is
+        validated, unknown keys refused)."""
+        if not isinstance(rewrite, Rewrite):
+            rewrite = Rewrite.model_validate(_scrub(dict(rewrite)))
+        if rewrite.direction == "response":
             self._trace.response_rewrites.append(rewrite)
         else:
             self._trace.request_rewrites.append(rewrite)
-        self._append({"kind": "rewrite", "rewrite": rewrite})
+        self._append({"kind": "rewrite", "rewrite": rewrite.model_dump(exclude_defaults=True)})
 
     def seal(self, stop_condition: str = "sealed", *, reward: float | None = None,
              rewards: dict[str, Reward] | None = None, metrics: dict | None = None,
@@ -265,6 +256,7 @@ class Recorder:
                             stop_condition=t.stop_condition)
         self._graph = Graph(self._trace)
         self._estimates, self._by_response_id = {}, {}
+        self._last_tools, self._tools_estimates = ([], None), {}
 
     def summary(self) -> dict:
         if self._released is not None:
@@ -319,6 +311,22 @@ class Recorder:
         if call.usage is None:
             call.usage = response.usage or _counted(response) or self._estimate(request, call, prompt_path)
 
+    def _tool_set(self, tools: list[Tool], record: dict[str, Any]) -> int | None:
+        """The index of the tool set this request advertised; a set never seen before is
+        added and written once, in this turn's record. The previous turn's set is checked
+        first: a harness sends the same tools every turn."""
+        if not tools:
+            return None
+        last, index = self._last_tools
+        if tools != last:
+            index = self._trace.tool_set_index(tools)
+            if index is None:
+                index = len(self._trace.tool_sets)
+                self._trace.tool_sets.append(list(tools))
+                record["tools"] = [t.model_dump(exclude_defaults=True) for t in tools]
+            self._last_tools = (tools, index)
+        return index
+
     def _estimate(self, request: Request, call: ModelCall, prompt_path: list[int]) -> Usage:
         nodes = self._trace.nodes
         est = self._estimates
@@ -328,8 +336,11 @@ class Recorder:
                 est[i] = tokens.count_message(nodes[i].message)
             return est[i]
 
-        if self._tools_estimate is None:
-            self._tools_estimate = tokens.count_tools(self._trace.tools)
+        tools = self._tools_estimates.get(call.tool_set)
+        if tools is None:
+            sets = self._trace.tool_sets
+            tools = self._tools_estimates[call.tool_set] = tokens.count_tools(
+                sets[call.tool_set] if call.tool_set is not None else [])
         output = count(call.node) + sum(count(i) for i in call.choice_nodes)
-        return Usage(input_tokens=sum(count(i) for i in prompt_path) + self._tools_estimate,
+        return Usage(input_tokens=sum(count(i) for i in prompt_path) + tools,
                      output_tokens=output, estimated=True)

@@ -4,8 +4,9 @@ A trace file is a plain concatenation of msgpack maps, each with a ``kind``:
 
 - ``header``  first record: schema_version, producer, producer_version, id, started_at,
               agent, task, info, config (secrets removed)
-- ``turn``    nodes (the new nodes only, each with its index ``i``), call (the ModelCall),
-              tools (only when the advertised tools changed)
+- ``turn``    nodes (the new nodes only, each with its index ``i``), call (the ModelCall,
+              whose ``tool_set`` names the tools it advertised), tools (a tool set advertised
+              for the first time: it becomes ``tool_sets[len(tool_sets)]``)
 - ``call``    call: an exchange that committed no node (an error, a refusal)
 - ``replay``  call: a flagged retry answered from the record (``replay_of`` set)
 - ``rewrite`` rewrite: what a boundary hook changed (``direction`` request or response)
@@ -25,20 +26,20 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import msgpack
+from pydantic import ValidationError
 
 from interceptor.trace.messages import Tool
 from interceptor.trace.model import (
     MIN_SCHEMA_VERSION,
     SCHEMA_VERSION,
+    Header,
     MessageNode,
     ModelCall,
+    Rewrite,
     Reward,
     Timing,
     Trace,
 )
-
-HEADER_FIELDS = ("id", "started_at", "agent", "task", "info", "config",
-                 "producer", "producer_version")
 
 
 class TraceFormatError(ValueError):
@@ -153,12 +154,23 @@ def _upgrade(record: dict[str, Any], version: int) -> dict[str, Any]:
     return record
 
 
+def _v1_tool_set(trace: Trace, tools: list[Tool]) -> int | None:
+    """Version 1 kept no per-call tool set, but wrote a turn's tools whenever they changed,
+    so the set each turn advertised is the last one written before it."""
+    index = trace.tool_set_index(tools)
+    if index is None and tools:
+        index = len(trace.tool_sets)
+        trace.tool_sets.append(tools)
+    return index
+
+
 def fold(records: Iterator[tuple[int, dict[str, Any]]], source: str = "trace") -> Trace:
     """Fold records into a Trace. Unknown kinds are skipped (forward compatible additions
     within a version); a record before the header, a newer schema or a node out of
     sequence is an error."""
     trace: Trace | None = None
     version = SCHEMA_VERSION
+    v1_tools: list[Tool] = []  # version 1 wrote a turn's tools when they differed from the last
     for offset, rec in records:
         if not isinstance(rec, dict) or "kind" not in rec:
             raise TraceFormatError(f"{source}: byte {offset}: not a trace record")
@@ -178,8 +190,12 @@ def fold(records: Iterator[tuple[int, dict[str, Any]]], source: str = "trace") -
                     f"{source} uses trace schema version {version}, older than the oldest "
                     f"this reader supports ({MIN_SCHEMA_VERSION}); read it with an older "
                     f"llm-interceptor and re-export.")
-            fields = {k: rec[k] for k in HEADER_FIELDS if k in rec}
-            trace = Trace(schema_version=version, **fields)
+            try:
+                header = Header.model_validate({k: v for k, v in rec.items() if k != "kind"})
+            except ValidationError as e:
+                raise TraceFormatError(f"{source}: byte {offset}: not a header this reader knows: "
+                                       f"{e.errors()[0]['loc']}: {e.errors()[0]['msg']}") from e
+            trace = Trace(**header.model_dump())
             continue
         if trace is None:
             raise TraceFormatError(f"{source}: byte {offset}: {kind!r} record before the header")
@@ -192,14 +208,21 @@ def fold(records: Iterator[tuple[int, dict[str, Any]]], source: str = "trace") -
                         f"{source}: byte {offset}: node {index} out of sequence "
                         f"(expected {len(trace.nodes)})")
                 trace.nodes.append(node)
+            call = ModelCall.model_validate(rec["call"])
             if "tools" in rec:
-                trace.tools = [Tool.model_validate(t) for t in rec["tools"]]
-            trace.calls.append(ModelCall.model_validate(rec["call"]))
+                tools = [Tool.model_validate(t) for t in rec["tools"]]
+                if version >= 2:
+                    trace.tool_sets.append(tools)
+                else:
+                    v1_tools = tools
+            if version < 2:
+                call.tool_set = _v1_tool_set(trace, v1_tools)
+            trace.calls.append(call)
         elif kind in ("call", "replay"):
             trace.calls.append(ModelCall.model_validate(rec["call"]))
         elif kind == "rewrite":
-            rewrite = rec.get("rewrite", {})
-            if rewrite.get("direction") == "response":
+            rewrite = Rewrite.model_validate(rec.get("rewrite") or {})
+            if rewrite.direction == "response":
                 trace.response_rewrites.append(rewrite)
             else:
                 trace.request_rewrites.append(rewrite)
@@ -223,6 +246,16 @@ def fold(records: Iterator[tuple[int, dict[str, Any]]], source: str = "trace") -
         raise TraceFormatError(f"{source}: no complete header record; not a trace file "
                                f"(or it was cut before its first record was written)")
     return trace
+
+
+def record_schema() -> dict[str, Any]:
+    """The JSON schema of every typed part of the records, by name: the format as the code
+    defines it. tests/data/schema-v<N>.json keeps it as of each schema version, and a test
+    fails when it changes under the same version (a reader of that version would misread it)."""
+    parts = {"header": Header, "node": MessageNode, "call": ModelCall, "tool": Tool,
+             "rewrite": Rewrite, "reward": Reward, "timing": Timing}
+    return {"kinds": ["header", "turn", "call", "replay", "rewrite", "footer"],
+            **{name: model.model_json_schema() for name, model in parts.items()}}
 
 
 def read_trace(path: str | Path) -> Trace:

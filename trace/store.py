@@ -49,11 +49,19 @@ MAX_HELD_SECONDS = 600.0
 # Test hook, never set in production: write each record in two halves this many seconds
 # apart, so a test can SIGKILL the proxy in the middle of a record and check the reader.
 TORN_WRITE_PAUSE = float(os.environ.get("INTERCEPT_TEST_TORN_WRITES") or 0)
+# Test hook, set by the test suite for every store and proxy it runs: a value msgpack cannot
+# pack is an error there (the record is not written, and the test sees it), instead of being
+# written as its string, which a reader would take for data.
+STRICT_PACK = bool(os.environ.get("INTERCEPT_TEST_STRICT_PACK"))
+UNPACKABLE = "msgpack cannot pack"  # in the error, so a test can look for it
 
 
 def _default(value: Any) -> Any:
     """A value msgpack cannot pack (a model a hook left in a rewrite, a set, a Path) is
-    written in its JSON-ish form rather than losing the whole record."""
+    written in its JSON-ish form rather than losing the whole record (``STRICT_PACK``: an
+    error instead)."""
+    if STRICT_PACK:
+        raise TypeError(f"a trace record holds a {type(value).__name__}, which {UNPACKABLE}")
     if hasattr(value, "model_dump"):
         return value.model_dump(mode="json", exclude_defaults=True)
     if isinstance(value, (set, frozenset, tuple)):

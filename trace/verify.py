@@ -20,7 +20,7 @@ def problems(trace: Trace) -> list[str]:
             # either missing or a cycle.
             out.append(f"node {i}: parent {node.parent} does not precede it")
         ids = node.token_ids
-        for name in ("mask", "logprobs", "advantages"):
+        for name in ("mask", "logprobs", "advantages", "reference_logprobs", "loss_weights"):
             arr = getattr(node, name)
             if arr is not None and (ids is None or len(arr) != len(ids)):
                 out.append(f"node {i}: {name} has {len(arr)} entries for "
@@ -37,6 +37,8 @@ def problems(trace: Trace) -> list[str]:
                 out.append(f"call {call.id}: node {ref} does not exist")
             elif not trace.nodes[ref].sampled:
                 out.append(f"call {call.id}: node {ref} is not a sampled reply")
+        if call.tool_set is not None and not 0 <= call.tool_set < len(trace.tool_sets):
+            out.append(f"call {call.id}: tool set {call.tool_set} is not recorded")
         if call.replay_of is not None and call.replay_of not in seen:
             out.append(f"call {call.id}: replays {call.replay_of}, which is not recorded before it")
     if out:
@@ -44,7 +46,8 @@ def problems(trace: Trace) -> list[str]:
     for b in trace.branches:
         if b.token_ids is None:
             continue
-        lengths = {len(b.token_ids), len(b.sampled_mask), len(b.logprobs), len(b.advantages)}
+        lengths = {len(a) for a in (b.token_ids, b.sampled_mask, b.logprobs, b.advantages,
+                                    b.reference_logprobs, b.loss_weights) if a is not None}
         if len(lengths) != 1:
             out.append(f"branch {b.index}: token arrays differ in length {sorted(lengths)}")
     return out

@@ -5,6 +5,8 @@ so that later readers prove they still fold what this version wrote.
 
 Run it once when the schema version moves on (it refuses to overwrite a file): a three-turn
 tool conversation with token ids, through mitmdump, from the simulator playing vLLM, sealed.
+It also writes ``tests/data/schema-v<SCHEMA_VERSION>.json``, the record models' JSON schema
+that tests/test_record_format.py holds the code to until the version moves on again.
 """
 
 from __future__ import annotations
@@ -18,13 +20,19 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests/: the simulator and the helpers
 
 from clients import KEY_ENV, REAL_KEY, session_clients  # noqa: E402
-from interceptor.trace import SCHEMA_VERSION, read_trace  # noqa: E402
+import json  # noqa: E402
+
+from interceptor.trace import SCHEMA_VERSION, read_trace, record_schema  # noqa: E402
 from mitm import MitmProcess  # noqa: E402
 from provider import ProviderSimulator  # noqa: E402
 from test_trace_proxy import FakeVLLM, chat_loop, step_reply  # noqa: E402
 
 
 def main() -> int:
+    schema = HERE / f"schema-v{SCHEMA_VERSION}.json"
+    if not schema.exists():
+        schema.write_text(json.dumps(record_schema(), indent=1, sort_keys=True) + "\n")
+        print(f"{schema}: written")
     out = HERE / f"trace-v{SCHEMA_VERSION}.msgpack"
     if out.exists():
         print(f"{out} exists; a golden file is never rewritten", file=sys.stderr)

@@ -1,0 +1,64 @@
+"""The record format a trainer trusts: typed records (unknown fields refused), a version
+that moves whenever the format does, and each version's file kept and still folded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgpack
+import pytest
+from pydantic import ValidationError
+
+from interceptor.trace import (
+    MIN_SCHEMA_VERSION,
+    SCHEMA_VERSION,
+    Recorder,
+    Store,
+    TraceFormatError,
+    read_trace,
+    record_schema,
+)
+from interceptor.trace import store as store_module
+from interceptor.trace.verify import problems
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def test_the_record_format_changes_only_with_a_schema_version_bump():
+    snapshot = DATA / f"schema-v{SCHEMA_VERSION}.json"
+    assert snapshot.exists(), f"no {snapshot.name}: run tests/data/make_golden.py for schema version {SCHEMA_VERSION}"
+    assert record_schema() == json.loads(snapshot.read_text()), (
+        f"the record format changed under schema version {SCHEMA_VERSION}, which readers of that "
+        "version would misread: raise SCHEMA_VERSION (trace/model.py) with its upgrade in "
+        "trace/records.py and the README's record format, then run tests/data/make_golden.py; "
+        "or undo the change")
+
+
+@pytest.mark.parametrize("version", range(MIN_SCHEMA_VERSION, SCHEMA_VERSION + 1))
+def test_every_supported_version_has_a_file_the_proxy_wrote_and_it_folds(version):
+    trace = read_trace(DATA / f"trace-v{version}.msgpack")
+    assert trace.schema_version == version and trace.sealed and trace.num_turns == 3
+    assert problems(trace) == []
+
+
+def test_a_header_field_nobody_knows_is_refused_on_both_sides(tmp_path):
+    store = Store()
+    with pytest.raises(ValidationError, match="session"):
+        Recorder(tmp_path / "a.msgpack", {"session": "typo-for-id"}, store=store)  # no aliases
+    path = tmp_path / "b.msgpack"
+    path.write_bytes(msgpack.packb({"kind": "header", "schema_version": SCHEMA_VERSION, "id": "b",
+                                    "started": 1.0}))
+    with pytest.raises(TraceFormatError, match="not a header this reader knows.*started"):
+        read_trace(path)
+
+
+def test_a_value_msgpack_cannot_pack_is_an_error_not_a_string(tmp_path):
+    """Under the test suite (STRICT_PACK, also set for every proxy it starts) a record holding,
+    say, a set is refused where it is made, instead of reaching the file as "{1, 2}"."""
+    assert store_module.STRICT_PACK
+    store = Store()
+    with pytest.raises(TypeError, match=store_module.UNPACKABLE):
+        Recorder(tmp_path / "s.msgpack", {"info": {"ids": {1, 2}}}, store=store)
+    store.flush(timeout=10)
+    assert not (tmp_path / "s.msgpack").exists()
