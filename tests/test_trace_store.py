@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from interceptor.trace import (
+    SCHEMA_VERSION,
     HoleWarning,
     Message,
     ModelCall,
@@ -147,8 +148,8 @@ def write_records(path, *records):
 
 def test_newer_schema_is_refused_with_a_clear_message(tmp_path):
     path = tmp_path / "new.msgpack"
-    write_records(path, {"kind": "header", "schema_version": 2, "id": "x"})
-    with pytest.raises(TraceVersionError, match="schema version 2.*Upgrade llm-interceptor"):
+    write_records(path, {"kind": "header", "schema_version": SCHEMA_VERSION + 1, "id": "x"})
+    with pytest.raises(TraceVersionError, match=f"schema version {SCHEMA_VERSION + 1}.*Upgrade llm-interceptor"):
         read_trace(path)
 
 
