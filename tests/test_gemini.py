@@ -322,7 +322,7 @@ def test_gemini_through_the_proxy(new_session, sim, proxy, harness_env, how, fra
     (call,) = trace.calls
     assert call.dialect == "gemini" and call.model == "gemini-session" and call.requested_model == "gemini-2.5-pro"
     assert call.usage.input_tokens > 0 and call.finish_reason == "stop" and call.native_finish_reason == "STOP"
-    assert {"key": "model", "old": "gemini-2.5-pro", "new": "gemini-session", "reason": "session"} in call.overrides
+    assert {"key": "model", "old": "gemini-2.5-pro", "new": "gemini-session", "reason": "session"} in [o.model_dump() for o in call.overrides]
     assert trace.branches[0].messages[-1].text() == "Hi there"
 
 
