@@ -173,3 +173,13 @@ def test_the_escape_is_reversible_and_valid_utf8(text):
     escaped.encode("utf-8")  # never raises
     assert unescape(escaped) == text
     assert unescape(escape({"k": [text]})["k"][0]) == text
+
+
+def test_an_integer_beyond_64_bits_is_recorded_and_read_back_exactly(tmp_path):
+    """JSON has no integer limit and a harness may send one; msgpack stops at 64 bits. The
+    record keeps it as an extension type (not a string a reader would take for text)."""
+    from interceptor.trace.records import ext_hook
+    from interceptor.trace.store import pack
+
+    big = {"seed": 10**30, "neg": -(2**70), "small": 7, "flag": True}
+    assert msgpack.unpackb(pack(big), raw=False, ext_hook=ext_hook) == big

@@ -33,7 +33,7 @@ from pathlib import Path
 import msgpack
 
 from interceptor.trace.model import Branch, MessageNode, ModelCall, Trace
-from interceptor.trace.records import HoleWarning, node_from_record, read_trace
+from interceptor.trace.records import HoleWarning, ext_hook, node_from_record, read_trace
 
 STATE_VERSION = 1
 
@@ -156,7 +156,7 @@ class Follower:
         with open(path, "rb") as fh:
             fh.seek(f.offset)
             data = fh.read()
-        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=0, strict_map_key=False)
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=0, strict_map_key=False, ext_hook=ext_hook)
         unpacker.feed(data)
         base = f.offset
         while f.footer is None:

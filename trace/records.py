@@ -42,6 +42,17 @@ from interceptor.trace.model import (
 )
 
 
+# An integer beyond msgpack's 64 bits is written as this extension type holding its decimal
+# digits (trace/store.py) and read back as the same int: lossless, documented in the README.
+BIG_INT_EXT = 1
+
+
+def ext_hook(code: int, data: bytes) -> Any:
+    if code == BIG_INT_EXT:
+        return int(data)
+    return msgpack.ExtType(code, data)
+
+
 class TraceFormatError(ValueError):
     """The file is not a trace this reader can fold (no header, broken graph links)."""
 
@@ -87,7 +98,7 @@ def _next_record(data: bytes, start: int) -> int | None:
         for begin in (at - 1, at - 3):  # a fixmap or a map16 header before the first key
             if begin > start and (0x80 <= data[begin] <= 0x8F or data[begin] == 0xDE):
                 try:
-                    rec = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=0)
+                    rec = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=0, ext_hook=ext_hook)
                     rec.feed(data[begin:])
                     value = rec.unpack()
                 except Exception:  # noqa: BLE001 - not a record start
@@ -122,7 +133,7 @@ def iter_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     with open(path, "rb") as f:
         size = f.seek(0, 2)
         f.seek(0)
-        unpacker = msgpack.Unpacker(f, raw=False, max_buffer_size=0, strict_map_key=False)
+        unpacker = msgpack.Unpacker(f, raw=False, max_buffer_size=0, strict_map_key=False, ext_hook=ext_hook)
         offset = 0
         while True:
             try:

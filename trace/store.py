@@ -33,6 +33,7 @@ from typing import Any
 import msgpack
 
 from interceptor.trace.escape import ESCAPE_UTF8, escape
+from interceptor.trace.records import BIG_INT_EXT
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,9 @@ UNPACKABLE = "msgpack cannot pack"  # in the error, so a test can look for it
 def _default(value: Any) -> Any:
     """A value msgpack cannot pack (a model a hook left in a rewrite, a set, a Path) is
     written in its JSON-ish form rather than losing the whole record (``STRICT_PACK``: an
-    error instead)."""
+    error instead). A big int is data, not a mistake: always its extension type."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return msgpack.ExtType(BIG_INT_EXT, str(value).encode())
     if STRICT_PACK:
         raise TypeError(f"a trace record holds a {type(value).__name__}, which {UNPACKABLE}")
     if hasattr(value, "model_dump"):
