@@ -1,8 +1,8 @@
 """Rewrite: the session's model, sampling, credential and upstream, imposed on a claimed flow.
 
-The body is parsed once here and kept on the exchange; the session is authoritative (the
-dialect drops the harness's sampling keys and applies the session's, reconciled with what
-the provider accepts). A body that needs no change is forwarded byte for byte. The harness's
+The body is parsed once here and kept on the exchange; the session's settings are laid over
+the harness's (or, in ``exact`` mode, replace them) and reconciled with what the provider
+accepts. A body that needs no change is forwarded byte for byte. The harness's
 credential (its session secret) is removed and the real key, read from the proxy's own
 environment, is set; neither ever reaches a record or a log.
 """
@@ -115,7 +115,7 @@ def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, pat
         except Exception as e:  # a shape the dialect does not know: refuse rather than record wrong
             log.warning(f"interceptor: {dialect.name} request not understood: {type(e).__name__}: {e}")
             return Prepared(refusal=f"request not understood by the {dialect.name} dialect: {e}")
-        out.overrides = dialect.apply_overrides(body, config.model, config.sampling)
+        out.overrides = dialect.apply_overrides(body, config.model, config.sampling, config.sampling_mode)
     else:
         out.overrides = dialect.side_overrides(body, config.model)
     if out.overrides:
@@ -165,6 +165,13 @@ class Rewrite:
         ex.requested_model = prepared.requested_model
         if prepared.content is not None:
             flow.request.content = prepared.content
+        for change in ex.dialect.header_changes(prepared.body, ex.overrides, flow.request.headers):
+            name = change.key.removeprefix("header:")
+            if change.new is None:
+                flow.request.headers.pop(name, None)
+            else:
+                flow.request.headers[name] = change.new
+            ex.overrides.append(change)
         return True
 
     def _swap_credential(self, flow: http.HTTPFlow, ex: Exchange) -> None:

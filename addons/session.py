@@ -16,7 +16,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator
 
@@ -34,6 +34,9 @@ class SessionConfig(BaseModel):
     id: str | None = None
     model: str | None = None
     sampling: Sampling = Field(default_factory=Sampling)
+    # "overlay": the session's keys laid over the harness's (unset keeps, null removes);
+    # "exact": the harness's decoding keys dropped, only the session's applied (README).
+    sampling_mode: Literal["overlay", "exact"] = "overlay"
     # A declared upstream by name (or a base_url equal to a declared one); None: the default
     # upstream. Resolved once, when the session is made (``interceptor.addons.upstream``).
     upstream: UpstreamRef | None = None

@@ -146,7 +146,7 @@ class WsRelay:
         ex.requested_model = body.get("model") if isinstance(body.get("model"), str) else None
         try:
             ex.request = self._request(sock, body)
-            ex.overrides = dialect.apply_overrides(body, config.model, config.sampling)
+            ex.overrides = dialect.apply_overrides(body, config.model, config.sampling, config.sampling_mode)
         except Exception as e:  # never forward a frame the session's settings were not imposed on
             log.warning(f"interceptor: session {upgrade.session.id!r}: response.create frame not understood: "
                         f"{type(e).__name__}: {e}")

@@ -21,6 +21,7 @@ from interceptor.dialects.common import (
     Knob,
     KnobDialect,
     models_route,
+    Plan,
     error_from,
     NativeAssembler,
     drop,
@@ -273,6 +274,66 @@ _ERROR_TYPES = {
 }
 
 
+_SAMPLING = ("temperature", "top_p", "top_k")
+MAX_OUTPUT_TOKENS = 128_000  # the most any Claude model writes (models overview)
+MIN_BUDGET = 1024  # thinking.budget_tokens' minimum (extended-thinking guide)
+INTERLEAVED_BETA = "interleaved-thinking-"
+
+
+def _conflicts_with_thinking(key: str, value: Any) -> bool:
+    if value is None:
+        return False
+    if key == "temperature":
+        return value != 1
+    if key == "top_k":
+        return True
+    if key == "top_p":
+        return isinstance(value, (int, float)) and not 0.95 <= value <= 1
+    return isinstance(value, dict) and value.get("type") in ("any", "tool")
+
+
+def _without_thinking(body: dict[str, Any], changes: list[Override]) -> None:
+    """Thinking is off because of the proxy: what only works with it goes too. Anthropic
+    answers ``clear_thinking_*`` context edits without thinking with 400 ("strategy requires
+    `thinking` to be enabled or adaptive"; context-editing guide, thinking block clearing)."""
+    cm = body.get("context_management")
+    edits = cm.get("edits") if isinstance(cm, dict) else None
+    if not isinstance(edits, list):
+        return
+    kept = [e for e in edits if not str((e or {}).get("type", "")).startswith("clear_thinking_")]
+    if len(kept) == len(edits):
+        return
+    reason = "thinking is off: Anthropic refuses clear_thinking edits without it"
+    rest = {k: v for k, v in cm.items() if k != "edits"}
+    if kept or rest:
+        replace(body, "context_management", {**rest, **({"edits": kept} if kept else {})}, reason, changes)
+    else:
+        drop(body, "context_management", reason, changes)
+
+
+def _loop_without_thinking(messages: Any) -> bool:
+    """With thinking on, Anthropic refuses a request whose last assistant turn, answered with
+    tool results, does not start with a thinking block (extended-thinking guide, "Preserving
+    thinking blocks"). Claude Code drops those blocks when the answer came from another model
+    than it asked for, which is what a session's model does."""
+    if not isinstance(messages, list) or len(messages) < 2:
+        return False
+    last, before = messages[-1], messages[-2]
+    if not (isinstance(last, dict) and isinstance(before, dict) and before.get("role") == "assistant"):
+        return False
+    content, blocks = last.get("content"), before.get("content")
+    results = isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+    if not results or not isinstance(blocks, list) or not blocks or not isinstance(blocks[0], dict):
+        return False
+    return blocks[0].get("type") not in ("thinking", "redacted_thinking")
+
+
+def beta_without_interleaved(value: str) -> str:
+    """The ``anthropic-beta`` header without the interleaved-thinking beta (it only means
+    something with thinking on)."""
+    return ",".join(b for b in (v.strip() for v in value.split(",")) if b and not b.startswith(INTERLEAVED_BETA))
+
+
 class AnthropicDialect(KnobDialect):
     name = "anthropic"
     hosts = ("api.anthropic.com",)
@@ -335,28 +396,99 @@ class AnthropicDialect(KnobDialect):
     def assembler(self) -> AnthropicAssembler:
         return AnthropicAssembler(self)
 
-    def reconcile(self, body: dict[str, Any], changes: list[Override]) -> None:
-        """What Anthropic rejects when thinking is on, fixed the least surprising way."""
-        if not _thinking_enabled(body):
-            return
-        if "temperature" in body and body["temperature"] != 1:
-            drop(body, "temperature", "thinking is enabled: Anthropic accepts only temperature 1", changes)
-        drop(body, "top_k", "thinking is enabled: Anthropic rejects top_k", changes)
-        top_p = body.get("top_p")
-        if isinstance(top_p, (int, float)) and not 0.95 <= top_p <= 1:
-            replace(body, "top_p", min(max(top_p, 0.95), 1),
-                    "thinking is enabled: Anthropic accepts top_p only in [0.95, 1]", changes)
-        choice = body.get("tool_choice")
-        if isinstance(choice, dict) and choice.get("type") in ("any", "tool"):
-            auto = {"type": "auto", **{k: v for k, v in choice.items()
-                                         if k == "disable_parallel_tool_use"}}
-            replace(body, "tool_choice", auto,
-                    "thinking is enabled: Anthropic rejects a forced tool choice", changes)
+    def reconcile(self, body: dict[str, Any], plan: Plan) -> None:
+        """What Anthropic refuses, fixed the least surprising way, following dependencies:
+        the model's own rules first (sampling parameters, thinking modes), then what thinking
+        forbids, then what only works with thinking (its context edits). Where the session's
+        key meets the harness's, the session's wins; where the session set both, the provider's
+        constraint decides as documented. Nothing the proxy did not touch is changed."""
+        caps, changes, model = plan.caps, plan.changes, body.get("model")
+        if caps.sampling == "none":
+            for key in _SAMPLING:
+                if key in body and plan.touched(key):
+                    drop(body, key, f"{model} refuses {key} ({caps.source})", changes)
+        thinking = body.get("thinking")
+        kind = thinking.get("type") if isinstance(thinking, dict) else None
+        if kind and not caps.takes_thinking(kind) and plan.touched("thinking"):
+            self._thinking_mode(body, plan, kind)
+        if _thinking_enabled(body) and plan.touched("thinking") and caps.takes_thinking("disabled") \
+                and _loop_without_thinking(body.get("messages")):
+            drop(body, "thinking", "thinking is on but the last assistant turn of the tool-use loop has no thinking "
+                                   "block (the harness dropped it), which Anthropic refuses: thinking is off for "
+                                   "this request", changes)
+        if _thinking_enabled(body):
+            self._with_thinking(body, plan)
+        if (caps.sampling == "exclusive" and body.get("temperature") is not None
+                and body.get("top_p") is not None and plan.touched("temperature", "top_p")):
+            keep = "top_p" if "top_p" in plan.session and "temperature" not in plan.session else "temperature"
+            loser = "temperature" if keep == "top_p" else "top_p"
+            drop(body, loser, f"{model} takes temperature or top_p, not both: kept {keep} ({caps.source})", changes)
+        max_tokens = body.get("max_tokens")
+        if isinstance(max_tokens, int) and max_tokens > MAX_OUTPUT_TOKENS and plan.touched("max_tokens"):
+            replace(body, "max_tokens", MAX_OUTPUT_TOKENS,
+                    f"Anthropic accepts at most {MAX_OUTPUT_TOKENS} output tokens", changes)
+        if not _thinking_enabled(body) and plan.touched("thinking"):
+            _without_thinking(body, changes)
+
+    def header_changes(self, body: dict[str, Any] | None, overrides: list[Override],
+                       headers: Any) -> list[Override]:
+        """With thinking turned off by the proxy, the interleaved-thinking beta goes too."""
+        beta = headers.get("anthropic-beta", "") if headers is not None else ""
+        if body is None or _thinking_enabled(body) or INTERLEAVED_BETA not in beta:
+            return []
+        if not any(o.key == "thinking" for o in overrides):
+            return []
+        return [Override("header:anthropic-beta", beta, beta_without_interleaved(beta) or None,
+                         "thinking is off: the interleaved-thinking beta only applies with it")]
+
+    def _thinking_mode(self, body: dict[str, Any], plan: Plan, kind: str) -> None:
+        """A thinking type the model does not take becomes the nearest one it does."""
+        caps, model = plan.caps, body.get("model")
+        if kind in ("enabled", "disabled") and caps.takes_thinking("adaptive"):
+            replace(body, "thinking", {"type": "adaptive"},
+                    f"{model} does not take thinking {kind}: adaptive instead ({caps.source})", plan.changes)
+        elif kind == "adaptive" and caps.takes_thinking("enabled"):
+            budget = max(MIN_BUDGET, min(body.get("max_tokens", 0) // 2, 16_000))
+            replace(body, "thinking", {"type": "enabled", "budget_tokens": budget},
+                    f"{model} does not take adaptive thinking: enabled with a budget instead ({caps.source})",
+                    plan.changes)
+
+    def _with_thinking(self, body: dict[str, Any], plan: Plan) -> None:
+        """Extended thinking refuses temperature (but 1), top_k, top_p outside [0.95, 1], a
+        forced tool choice, and a budget that is not below max_tokens (extended-thinking guide,
+        "Feature compatibility"). A conflict between the session's key and the harness's
+        thinking removes the harness's thinking (then its dependants go too)."""
+        changes = plan.changes
+        for key in ("temperature", "top_k", "top_p", "tool_choice"):
+            if not _conflicts_with_thinking(key, body.get(key)) or not plan.touched(key, "thinking"):
+                continue
+            if key in plan.session and "thinking" not in plan.session and plan.caps.takes_thinking("disabled"):
+                drop(body, "thinking", f"the session sets {key}={body[key]!r}, which Anthropic refuses with "
+                                       "thinking: the harness's thinking is removed", changes)
+                return
+            if key == "temperature":
+                drop(body, "temperature", "thinking is enabled: Anthropic accepts only temperature 1", changes)
+            elif key == "top_k":
+                drop(body, "top_k", "thinking is enabled: Anthropic rejects top_k", changes)
+            elif key == "top_p":
+                replace(body, "top_p", min(max(body["top_p"], 0.95), 1),
+                        "thinking is enabled: Anthropic accepts top_p only in [0.95, 1]", changes)
+            else:
+                auto = {"type": "auto", **{k: v for k, v in body["tool_choice"].items()
+                                           if k == "disable_parallel_tool_use"}}
+                replace(body, "tool_choice", auto,
+                        "thinking is enabled: Anthropic rejects a forced tool choice", changes)
         budget = body["thinking"].get("budget_tokens")
         max_tokens = body.get("max_tokens")
+        if body["thinking"].get("type") != "enabled" or not plan.touched("thinking", "max_tokens"):
+            return
+        if isinstance(budget, int) and budget < MIN_BUDGET:
+            replace(body, "thinking", {**body["thinking"], "budget_tokens": MIN_BUDGET},
+                    f"thinking.budget_tokens must be at least {MIN_BUDGET}", changes)
+            budget = MIN_BUDGET
         if isinstance(budget, int) and isinstance(max_tokens, int) and budget >= max_tokens:
             # max_tokens counts thinking too; read the requested max as the answer's length.
-            replace(body, "max_tokens", budget + max_tokens,
+            replace(body, "max_tokens", min(budget + max_tokens, MAX_OUTPUT_TOKENS),
                     "thinking.budget_tokens must be below max_tokens: raised to budget + answer",
                     changes)
 

@@ -154,16 +154,24 @@ class Dialect(ABC):
 
     @abstractmethod
     def apply_overrides(
-        self, body: dict[str, Any], model: str | None, sampling: Sampling
+        self, body: dict[str, Any], model: str | None, sampling: Sampling,
+        mode: Literal["overlay", "exact"] = "overlay", refused: frozenset[str] = frozenset(),
     ) -> list[Override]:
-        """Make the session authoritative, in place: set ``model`` when given, drop every
-        decoding key the harness sent (temperature, top_p/top_k, budgets, seed, penalties,
-        reasoning effort, thinking), apply the session's in this dialect's names, then
-        reconcile what the provider would reject. Keys that are the harness's contract with
-        its own code (tool choice, stop sequences, ``n``, logprobs) are replaced only when the
-        session sets them; a required key (Anthropic ``max_tokens``) stays when the session
-        gives none. Returns every change; an empty list means the body is untouched (and the
-        proxy forwards the original bytes)."""
+        """Impose the session, in place: set ``model`` when given; lay the session's sampling
+        over the harness's (``overlay``: a key it sets replaces, one it leaves unset stays, an
+        explicit null removes) or, in ``exact`` mode, drop every decoding key the harness sent
+        and apply only the session's; drop ``refused`` (what the provider refused earlier for
+        this model); then reconcile what the provider would reject, following dependencies.
+        Keys that are the harness's contract with its own code (tool choice, stop sequences,
+        ``n``, logprobs) are replaced only when the session sets them; a required key
+        (Anthropic ``max_tokens``) stays. Returns every change; an empty list means the body
+        is untouched (and the proxy forwards the original bytes)."""
+
+    def header_changes(self, body: dict[str, Any] | None, overrides: list[Override],
+                       headers: Any) -> list[Override]:
+        """Request headers that must change with the body's overrides (keys ``header:<name>``,
+        ``new`` None to remove); applied by Rewrite."""
+        return []
 
     @abstractmethod
     def stream_events(self, response: Response) -> list[SSEEvent]:

@@ -27,7 +27,9 @@ from interceptor.dialects.common import (
     inline_part,
     inline_ref,
     other_part,
-    reconcile_openai_reasoning,
+    Plan,
+    reconcile_openai,
+    replace,
     stop_list,
     url_part,
 )
@@ -312,8 +314,16 @@ class ChatDialect(OpenAIDialect):
     def assembler(self) -> ChatAssembler:
         return ChatAssembler(self)
 
-    def reconcile(self, body: dict[str, Any], changes: list[Override]) -> None:
-        reconcile_openai_reasoning(body, changes)
+    def reconcile(self, body: dict[str, Any], plan: Plan) -> None:
+        if plan.caps.reasoning and "max_tokens" in body and plan.touched("max_tokens"):
+            # Reasoning models refuse max_tokens: "Use 'max_completion_tokens' instead."
+            value = body.pop("max_tokens")
+            plan.changes.append(Override("max_tokens", value, None, f"{body.get('model')} is a reasoning model: "
+                                         "it refuses max_tokens, sent as max_completion_tokens"))
+            if "max_completion_tokens" not in body:
+                replace(body, "max_completion_tokens", value, "renamed from max_tokens", plan.changes)
+        reconcile_openai(body, plan, effort=("reasoning_effort",), refused_by_reasoning=(
+            "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs", "logit_bias"))
 
     def json_body(self, response: Response) -> dict[str, Any]:
         """The non-streamed ChatCompletion for a canonical response."""

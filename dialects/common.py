@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal
 
 
 from interceptor.dialects.base import Dialect, Override, RouteKind, StreamAssembler
+from interceptor.dialects.models import Capabilities, capabilities
 from interceptor.dialects.sse import SSEEvent
 from interceptor.trace.messages import Part, Response, ResponseError, Sampling
 
@@ -245,15 +246,30 @@ def parse_knobs(body: dict[str, Any], knobs: Iterable[Knob]) -> Sampling:
     return Sampling.model_validate(values)
 
 
-def apply_knobs(body: dict[str, Any], knobs: Iterable[Knob], sampling: Sampling) -> list[Override]:
-    """The session-authority half of ``apply_overrides``: drop what the session owns, write
-    the session's values in native names. A key already equal to the session's is not
-    touched, so a conforming body yields no overrides."""
+Mode = Literal["overlay", "exact"]
+
+
+def apply_knobs(body: dict[str, Any], knobs: Iterable[Knob], sampling: Sampling,
+                mode: Mode = "overlay") -> tuple[list[Override], set[str]]:
+    """The session half of ``apply_overrides``; returns the changes and the top-level keys
+    that now hold the session's values (reconciliation lets those win over the harness's).
+
+    ``overlay`` (the default): a setting the session gives replaces the harness's, one it
+    leaves unset keeps the harness's value, one it sets to ``null`` removes the harness's key
+    (a required key, Anthropic ``max_tokens``, stays). ``exact``: every decoding key the
+    harness sent is dropped and only the session's applied, for runs that must sample from
+    exactly the configured distribution; keys owned by the harness (tool choice, stops, ``n``,
+    logprobs) are still replaced only when the session sets them. A key already equal to the
+    session's is not touched, so a conforming body yields no overrides."""
     changes: list[Override] = []
+    mine: set[str] = set()
+    given = sampling.model_fields_set
     for knob in knobs:
         wanted = getattr(sampling, knob.field)
         if wanted is None:
-            if knob.owner == "harness" or knob.required:
+            explicit_null = knob.field in given and mode == "overlay"
+            dropping = explicit_null or (mode == "exact" and knob.owner == "session")
+            if not dropping or knob.required:
                 continue
             for path in (knob.path, *knob.aliases):
                 old = get_path(body, path)
@@ -261,6 +277,7 @@ def apply_knobs(body: dict[str, Any], knobs: Iterable[Knob], sampling: Sampling)
                     del_path(body, path)
                     changes.append(Override(".".join(path), old, None, "session"))
             continue
+        mine.add(knob.path[0])
         native = knob.to_native(wanted) if knob.to_native else wanted
         for path in knob.aliases:
             old = get_path(body, path)
@@ -271,7 +288,40 @@ def apply_knobs(body: dict[str, Any], knobs: Iterable[Knob], sampling: Sampling)
         if old is _MISSING or old != native:
             set_path(body, knob.path, native)
             changes.append(Override(knob.key, None if old is _MISSING else old, native, "session"))
-    return changes
+    return changes, mine
+
+
+@dataclass(slots=True)
+class Plan:
+    """What reconciliation needs to know about one rewrite: the model's row of the table, the
+    changes so far, which top-level keys hold the session's values, and the parameters the
+    provider refused for this model earlier (provider feedback).
+
+    A conflict is the proxy's to fix only when the proxy caused it (``touched``): a request
+    the harness sent as it is, in overlay mode, reaches the provider unchanged, and so does
+    the provider's answer to it."""
+
+    caps: Capabilities
+    changes: list[Override]
+    session: set[str]
+    refused: frozenset[str] = frozenset()
+
+    def touched(self, *keys: str) -> bool:
+        changed = {o.key.split(".", 1)[0] for o in self.changes}
+        return any(k in changed or k in self.session for k in (*keys, "model"))
+
+    def drop_refused(self, body: dict[str, Any]) -> None:
+        """Parameters the provider answered 400 for, for this model, earlier in this proxy's
+        life: never sent again (remembered by the Rewrite addon)."""
+        for key in sorted(self.refused):
+            path = tuple(key.split("."))
+            old = get_path(body, path)
+            if old is not _MISSING:
+                del_path(body, path)
+                self.changes.append(Override(key, old, None, PROVIDER_REJECTED))
+
+
+PROVIDER_REJECTED = "provider_rejected"
 
 
 def drop(body: dict[str, Any], key: str, reason: str, changes: list[Override]) -> None:
@@ -301,25 +351,27 @@ def stop_list(value: Any) -> list[str] | None:
     return [value] if isinstance(value, str) else list(value)
 
 
-def is_openai_reasoning_model(model: str | None) -> bool:
-    """o-series and gpt-5 family (not the ``gpt-5*-chat`` models, which are not reasoning
-    models and take temperature). Provider prefixes such as ``openai/`` are ignored."""
-    if not model:
-        return False
-    name = model.rsplit("/", 1)[-1].lower()
-    if name.startswith(("o1", "o3", "o4")):
-        return True
-    return name.startswith("gpt-5") and "-chat" not in name
-
-
-def reconcile_openai_reasoning(body: dict[str, Any], changes: list[Override]) -> None:
-    """OpenAI reasoning models reject any temperature or top_p but the default 1; drop them
-    rather than let the provider answer 400."""
-    if not is_openai_reasoning_model(body.get("model")):
-        return
-    for key in ("temperature", "top_p"):
-        if key in body and body[key] != 1:
-            drop(body, key, f"{body.get('model')} is a reasoning model: it only accepts {key}=1", changes)
+def reconcile_openai(body: dict[str, Any], plan: Plan, *, effort: tuple[str, ...],
+                     refused_by_reasoning: tuple[str, ...] = ()) -> None:
+    """OpenAI's model rules, from the table: a reasoning model takes temperature and top_p
+    only at their default 1 (and refuses ``refused_by_reasoning``); a model that does not
+    reason refuses a reasoning effort (``effort``: where the dialect keeps it). Unknown models
+    keep what they were sent."""
+    model = body.get("model")
+    if plan.caps.reasoning:
+        for key in ("temperature", "top_p"):
+            if key in body and body[key] != 1 and plan.touched(key):
+                drop(body, key, f"{model} is a reasoning model: it only accepts {key}=1 ({plan.caps.source})",
+                     plan.changes)
+        for key in refused_by_reasoning:
+            if key in body and plan.touched(key):
+                drop(body, key, f"{model} is a reasoning model: it refuses {key} ({plan.caps.source})", plan.changes)
+    elif plan.caps.reasoning is False and get_path(body, effort) is not _MISSING and plan.touched(effort[0]):
+        old = get_path(body, effort)
+        del_path(body, effort)
+        plan.changes.append(Override(".".join(effort), old, None,
+                                     f"{model} is not a reasoning model: it refuses a reasoning effort "
+                                     f"({plan.caps.source})"))
 
 
 class KnobDialect(Dialect):
@@ -328,15 +380,19 @@ class KnobDialect(Dialect):
 
     knobs: ClassVar[tuple[Knob, ...]] = ()
 
-    def apply_overrides(self, body: dict[str, Any], model: str | None, sampling: Sampling) -> list[Override]:
+    def apply_overrides(self, body: dict[str, Any], model: str | None, sampling: Sampling,
+                        mode: Mode = "overlay", refused: frozenset[str] = frozenset()) -> list[Override]:
         changes = set_model(body, model)
-        changes += apply_knobs(body, self.knobs, sampling)
-        self.reconcile(body, changes)
+        knob_changes, mine = apply_knobs(body, self.knobs, sampling, mode)
+        changes += knob_changes
+        plan = Plan(capabilities(self.provider, body.get("model")), changes, mine, refused)
+        plan.drop_refused(body)
+        self.reconcile(body, plan)
         return changes
 
-    def reconcile(self, body: dict[str, Any], changes: list[Override]) -> None:
-        """Fix, in place and on the record, what the provider would reject once the
-        session's settings are in."""
+    def reconcile(self, body: dict[str, Any], plan: Plan) -> None:
+        """Fix, in place and on the record (``plan.changes``), what the provider would reject
+        once the session's settings are in, following what depends on what."""
 
     def sampling(self, body: dict[str, Any]) -> Sampling:
         """The body's settings in canonical names."""

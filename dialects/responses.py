@@ -27,7 +27,8 @@ from interceptor.dialects.common import (
     NativeAssembler,
     inline_part,
     other_part,
-    reconcile_openai_reasoning,
+    Plan,
+    reconcile_openai,
     url_part,
 )
 from interceptor.dialects.sse import SSEEvent
@@ -354,8 +355,9 @@ class ResponsesDialect(OpenAIDialect):
     def assembler(self) -> ResponsesAssembler:
         return ResponsesAssembler(self)
 
-    def reconcile(self, body: dict[str, Any], changes: list[Override]) -> None:
-        reconcile_openai_reasoning(body, changes)
+    def reconcile(self, body: dict[str, Any], plan: Plan) -> None:
+        # A model that does not reason refuses the whole `reasoning` object, summary included.
+        reconcile_openai(body, plan, effort=("reasoning",))
 
     def json_body(self, response: Response) -> dict[str, Any]:
         """The non-streamed Response object for a canonical response."""

@@ -68,7 +68,8 @@ def _stores_stopped(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.fixture
 def sim() -> Iterator[ProviderSimulator]:
-    with ProviderSimulator() as s:
+    """Strict (tests/provider/strict.py): what reaches it must be what the real APIs accept."""
+    with ProviderSimulator(strict=True) as s:
         yield s
 
 

@@ -613,8 +613,8 @@ def test_synthesised_stream_accepted_by_sdk(dialect, response):
 # --------------------------------------------------------------------------------------
 # Overrides
 
-def overrides(dialect, body, model=None, **sampling):
-    changes = dialect.apply_overrides(body, model, Sampling(**sampling))
+def overrides(dialect, body, model=None, mode="overlay", **sampling):
+    changes = dialect.apply_overrides(body, model, Sampling(**sampling), mode)
     return {c.key: (c.old, c.new, c.reason) for c in changes}
 
 
@@ -624,39 +624,40 @@ def test_conforming_body_is_untouched():
                 "messages": []}, dict(temperature=0.5, max_tokens=10)),
         (RESPONSES, {"model": "gpt-5", "max_output_tokens": 10, "reasoning": {"effort": "low", "summary": "auto"},
                      "input": "x"}, dict(max_tokens=10, reasoning_effort="low")),
-        (ANTHROPIC, {"model": "claude", "max_tokens": 64, "temperature": 1, "messages": [],
-                     "thinking": {"type": "enabled", "budget_tokens": 32}, "tool_choice": {"type": "auto"}},
-         dict(temperature=1, thinking={"type": "enabled", "budget_tokens": 32})),
+        (ANTHROPIC, {"model": "claude", "max_tokens": 2048, "temperature": 1, "messages": [],
+                     "thinking": {"type": "enabled", "budget_tokens": 1024}, "tool_choice": {"type": "auto"}},
+         dict(temperature=1, thinking={"type": "enabled", "budget_tokens": 1024})),
     ]
     for dialect, body, sampling in cases:
         before = json.dumps(body)
-        assert dialect.apply_overrides(body, body["model"], Sampling(**sampling)) == []
-        assert json.dumps(body) == before
+        for mode in ("overlay", "exact"):
+            assert dialect.apply_overrides(body, body["model"], Sampling(**sampling), mode) == []
+            assert json.dumps(body) == before
 
 
 def test_session_is_authoritative_chat():
     body = {"model": "gpt-4o", "temperature": 1.3, "top_p": 0.5, "max_tokens": 99, "seed": 3,
             "tool_choice": "required", "stop": ["\n"], "messages": []}
-    got = overrides(CHAT, body, "qwen3", temperature=0.7, max_tokens=4096)
+    got = overrides(CHAT, body, "qwen3", "exact", temperature=0.7, max_tokens=4096)
     assert got == {"model": ("gpt-4o", "qwen3", "session"), "temperature": (1.3, 0.7, "session"),
                    "top_p": (0.5, None, "session"), "max_tokens": (99, None, "session"),
                    "max_completion_tokens": (None, 4096, "session"), "seed": (3, None, "session")}
     assert body == {"model": "qwen3", "temperature": 0.7, "max_completion_tokens": 4096,
                     "tool_choice": "required", "stop": ["\n"], "messages": []}
     # Harness-owned keys are replaced only when the session sets them.
-    got = overrides(CHAT, body, tool_choice="auto", stop=["END"], temperature=0.7, max_tokens=4096)
+    got = overrides(CHAT, body, mode="exact", tool_choice="auto", stop=["END"], temperature=0.7, max_tokens=4096)
     assert got == {"tool_choice": ("required", "auto", "session"), "stop": (["\n"], ["END"], "session")}
 
 
 def test_session_is_authoritative_responses():
-    body = {"model": "gpt-4.1", "temperature": 0.1, "max_output_tokens": 5,
+    body = {"model": "gpt-5", "temperature": 0.1, "max_output_tokens": 5,
             "reasoning": {"effort": "minimal", "summary": "auto"}, "input": "x"}
-    got = overrides(RESPONSES, body, max_tokens=800, reasoning_effort="high")
+    got = overrides(RESPONSES, body, mode="exact", max_tokens=800, reasoning_effort="high")
     assert got == {"temperature": (0.1, None, "session"), "max_output_tokens": (5, 800, "session"),
                    "reasoning.effort": ("minimal", "high", "session")}
     assert body["reasoning"] == {"effort": "high", "summary": "auto"}
     body = {"model": "gpt-4.1", "reasoning": {"effort": "low"}, "input": "x"}
-    assert overrides(RESPONSES, body) == {"reasoning.effort": ("low", None, "session")}
+    assert overrides(RESPONSES, body, mode="exact") == {"reasoning.effort": ("low", None, "session")}
     assert "reasoning" not in body  # no empty object left behind
 
 
@@ -664,7 +665,7 @@ def test_session_is_authoritative_anthropic():
     body = {"model": "claude-x", "max_tokens": 32000, "temperature": 0.3, "top_k": 5, "messages": [],
             "thinking": {"type": "enabled", "budget_tokens": 2000}, "output_config": {"format": {"type": "json_schema"}},
             "stop_sequences": ["Human:"]}
-    got = overrides(ANTHROPIC, body, "claude-sonnet-4-5", top_p=0.9, reasoning_effort="medium")
+    got = overrides(ANTHROPIC, body, "claude-sonnet-4-5", "exact", top_p=0.9, reasoning_effort="medium")
     assert got == {"model": ("claude-x", "claude-sonnet-4-5", "session"), "temperature": (0.3, None, "session"),
                    "top_p": (None, 0.9, "session"), "top_k": (5, None, "session"),
                    "output_config.effort": (None, "medium", "session"),
@@ -672,7 +673,7 @@ def test_session_is_authoritative_anthropic():
     # max_tokens is required by Anthropic: the harness's stays when the session gives none.
     assert body["max_tokens"] == 32000 and body["stop_sequences"] == ["Human:"]
     assert body["output_config"] == {"format": {"type": "json_schema"}, "effort": "medium"}
-    assert overrides(ANTHROPIC, body, max_tokens=1000, top_p=0.9, reasoning_effort="medium") == {
+    assert overrides(ANTHROPIC, body, mode="exact", max_tokens=1000, top_p=0.9, reasoning_effort="medium") == {
         "max_tokens": (32000, 1000, "session")}
 
 

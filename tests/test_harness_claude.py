@@ -9,8 +9,8 @@ import uuid
 import pytest
 
 from harness import (
-    FINAL, PROMPT, TOOL_OUTPUT, check_ran, check_retried_529, check_sim_saw_only_the_session,
-    check_task_trace, check_unknown_secret_fails, node_harness, run_harness, trace_of,
+    FINAL, PROMPT, SESSIONS, TOOL_OUTPUT, check_ran, check_retried_529, check_sim_saw_only_the_session,
+    check_strict, check_task_trace, check_unknown_secret_fails, node_harness, run_harness, trace_of,
 )
 from harness import hproxy, hsim, sim  # noqa: F401 (this module's fixtures)
 from provider import Reply, ToolCall
@@ -61,3 +61,58 @@ def test_claude_code_retries_a_529_and_the_graph_has_one_turn(hproxy, sim, claud
 
 def test_claude_code_with_an_unknown_secret_fails_and_nothing_is_recorded(hproxy, sim, claude, tmp_path):
     check_unknown_secret_fails(hproxy, sim, claude, tmp_path, SESSION)
+
+
+def _edits(body: dict) -> list[str]:
+    return [e.get("type") for e in (body.get("context_management") or {}).get("edits") or []]
+
+
+@pytest.mark.parametrize("name", list(SESSIONS))
+def test_claude_code_against_strict_mode(hproxy, sim, claude, tmp_path, name):
+    """Issue 10: every session kind leaves requests the real API accepts, and says so."""
+    session = SESSIONS[name]
+    _script_task(sim)
+    sid = f"claude-{name}-{uuid.uuid4().hex[:8]}"
+    result = run_harness(hproxy, sim, claude, sid=sid, cwd=tmp_path / "work", session=session)
+    check_ran(result)
+    check_strict(sim)
+    trace = trace_of(hproxy, sid)
+    check_task_trace(trace, turns=2, tool="Bash")
+    bodies = [r.json for r in sim.model_requests()]
+    keys = [sorted((o["key"], o["reason"]) for o in c.overrides) for c in trace.calls]
+    if name == "empty":
+        # Claude Code's own request, untouched: no override, so its bytes went out as sent.
+        assert keys == [[], []]
+        assert all(b["thinking"]["type"] == "adaptive" and "clear_thinking_20251015" in _edits(b) for b in bodies)
+    elif name == "model":
+        assert all(b["model"] == "x" for b in bodies)
+        assert keys[0] == [("model", "session")] and bodies[0]["thinking"]["type"] == "adaptive"
+        # Claude Code drops its thinking blocks from the history when the answer came from
+        # another model than it asked for; with thinking on, the API refuses a tool-use loop
+        # without them, so the proxy turns thinking off for that request and says why.
+        assert "thinking" not in bodies[1] and "clear_thinking_20251015" not in _edits(bodies[1])
+        assert any(o["key"] == "thinking" and "thinking block" in o["reason"] for o in trace.calls[1].overrides)
+    elif name == "temperature":
+        # Claude Code's model (claude-opus-4-8) refuses sampling parameters: the session's
+        # temperature cannot be honoured, and the record says so; thinking stays the harness's.
+        assert all("temperature" not in b and b["thinking"]["type"] == "adaptive" for b in bodies)
+        reasons = [o["reason"] for c in trace.calls for o in c.overrides
+                   if o["key"] == "temperature" and o["reason"] != "session"]
+        assert len(reasons) == 2 and all("refuses temperature" in r for r in reasons)
+    elif name == "thinking-budget":
+        # Budget thinking is not taken by claude-opus-4-8 either: adaptive, said on the record.
+        assert all(b["thinking"] == {"type": "adaptive"} for b in bodies)
+        assert all(any(o["key"] == "thinking" and "adaptive instead" in o["reason"] for o in c.overrides)
+                   for c in trace.calls)
+    elif name == "thinking-disabled":
+        assert all(b["thinking"] == {"type": "disabled"} for b in bodies)
+        assert all(not any(e.startswith("clear_thinking") for e in _edits(b)) for b in bodies)
+        assert all(any(o["key"] == "context_management" and "clear_thinking" in o["reason"] for o in c.overrides)
+                   for c in trace.calls)
+        assert all("interleaved-thinking" not in r.headers.get("anthropic-beta", "") for r in sim.model_requests())
+    elif name == "exact":
+        # Exact: the harness's decoding keys are gone, only the session's applied.
+        assert all("thinking" not in b and "effort" not in (b.get("output_config") or {}) for b in bodies)
+        # ... and claude-opus-4-8 refuses both sampling parameters.
+        assert all("temperature" not in b and "top_p" not in b for b in bodies)
+        assert all(not any(e.startswith("clear_thinking") for e in _edits(b)) for b in bodies)

@@ -11,8 +11,8 @@ import uuid
 import pytest
 
 from harness import (
-    FINAL, PROMPT, TOOL_OUTPUT, check_ran, check_retried_529, check_sim_saw_only_the_session,
-    check_task_trace, check_unknown_secret_fails, node_harness, normalized, run_harness, trace_of,
+    FINAL, PROMPT, SESSIONS, TOOL_OUTPUT, check_ran, check_retried_529, check_sim_saw_only_the_session,
+    check_strict, check_task_trace, check_unknown_secret_fails, node_harness, normalized, run_harness, trace_of,
 )
 from harness import hproxy, hsim, sim  # noqa: F401 (this module's fixtures)
 from provider import Reply, ToolCall
@@ -53,14 +53,14 @@ def _home(path, transport: str):
     return path
 
 
-def _run(proxy, sim, tmp_path, transport: str, name: str):
+def _run(proxy, sim, tmp_path, transport: str, name: str, session: dict = SESSION):
     sid = f"codex-{name}-{uuid.uuid4().hex[:8]}"
     # The same HOME and working directory for both transports: Codex writes both into its
     # prompt, and the transports are compared.
     extra = ["--home", str(_home(tmp_path.parent / "codex-home", transport))]
     if transport == "sse":
         extra.append("--no-proxy-auth")  # also the claim by the key header alone
-    result = run_harness(proxy, sim, _codex(), sid=sid, cwd=tmp_path.parent / "codex-work", session=SESSION,
+    result = run_harness(proxy, sim, _codex(), sid=sid, cwd=tmp_path.parent / "codex-work", session=session,
                          extra=extra)
     return result, sid
 
@@ -115,3 +115,30 @@ def test_codex_retries_a_529_and_the_graph_has_one_turn(hproxy, sim, tmp_path, t
 
 def test_codex_with_an_unknown_secret_fails_and_nothing_is_recorded(hproxy, sim, tmp_path):
     check_unknown_secret_fails(hproxy, sim, _codex(), tmp_path, SESSION)
+
+
+@pytest.mark.parametrize("transport", ["websocket", "sse"])
+@pytest.mark.parametrize("name", list(SESSIONS))
+def test_codex_against_strict_mode(hproxy, sim, tmp_path, transport, name):
+    """Issue 10: every session kind, both transports, requests the real API accepts."""
+    _script_task(sim)
+    result, sid = _run(hproxy, sim, tmp_path, transport, name, SESSIONS[name])
+    check_ran(result)
+    check_strict(sim)
+    trace = trace_of(hproxy, sid)
+    check_task_trace(trace, turns=2, tool="exec")
+    bodies = [r.json for r in sim.model_requests() if r.route == "responses"]
+    keys = [sorted(o["key"] for o in c.overrides) for c in trace.calls]
+    if name in ("empty", "thinking-budget", "thinking-disabled"):
+        # Nothing of Responses' to change (thinking is Anthropic's): forwarded as sent.
+        assert keys == [[], []] and all(b["model"] == "gpt-6.2-sol" for b in bodies)
+    elif name == "model":
+        assert keys == [["model"], ["model"]] and all(b["model"] == "x" for b in bodies)
+    elif name == "temperature":
+        # Codex's default model is a reasoning model (models.json): no temperature for it.
+        assert all("temperature" not in b for b in bodies)
+        assert all(any(o["key"] == "temperature" and "reasoning model" in o["reason"] for o in c.overrides)
+                   for c in trace.calls)
+    elif name == "exact":
+        assert all("temperature" not in b and "top_p" not in b for b in bodies)
+        assert all("effort" not in (b.get("reasoning") or {}) for b in bodies)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from harness import (
-    FINAL, PROMPT, TOOL_OUTPUT, check_ran, check_retried_529, check_sim_saw_only_the_session,
-    check_task_trace, check_unknown_secret_fails, mini_harness, run_harness, trace_of,
+    FINAL, PROMPT, SESSIONS, TOOL_OUTPUT, check_ran, check_retried_529, check_sim_saw_only_the_session,
+    check_strict, check_task_trace, check_unknown_secret_fails, mini_harness, run_harness, trace_of,
 )
 from harness import hproxy, hsim, sim  # noqa: F401 (this module's fixtures)
 from provider import Reply, ToolCall
@@ -53,3 +55,25 @@ def test_mini_swe_agent_retries_a_529_and_the_graph_has_one_turn(hproxy, sim, tm
 def test_mini_swe_agent_with_an_unknown_secret_fails_and_nothing_is_recorded(hproxy, sim, tmp_path):
     # Its own retry loop would wait 4 s per attempt before giving up.
     check_unknown_secret_fails(hproxy, sim, _mini(), tmp_path, SESSION, MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT="1")
+
+
+@pytest.mark.parametrize("name", list(SESSIONS))
+def test_mini_swe_agent_against_strict_mode(hproxy, sim, tmp_path, name):
+    """Issue 10: every session kind leaves requests the real API accepts."""
+    _script_task(sim)
+    sid = f"mini-{name}-{uuid.uuid4().hex[:8]}"
+    result = run_harness(hproxy, sim, _mini(), sid=sid, cwd=tmp_path / "work", session=SESSIONS[name])
+    check_ran(result)
+    check_strict(sim)
+    trace = trace_of(hproxy, sid)
+    check_task_trace(trace, turns=2, tool="bash")
+    bodies = [r.json for r in sim.model_requests()]
+    keys = [sorted(o["key"] for o in c.overrides) for c in trace.calls]
+    if name in ("empty", "thinking-budget", "thinking-disabled"):
+        assert keys == [[], []] and all(b["model"] == "gpt-4o" for b in bodies)
+    elif name == "model":
+        assert keys == [["model"], ["model"]] and all(b["model"] == "x" for b in bodies)
+    elif name == "temperature":
+        assert all(b["temperature"] == 0.5 for b in bodies)
+    elif name == "exact":
+        assert all(b["temperature"] == 0.5 and b["top_p"] == 0.9 for b in bodies)

@@ -46,7 +46,7 @@ def openai_error(status: int, reply: Reply) -> dict[str, Any]:
         "error": {
             "message": reply.error_message or message,
             "type": reply.error_type or kind,
-            "param": None,
+            "param": reply.error_param,
             "code": reply.error_code if reply.error_code is not None else code,
         }
     }

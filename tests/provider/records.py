@@ -68,6 +68,8 @@ class RequestRecord:
     # "websocket": a Responses WebSocket upgrade (route "websocket") or one of its
     # `response.create` frames (route "responses", or "responses_warmup" for generate=false).
     transport: str = "http"
+    # Strict mode: the rule this request broke (a `strict.Refusal`), answered instead of a reply.
+    refusal: Any = None
 
     def __post_init__(self) -> None:
         if self.json is None and self.body:

@@ -91,7 +91,7 @@ class Reply:
       delay           seconds slept between SSE events.
       first_byte_delay seconds slept before the status line.
       status          >= 400 answers with the dialect's error body (error_type,
-                      error_message, error_code override its fields; error_body replaces
+                      error_message, error_code, error_param override its fields; error_body replaces
                       it whole). retry_after / should_retry set `retry-after` /
                       `x-should-retry` (Anthropic gets `x-should-retry` by default, as
                       the real API sends it).
@@ -138,6 +138,7 @@ class Reply:
     error_type: str | None = None
     error_message: str | None = None
     error_code: str | None = None
+    error_param: str | None = None
     error_body: Any = None
     retry_after: float | str | None = None
     should_retry: bool | None = None

@@ -38,7 +38,7 @@ from wsproto.events import (
 )
 from wsproto.extensions import PerMessageDeflate
 
-from . import errors, openai_responses
+from . import errors, openai_responses, strict
 from .records import Headers, RequestRecord
 from .reply import Reply
 from .turn import Turn
@@ -141,6 +141,13 @@ class _Connection:
                                route="responses_warmup" if warmup else "responses",
                                key=_key(self.headers), transport="websocket")
         self.sim._log(record)
+        if self.sim.strict:
+            # The frame is checked as sent: only its new input, the frame's own keys allowed.
+            refusal = strict.check("responses", obj, self.sim.refuse, frame=True)
+            if refusal is not None:
+                record.refusal = refusal
+                self.error(refusal.status, refusal.reply())
+                return
         if warmup:
             self.answer(body, Reply(text="", output_tokens=0), warmup=True)
             return

@@ -32,7 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Sequence
 from urllib.parse import parse_qs, urlsplit
 
-from . import anthropic_messages, errors, gemini, openai_chat, openai_responses, responses_ws, tokens, wire
+from . import anthropic_messages, errors, gemini, openai_chat, openai_responses, responses_ws, strict, tokens, wire
 from .records import Headers, RequestRecord
 from .reply import Reply
 from .turn import Turn, random_id
@@ -124,7 +124,12 @@ class ProviderSimulator:
         default_model: str = "sim-model",
         models: Sequence[str] = DEFAULT_MODELS,
         quiet: bool = True,
+        strict: bool = False,
     ) -> None:
+        # Strict mode (tests/provider/strict.py): refuse what the real APIs refuse. `refuse`
+        # adds per-model refused parameters ({"model": {"temperature"}}).
+        self.strict = strict
+        self.refuse: dict[str, set[str]] = {}
         # `GET /v1/responses` upgrades to a WebSocket (Codex's default transport) unless
         # this is False, when it answers 404 as an upstream without the transport would.
         self.websockets = True
@@ -252,6 +257,10 @@ class ProviderSimulator:
         """A snapshot of every request received so far, in arrival order."""
         with self._lock:
             return list(self._requests)
+
+    def refusals(self) -> list[RequestRecord]:
+        """The requests strict mode refused (each with its `refusal`)."""
+        return [r for r in self.requests if r.refusal is not None]
 
     def model_requests(self) -> list[RequestRecord]:
         """Only the requests that asked for a model answer (chat, responses, messages)."""
@@ -425,6 +434,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_body(200, body, _JSON, Reply(), base)
             return
 
+        if sim.strict and (refusal := strict.check(route, record.json, sim.refuse)) is not None:
+            record.refusal = refusal
+            self._error(family, refusal.status, refusal.reply(), request_id, base)
+            return
         reply = sim._take(record)
         record.reply = reply
         if reply.first_byte_delay:
