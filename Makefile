@@ -65,16 +65,21 @@ run: venv
 test: test-deps
 	$(VENV)/bin/pytest $(ARGS)
 
-# The suite against the newest releases of the SDKs, mitmproxy and mini-swe-agent (no
-# constraints), in a venv of its own: what moving a pin in tests/constraints.txt would break.
-# The Node harnesses stay at their lock file.
+# The suite against the newest releases: the SDKs, mitmproxy and mini-swe-agent unpinned (no
+# constraints) in a venv of its own, and every npm harness at @latest installed beside it;
+# tests/constraints.txt, package.json and the lock file stay as they are.
 LATEST := .venv-latest
 test-latest: $(HARNESS_STAMP)
 	@test -n "$(PYTHON)" || { echo "error: no Python >= 3.12 found" >&2; exit 1; }
+	@command -v npm >/dev/null 2>&1 || { echo "error: test-latest needs Node.js with npm" >&2; exit 1; }
 	@test -x $(LATEST)/bin/python || $(PYTHON) -m venv $(LATEST)
 	$(LATEST)/bin/python -m pip install -q --upgrade pip
 	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e '.[test,harness]'
-	$(LATEST)/bin/pytest $(ARGS)
+	rm -rf $(LATEST)/harnesses && mkdir -p $(LATEST)/harnesses
+	cd $(LATEST)/harnesses && echo '{"private": true}' > package.json && npm install --no-save --no-package-lock \
+		--no-audit --no-fund --loglevel=error $$(node -p 'Object.keys(require("$(CURDIR)/$(HARNESSES)/package.json").dependencies).map(n => n + "@latest").join(" ")')
+	cd $(LATEST)/harnesses && npm ls --depth=0
+	INTERCEPT_HARNESS_BIN=$(CURDIR)/$(LATEST)/harnesses/node_modules/.bin $(LATEST)/bin/pytest $(ARGS)
 
 bench: test-deps
 	$(PY) bench/overhead.py $(ARGS)

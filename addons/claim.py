@@ -14,11 +14,11 @@ import logging
 
 from mitmproxy import connection, http
 
-from interceptor.addons.answers import error_response
+from interceptor.addons.answers import error_response, json_response
 from interceptor.addons.exchange import KEY, Exchange
 from interceptor.addons.session import Registry
 from interceptor.addons.settings import Settings
-from interceptor.dialects import host_dialect, resolve
+from interceptor.dialects import host_dialect, local_answer, resolve
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,10 @@ class Claim:
         if host not in self.settings.hosts:
             return  # not a provider: pass through untouched
         route = resolve(flow.request.method, flow.request.path, host=host)
+        if route is None and (answer := local_answer(flow.request.method, flow.request.path)) is not None:
+            flow.response = json_response(200, answer)
+            flow.metadata["interceptor_local"] = True
+            return
         if route is None:
             flow.response = error_response(
                 host_dialect(host), 404,

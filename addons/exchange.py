@@ -58,6 +58,9 @@ class Exchange:
     recorded: Recorded | None = None  # the answer as the harness receives it, kept for replay (Retry)
     collect: Plan | None = None  # the token fields the proxy asked for, to strip (Collect)
     tee: StreamTee | None = None  # the streamed answer's assembler (Tee)
+    # Responses' previous_response_id, and whether this session had it (else a new root).
+    previous_response_id: str | None = None
+    previous_response_unknown: bool = False
 
     @property
     def dialect(self):

@@ -54,6 +54,8 @@ def make_call(ex: Exchange, flow: http.HTTPFlow, response: Response | None, erro
         first_byte_at=ex.first_byte_at,
         ended_at=time.time(),
         error=error,
+        previous_response_id=ex.previous_response_id,
+        previous_response_unknown=ex.previous_response_unknown,
     )
 
 

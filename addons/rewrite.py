@@ -159,6 +159,9 @@ class Rewrite:
             refuse(flow, error_response(ex.dialect, 400, prepared.refusal))
             return False
         ex.request = prepared.request
+        previous = ex.dialect.previous_response(prepared.body) if prepared.request is not None else None
+        if previous is not None:
+            self._chain(ex, prepared.body, previous)
         ex.overrides = prepared.overrides
         ex.body = prepared.body
         ex.stream = ex.dialect.is_stream(prepared.body, flow.request.path)
@@ -173,6 +176,21 @@ class Rewrite:
                 flow.request.headers[name] = change.new
             ex.overrides.append(change)
         return True
+
+    def _chain(self, ex: Exchange, body: dict[str, Any], previous: str) -> None:
+        """A Responses request continuing a stored answer sends only its new input: its
+        conversation is the recorded one up to that answer plus the input, so the graph
+        extends the branch. An id this session never recorded starts a new root, and the
+        call says so."""
+        ex.previous_response_id = previous
+        prefix = ex.session.recorder.conversation(previous)
+        if prefix is None:
+            ex.previous_response_unknown = True
+            log.info(f"interceptor: session {ex.session.id!r}: previous_response_id {previous!r} is unknown "
+                     "to this proxy; the turn is recorded from its own input")
+            return
+        chained = ex.dialect.chained_request(body, prefix)
+        ex.request = ex.request.model_copy(update={"messages": chained.messages})
 
     def _swap_credential(self, flow: http.HTTPFlow, ex: Exchange) -> None:
         flow.request.headers.pop("proxy-authorization", None)

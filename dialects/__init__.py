@@ -43,6 +43,7 @@ __all__ = [
     "default_hosts",
     "host_dialect",
     "key_variables",
+    "local_answer",
     "resolve",
 ]
 
@@ -120,3 +121,17 @@ def default_hosts() -> list[str]:
 def key_variables() -> tuple[str, ...]:
     """Every environment variable a dialect's harnesses read their key from, each once."""
     return tuple(dict.fromkeys(v for d in REGISTRY for v in d.key_variables))
+
+
+# A harness's side calls to its provider's own web backend, answered locally with what the
+# harness takes for "nothing here" (no egress, no key): Codex asks chatgpt.com for its model
+# list and its curated plugins at every start, and logs an error for anything else.
+_LOCAL_ANSWERS: dict[tuple[str, str], dict] = {
+    ("GET", "/backend-api/codex/models"): {"models": []},
+    ("GET", "/backend-api/plugins/export/curated"): {"plugins": []},
+}
+
+
+def local_answer(method: str, path: str) -> dict | None:
+    """The JSON body to answer ``method path`` with locally (200), or None."""
+    return _LOCAL_ANSWERS.get((method.upper(), path.split("?", 1)[0].rstrip("/")))

@@ -38,6 +38,7 @@ from interceptor.trace.messages import (
     FinishReason,
     Message,
     Part,
+    Piece,
     Reasoning,
     Request,
     Response,
@@ -45,6 +46,7 @@ from interceptor.trace.messages import (
     Tool,
     ToolCall,
     Usage,
+    piece_order,
 )
 
 FINISH: dict[str, FinishReason] = {
@@ -133,8 +135,11 @@ def _assistant(content: Any) -> Message:
     parts: list[Part] = []
     calls: list[ToolCall] = []
     reasoning: list[Reasoning] = []
+    tags: list[Piece] = []
     for block in content:
         kind = block.get("type")
+        tags.append("reasoning" if kind in ("thinking", "redacted_thinking") else
+                    "tool_call" if kind == "tool_use" else "content")
         if kind == "text":
             parts.append(_text_part(block))
         elif kind == "thinking":
@@ -151,7 +156,8 @@ def _assistant(content: Any) -> Message:
             ))
         else:  # server_tool_use, web_search_tool_result, mcp_tool_use, ...: kept whole
             parts.append(other_part(block))
-    return Message(role="assistant", content=parts or "", tool_calls=calls, reasoning=reasoning)
+    return Message(role="assistant", content=parts or "", tool_calls=calls, reasoning=reasoning,
+                   order=piece_order(tags))
 
 
 def _user(content: Any) -> list[Message]:
@@ -206,28 +212,26 @@ def _usage(raw: dict[str, Any] | None) -> Usage | None:
 
 
 def _native_blocks(message: Message) -> list[dict[str, Any]]:
+    """The blocks of an assistant turn, in the order the model produced them."""
     blocks: list[dict[str, Any]] = []
-    for r in message.reasoning:
-        if r.redacted:
-            blocks.append({"type": "redacted_thinking", "data": r.encrypted or ""})
-        else:
-            blocks.append({"type": "thinking", "thinking": r.text, "signature": r.signature or ""})
-    if isinstance(message.content, str):
-        if message.content:
-            blocks.append({"type": "text", "text": message.content})
-    else:
-        for p in message.content:
-            if p.type == "text":
-                block: dict[str, Any] = {"type": "text", "text": p.text or ""}
-                if p.data and p.data.get("citations"):
-                    block["citations"] = p.data["citations"]
+    for tag, item in message.pieces():
+        if tag == "reasoning":
+            if item.redacted:
+                blocks.append({"type": "redacted_thinking", "data": item.encrypted or ""})
+            else:
+                blocks.append({"type": "thinking", "thinking": item.text, "signature": item.signature or ""})
+        elif tag == "tool_call":
+            block = {"type": "tool_use", "id": item.id, "name": item.name, "input": loads_or_raw(item.arguments)}
+            block.update(item.extra or {})
+            blocks.append(block)
+        elif item.type == "text":
+            if item.text or not isinstance(message.content, str):
+                block = {"type": "text", "text": item.text or ""}
+                if item.data and item.data.get("citations"):
+                    block["citations"] = item.data["citations"]
                 blocks.append(block)
-            elif p.data is not None:
-                blocks.append(dict(p.data))
-    for c in message.tool_calls:
-        block = {"type": "tool_use", "id": c.id, "name": c.name, "input": loads_or_raw(c.arguments)}
-        block.update(c.extra or {})
-        blocks.append(block)
+        elif item.data is not None:
+            blocks.append(dict(item.data))
     return blocks
 
 
@@ -359,8 +363,12 @@ class AnthropicDialect(KnobDialect):
         if system:
             messages.append(Message(role="system", content=_content(system)))
         for m in body.get("messages") or []:
-            if m.get("role") == "assistant":
+            role = m.get("role")
+            if role == "assistant":
                 messages.append(_assistant(m.get("content")))
+            elif role == "system":
+                # Claude Code's mid-conversation `# Environment` block: a system message, as sent.
+                messages.append(Message(role="system", content=_content(m.get("content"))))
             else:
                 messages.extend(_user(m.get("content")))
         return Request(

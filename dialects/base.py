@@ -183,6 +183,17 @@ class Dialect(ABC):
         ``stream_events`` this is how a rewritten or synthesised answer reaches a harness;
         ``parse_response(json_body(r)) == r`` for a response in this dialect's normal form."""
 
+    def previous_response(self, body: dict[str, Any]) -> str | None:
+        """The id of the stored answer this request continues (Responses'
+        ``previous_response_id``): its conversation is that one's plus its own input."""
+        return None
+
+    def chained_request(self, body: dict[str, Any], prefix: list[Any]) -> Request:
+        """The request over the whole conversation when it continues ``prefix`` (the stored
+        conversation up to the previous answer)."""
+        request = self.parse_request(body)
+        return request.model_copy(update={"messages": prefix + request.messages})
+
     # -- streams -----------------------------------------------------------------------------
 
     def is_stream(self, body: dict[str, Any], path: str = "") -> bool:

@@ -36,12 +36,14 @@ from interceptor.trace.messages import (
     FinishReason,
     Message,
     Part,
+    Piece,
     Reasoning,
     Request,
     Response,
     Tool,
     ToolCall,
     Usage,
+    piece_order,
 )
 
 KNOBS = (
@@ -110,12 +112,16 @@ class _Turn:
     refusal: list[str] = field(default_factory=list)
     logprobs: list[float] | None = None
     empty: bool = True
+    tags: list[Piece] = field(default_factory=list)
 
     def add(self, item: dict[str, Any], kind: str) -> None:
         self.empty = False
+        if kind in ("reasoning", "function_call", "custom_tool_call"):
+            self.tags.append("reasoning" if kind == "reasoning" else "tool_call")
         if kind == "message" and isinstance(item.get("content"), str):
             if item["content"]:
                 self.parts.append(Part(text=item["content"]))
+                self.tags.append("content")
         elif kind == "message":
             for block in item.get("content") or []:
                 if block.get("type") == "refusal":
@@ -123,6 +129,7 @@ class _Turn:
                     continue
                 part = _content([block])[0]
                 self.parts.append(part)
+                self.tags.append("content")
                 if block.get("logprobs"):
                     self.logprobs = (self.logprobs or []) + [t["logprob"] for t in block["logprobs"]]
         elif kind == "reasoning":
@@ -137,12 +144,15 @@ class _Turn:
             self.calls.append(ToolCall(id=item.get("call_id") or "", name=item.get("name", ""),
                                        arguments=item.get("input", ""), type="custom",
                                        namespace=item.get("namespace"), extra=_caller(item)))
-        else:  # built-in tool calls, compaction, item references: kept whole
+        elif kind not in ("reasoning", "function_call", "custom_tool_call"):
+            # built-in tool calls, compaction, item references: kept whole
             self.parts.append(other_part(_without_status(item)))
+            self.tags.append("content")
 
     def message(self) -> Message:
         return Message(role="assistant", content=self.parts or "", tool_calls=self.calls,
-                       reasoning=self.reasoning, refusal="".join(self.refusal) if self.refusal else None)
+                       reasoning=self.reasoning, refusal="".join(self.refusal) if self.refusal else None,
+                       order=piece_order(self.tags))
 
 
 def _without_status(item: dict[str, Any]) -> dict[str, Any]:
@@ -228,50 +238,64 @@ def _usage(raw: dict[str, Any] | None) -> Usage | None:
 
 
 def _native_output(response: Response) -> list[dict[str, Any]]:
+    """The output items of a canonical response, in the order the model produced them."""
     message = response.message
     rid = (response.id or "resp").removeprefix("resp_")
     items: list[dict[str, Any]] = []
-    for i, r in enumerate(message.reasoning):
-        item: dict[str, Any] = {"id": f"rs_{rid}_{i}", "type": "reasoning",
-                                "summary": [{"type": "summary_text", "text": r.text}] if r.text else []}
-        if r.encrypted is not None:
-            item["encrypted_content"] = r.encrypted
-        items.append(item)
     current: list[dict[str, Any]] | None = None
     logprobs = list(response.logprobs or [])
-    parts = [Part(text=message.content)] if isinstance(message.content, str) and message.content else (
-        message.content if isinstance(message.content, list) else [])
-    for p in parts:
-        if p.type == "text":
+    refusal = message.refusal
+
+    def open_message() -> list[dict[str, Any]]:
+        content: list[dict[str, Any]] = []
+        items.append({"id": f"msg_{rid}_{len(items)}", "type": "message", "role": "assistant",
+                      "status": "completed", "content": content})
+        return content
+
+    def add_refusal() -> None:
+        nonlocal current, refusal
+        if refusal is not None:
             if current is None:
-                current = []
-                items.append({"id": f"msg_{rid}_{len(items)}", "type": "message", "role": "assistant",
-                              "status": "completed", "content": current})
-            current.append({"type": "output_text", "text": p.text or "",
-                            "annotations": (p.data or {}).get("annotations") or [],
+                current = open_message()
+            current.append({"type": "refusal", "refusal": refusal})
+            refusal = None
+
+    reasoning_index = 0
+    for tag, piece in message.pieces():
+        if tag == "reasoning":
+            current = None
+            item: dict[str, Any] = {"id": f"rs_{rid}_{reasoning_index}", "type": "reasoning",
+                                    "summary": [{"type": "summary_text", "text": piece.text}] if piece.text else []}
+            reasoning_index += 1
+            if piece.encrypted is not None:
+                item["encrypted_content"] = piece.encrypted
+            items.append(item)
+        elif tag == "content" and piece.type == "text":
+            if current is None:
+                current = open_message()
+            current.append({"type": "output_text", "text": piece.text or "",
+                            "annotations": (piece.data or {}).get("annotations") or [],
                             "logprobs": [{"token": "", "logprob": v, "bytes": [], "top_logprobs": []}
                                          for v in logprobs]})
             logprobs = []
-        elif p.data is not None:
-            current = None
-            items.append(dict(p.data))
-    if message.refusal is not None:
-        if current is None:
-            current = []
-            items.append({"id": f"msg_{rid}_{len(items)}", "type": "message", "role": "assistant",
-                          "status": "completed", "content": current})
-        current.append({"type": "refusal", "refusal": message.refusal})
-    for c in message.tool_calls:
-        if c.type == "custom":
-            item = {"id": f"ctc_{rid}_{len(items)}", "type": "custom_tool_call", "call_id": c.id,
-                    "name": c.name, "input": c.arguments, "status": "completed"}
+        elif tag == "content":
+            if piece.data is not None:
+                current = None
+                items.append(dict(piece.data))
         else:
-            item = {"id": f"fc_{rid}_{len(items)}", "type": "function_call", "call_id": c.id,
-                    "name": c.name, "arguments": c.arguments, "status": "completed"}
-        if c.namespace is not None:
-            item["namespace"] = c.namespace
-        item.update(c.extra or {})
-        items.append(item)
+            add_refusal()
+            current = None
+            if piece.type == "custom":
+                item = {"id": f"ctc_{rid}_{len(items)}", "type": "custom_tool_call", "call_id": piece.id,
+                        "name": piece.name, "input": piece.arguments, "status": "completed"}
+            else:
+                item = {"id": f"fc_{rid}_{len(items)}", "type": "function_call", "call_id": piece.id,
+                        "name": piece.name, "arguments": piece.arguments, "status": "completed"}
+            if piece.namespace is not None:
+                item["namespace"] = piece.namespace
+            item.update(piece.extra or {})
+            items.append(item)
+    add_refusal()
     return items
 
 
@@ -323,6 +347,16 @@ class ResponsesDialect(OpenAIDialect):
             stream=bool(body.get("stream")),
             extra={k: v for k, v in body.items() if k not in _REQUEST_KEYS},
         )
+
+    def previous_response(self, body: dict[str, Any]) -> str | None:
+        previous = body.get("previous_response_id")
+        return previous if isinstance(previous, str) and previous else None
+
+    def chained_request(self, body: dict[str, Any], prefix: list[Message]) -> Request:
+        # The instructions of the chain's first request are in the prefix already (at its
+        # root); a restatement of them is not a new system message.
+        request = self.parse_request({k: v for k, v in body.items() if k != "instructions"})
+        return request.model_copy(update={"messages": prefix + request.messages})
 
     def parse_response(self, body: dict[str, Any]) -> Response:
         if body.get("type") == "error" or ("error" in body and "output" not in body and "status" not in body):

@@ -35,16 +35,18 @@ def _load(path: str) -> tuple[Trace, list[str], bool]:
 
 
 def _preview(message: Message) -> str:
+    """One line per message: its pieces in the order the model produced them."""
     parts = []
-    for r in message.reasoning:
-        if r.text:
-            parts.append(f"[reasoning] {r.text}")
-        elif r.encrypted or r.redacted:
-            parts.append("[reasoning: encrypted]")
-    if message.text():
-        parts.append(message.text())
-    for call in message.tool_calls:
-        parts.append(f"-> {call.name}({call.arguments})")
+    for tag, piece in message.pieces():
+        if tag == "reasoning":
+            if piece.text:
+                parts.append(f"[reasoning] {piece.text}")
+            elif piece.encrypted or piece.redacted:
+                parts.append("[reasoning: encrypted]")
+        elif tag == "tool_call":
+            parts.append(f"-> {piece.name}({piece.arguments})")
+        elif piece.type == "text" and piece.text:
+            parts.append(piece.text)
     if message.refusal:
         parts.append(f"[refusal] {message.refusal}")
     text = " | ".join(parts).replace("\n", "\\n")
@@ -179,6 +181,16 @@ def show_json(trace: Trace) -> dict:
     }
 
 
+def _sample_message(message: Message) -> dict:
+    """A message as exported; one whose pieces came interleaved (think, call, think, call)
+    also lists them in that order under ``pieces``, ready for a chat template."""
+    out = message.model_dump(mode="json", exclude_defaults=True)
+    if message.order:
+        out["pieces"] = [{"kind": tag, **piece.model_dump(mode="json", exclude_defaults=True)}
+                         for tag, piece in message.pieces()]
+    return out
+
+
 def samples(trace: Trace):
     """One training sample per branch, with the tools that branch's own calls advertised
     (a sub-agent's samples get the sub-agent's tools). ``reference_logprobs`` and
@@ -187,7 +199,7 @@ def samples(trace: Trace):
         sample = {
             "trace_id": trace.id,
             "branch": b.index,
-            "messages": [m.model_dump(mode="json", exclude_defaults=True) for m in b.messages],
+            "messages": [_sample_message(m) for m in b.messages],
             "tools": [t.model_dump(mode="json", exclude_defaults=True) for t in b.tools],
             "token_ids": b.token_ids,
             "sampled_mask": b.sampled_mask,

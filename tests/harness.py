@@ -26,7 +26,8 @@ from clients import KEY_ENV, REAL_KEY
 from mitm import ROOT, MitmProcess
 from provider import ProviderSimulator, RequestRecord
 
-NODE_BIN = ROOT / "tests" / "harnesses" / "node_modules" / ".bin"
+# The pinned harnesses; `make test-latest` points INTERCEPT_HARNESS_BIN at the @latest ones.
+NODE_BIN = Path(os.environ.get("INTERCEPT_HARNESS_BIN") or ROOT / "tests" / "harnesses" / "node_modules" / ".bin")
 RUN_HARNESS = ROOT / "scripts" / "run_harness.py"
 # Codex asks chatgpt.com for its model list with the key it holds; intercepted, it is
 # answered locally at once instead of failing slowly through retries (no network here).

@@ -82,6 +82,8 @@ def codex_runs(hproxy, hsim, tmp_path_factory):
 def test_codex_runs_a_tool_task_through_the_proxy(codex_runs, hproxy, transport):
     result, sid, requests = codex_runs[transport]
     check_ran(result)
+    # Its chatgpt.com side calls (model list, curated plugins) got answers it takes: no error.
+    assert " ERROR " not in result.stdout + result.stderr, result.stderr[-2000:]
     trace = trace_of(hproxy, sid)
     check_sim_saw_only_the_session(requests, trace, SESSION, WIRE)
     check_task_trace(trace, turns=2, tool="exec")

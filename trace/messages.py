@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from interceptor.trace.escape import utf8
 
 Role = Literal["system", "user", "assistant", "tool"]
+Piece = Literal["reasoning", "content", "tool_call"]
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "error"]
 
 
@@ -84,6 +85,11 @@ class Message(_Model):
     name: str | None = None
     refusal: str | None = None
     is_error: bool = False  # a tool result the harness flagged as an error
+    #: The order the pieces of an assistant turn came in, when it is not the canonical one
+    #: (all reasoning, then the content, then the tool calls): one tag per piece, each taking
+    #: the next item of its list. Interleaved thinking (think, call, think, call) needs it: a
+    #: trainer's chat template renders the order the model produced. None when canonical.
+    order: list[Piece] | None = None
     # message_hash's result: the graph asks for it several times per turn, and for a huge
     # message each hash is a pass over all of it. Reset on assignment and on copy.
     _hash: str | None = PrivateAttr(default=None)
@@ -106,11 +112,32 @@ class Message(_Model):
         copy._hash = None
         return copy
 
+    def pieces(self) -> list[tuple[Piece, Any]]:
+        """Reasoning, content parts and tool calls in the order the model produced them."""
+        content = [Part(text=self.content)] if isinstance(self.content, str) and self.content else (
+            list(self.content) if isinstance(self.content, list) else [])
+        lists: dict[str, list[Any]] = {"reasoning": list(self.reasoning), "content": content,
+                                       "tool_call": list(self.tool_calls)}
+        order = self.order or [k for k in ("reasoning", "content", "tool_call") for _ in lists[k]]
+        out: list[tuple[Piece, Any]] = []
+        for tag in order:
+            if lists[tag]:
+                out.append((tag, lists[tag].pop(0)))
+        for tag in ("reasoning", "content", "tool_call"):  # anything an order left out, last
+            out.extend((tag, item) for item in lists[tag])  # type: ignore[misc]
+        return out
+
     def text(self) -> str:
         """The message's plain text (text parts joined), for transcripts and token estimates."""
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text or "" for p in self.content if p.type == "text")
+
+
+def piece_order(tags: list[Piece]) -> list[Piece] | None:
+    """``tags`` as a ``Message.order``: None when it is the canonical order anyway."""
+    rank = {"reasoning": 0, "content": 1, "tool_call": 2}
+    return None if all(rank[a] <= rank[b] for a, b in zip(tags, tags[1:])) else list(tags)
 
 
 class Tool(_Model):

@@ -128,6 +128,10 @@ class ModelCall(_Model):
     # Which of Trace.tool_sets the request advertised; None: no tools (or not known, for an
     # exchange that committed nothing). Two sub-agents in one session advertise different sets.
     tool_set: int | None = None
+    # The answer this request continued (Responses previous_response_id); `unknown`: this
+    # session never recorded it, so the turn starts a new root from its own input.
+    previous_response_id: str | None = None
+    previous_response_unknown: bool = False
 
     @property
     def duration(self) -> float | None:

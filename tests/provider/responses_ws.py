@@ -135,7 +135,7 @@ class _Connection:
                 self.error(400, Reply(error_code="previous_response_not_found",
                                       error_message=f"Previous response with id '{previous}' not found."))
                 return
-            body["input"] = earlier + _input_items(obj.get("input"))
+            body["input"] = earlier + input_items(obj.get("input"))
         warmup = obj.get("generate") is False
         record = RequestRecord("WS", self.handler.path, self.headers, text.encode(), time.time(),
                                route="responses_warmup" if warmup else "responses",
@@ -181,7 +181,7 @@ class _Connection:
             self.send_json(event)
         final = events[-1].get("response") or {}
         if final.get("id"):
-            self.history[final["id"]] = _input_items(body.get("input")) + list(final.get("output") or [])
+            self.history[final["id"]] = input_items(body.get("input")) + list(final.get("output") or [])
         if reply.cut_after is not None:
             raise Cut
 
@@ -193,7 +193,7 @@ class _Connection:
         self.send_json({"type": "error", "status": status, **body, "headers": headers})
 
 
-def _input_items(value: Any) -> list[Any]:
+def input_items(value: Any) -> list[Any]:
     if isinstance(value, str):
         return [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": value}]}]
     return list(value or [])

@@ -130,6 +130,9 @@ class ProviderSimulator:
         # adds per-model refused parameters ({"model": {"temperature"}}).
         self.strict = strict
         self.refuse: dict[str, set[str]] = {}
+        # Responses over HTTP with `store`: response id -> every input and output item up
+        # to it, what `previous_response_id` refers to on the real server.
+        self.stored: dict[str, list[Any]] = {}
         # `GET /v1/responses` upgrades to a WebSocket (Codex's default transport) unless
         # this is False, when it answers 404 as an upstream without the transport would.
         self.websockets = True
@@ -449,7 +452,28 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(family, reply.status, reply, request_id, base)
             return
         module = _MODULES[route]
-        turn = Turn(record.json, reply, default_model=sim.default_model)
+        request = record.json
+        if route == "responses":
+            previous = request.get("previous_response_id")
+            earlier = sim.stored.get(previous) if previous else []
+            if earlier is None:
+                self._error(family, 400, Reply(status=400, error_code="previous_response_not_found",
+                                               error_param="previous_response_id", should_retry=False,
+                                               error_message=f"Previous response with id '{previous}' not found."),
+                            request_id, base)
+                return
+            request = {**request, "input": earlier + responses_ws.input_items(request.get("input"))}
+            answer = openai_responses._Answer(Turn(request, reply, default_model=sim.default_model))
+            if request.get("store", True) is not False:
+                sim.stored[answer.id] = request["input"] + answer.output
+            if record.stream:
+                self._send_events(reply.status, answer.events, _SSE, reply, base,
+                                  lambda i: module.error_event(answer.turn, request_id, i))
+            else:
+                self._send_body(reply.status, wire.pretty(answer.response(answer.status, final=True)), _JSON,
+                                reply, base)
+            return
+        turn = Turn(request, reply, default_model=sim.default_model)
         if record.stream:
             events = module.stream_events(turn)
             self._send_events(reply.status, events, _SSE, reply, base, lambda i: module.error_event(turn, request_id, i))

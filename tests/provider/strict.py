@@ -117,6 +117,9 @@ ANTHROPIC_FIELDS = frozenset({
     "model", "messages", "max_tokens", "system", "metadata", "stop_sequences", "stream", "temperature",
     "top_p", "top_k", "tools", "tool_choice", "thinking", "service_tier", "container", "mcp_servers",
     "context_management", "output_config", "output_format", "inference_geo", "cache_control",
+    # Sent by Claude Code 2.1.332 on every request (with its betas); the real API takes it,
+    # or Claude Code would not work at all.
+    "diagnostics",
 })
 MAX_OUTPUT_TOKENS = 128_000  # the largest output any Claude model accepts (models overview)
 
