@@ -82,6 +82,7 @@ def sim(hsim: ProviderSimulator) -> ProviderSimulator:
     hsim.clear_scripts()
     hsim.clear()
     hsim.websockets = True
+    hsim.strict = True
     hsim.refuse.clear()
     return hsim
 
