@@ -340,6 +340,7 @@ def beta_without_interleaved(value: str) -> str:
 
 class AnthropicDialect(KnobDialect):
     name = "anthropic"
+    model_table = "anthropic"
     hosts = ("api.anthropic.com",)
     key_variables = ("ANTHROPIC_API_KEY",)
     routes = {

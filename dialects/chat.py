@@ -270,6 +270,7 @@ def _native_finish(choice: Choice) -> str | None:
 
 class ChatDialect(OpenAIDialect):
     name = "chat"
+    model_table = "openai"
     routes = {("POST", "/v1/chat/completions"): "model"}
     knobs = KNOBS
     collects_tokens = True  # vLLM >= 0.10.2 and SGLang return token ids on this route

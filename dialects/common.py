@@ -379,13 +379,15 @@ class KnobDialect(Dialect):
     half of ``apply_overrides`` is the same for all three, only ``reconcile`` differs."""
 
     knobs: ClassVar[tuple[Knob, ...]] = ()
+    #: Whose rows of the model table (dialects/models.json) apply; "" for none.
+    model_table: ClassVar[str] = ""
 
     def apply_overrides(self, body: dict[str, Any], model: str | None, sampling: Sampling,
                         mode: Mode = "overlay", refused: frozenset[str] = frozenset()) -> list[Override]:
         changes = set_model(body, model)
         knob_changes, mine = apply_knobs(body, self.knobs, sampling, mode)
         changes += knob_changes
-        plan = Plan(capabilities(self.provider, body.get("model")), changes, mine, refused)
+        plan = Plan(capabilities(self.model_table, body.get("model")), changes, mine, refused)
         plan.drop_refused(body)
         self.reconcile(body, plan)
         return changes

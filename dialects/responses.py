@@ -311,6 +311,7 @@ def _native_usage(usage: Usage) -> dict[str, Any]:
 
 class ResponsesDialect(OpenAIDialect):
     name = "responses"
+    model_table = "openai"
     # chatgpt.com: Codex asks it for its model list with the key it holds (the session
     # secret); a host that receives a secret must be intercepted, so it is answered locally.
     hosts = ("api.openai.com", "chatgpt.com")

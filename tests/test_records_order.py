@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import session_clients
+from clients import session_clients
 from interceptor.dialects import ANTHROPIC, RESPONSES
 from interceptor.trace import read_trace
 from mitm import ROOT

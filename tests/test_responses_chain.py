@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import httpx2 as httpx
 
-from conftest import session_clients
+from clients import session_clients
 from interceptor.trace import read_trace
 from provider import Reply
 

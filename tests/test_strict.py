@@ -16,7 +16,7 @@ import anthropic
 import openai
 import pytest
 
-from conftest import session_clients
+from clients import session_clients
 from interceptor.addons.session import SessionConfig
 from interceptor.dialects import ANTHROPIC, CHAT, RESPONSES
 from interceptor.dialects.common import apply_knobs, set_model
