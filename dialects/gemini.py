@@ -43,6 +43,7 @@ from typing import Any, ClassVar
 
 from interceptor.dialects.base import Override, RouteKind
 from interceptor.dialects.common import (
+    Mode,
     Knob,
     KnobDialect,
     apply_knobs,
@@ -437,10 +438,12 @@ class GeminiDialect(KnobDialect):
     def side_overrides(self, body: dict[str, Any], model: str | None) -> list[Override]:
         return []  # countTokens names the model in the path
 
-    def apply_overrides(self, body: dict[str, Any], model: str | None, sampling: Sampling) -> list[Override]:
+    def apply_overrides(self, body: dict[str, Any], model: str | None, sampling: Sampling,
+                        mode: Mode = "overlay", refused: frozenset[str] = frozenset()) -> list[Override]:
         """The knobs and the rules; the model is ``path_with_model``'s (a body with a
-        ``model`` would no longer be the harness's bytes)."""
-        changes = apply_knobs(body, self.knobs, sampling)
+        ``model`` would no longer be the harness's bytes). No Gemini row in the model table
+        yet, so ``refused`` (provider feedback) has nothing to drop."""
+        changes, _ = apply_knobs(body, self.knobs, sampling, mode)
         self.reconcile(body, changes)
         return changes
 

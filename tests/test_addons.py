@@ -214,14 +214,25 @@ def test_overrides_impose_the_session_and_swap_the_key(world):
     proxy_auth = "Basic " + base64.b64encode(f"session:{session.model_secret}".encode()).decode()
     flow = world.send(flow_for("POST", CHAT_URL, body, {"proxy-authorization": proxy_auth}))
     sent = json.loads(flow.request.content)
-    assert sent["model"] == "imposed" and sent["temperature"] == 0.25 and "top_p" not in sent
+    # Overlay (the default): the session's keys replace the harness's, the others stay.
+    assert sent["model"] == "imposed" and sent["temperature"] == 0.25 and sent["top_p"] == 0.5
     assert sent["messages"] == CHAT_BODY["messages"]
     ex = exchange_of(flow)
-    assert {o.key for o in ex.overrides} == {"model", "temperature", "top_p"}
+    assert {o.key for o in ex.overrides} == {"model", "temperature"}
     assert ex.requested_model == "gpt-4o"
     assert flow.request.headers["authorization"] == f"Bearer {REAL}"
     assert "proxy-authorization" not in flow.request.headers
     assert (flow.request.host, flow.request.port, flow.request.path) == ("127.0.0.1", 9, "/api/v1/chat/completions")
+
+
+def test_exact_sampling_drops_the_harness_decoding_keys(world):
+    session = world.session(model="imposed", sampling={"temperature": 0.25}, sampling_mode="exact",
+                            upstream={"base_url": "http://127.0.0.1:9/api/v1", "api_key_env": ENV})
+    body = {**CHAT_BODY, "temperature": 1.0, "top_p": 0.5}
+    flow = world.send(flow_for("POST", CHAT_URL, body, {"authorization": f"Bearer {session.model_secret}"}))
+    sent = json.loads(flow.request.content)
+    assert sent["temperature"] == 0.25 and "top_p" not in sent
+    assert {o.key for o in exchange_of(flow).overrides} == {"model", "temperature", "top_p"}
 
 
 def test_anthropic_key_goes_in_x_api_key(world):

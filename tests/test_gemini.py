@@ -133,7 +133,8 @@ def test_the_model_lives_in_the_path():
 def test_overrides_in_geminis_names_and_thinking_config():
     body = json.loads(json.dumps(REQUEST))
     changes = GEMINI.apply_overrides(body, "ignored: the path has it", Sampling(
-        temperature=0.2, max_tokens=512, seed=7, thinking={"thinkingBudget": 1024, "includeThoughts": True}))
+        temperature=0.2, max_tokens=512, seed=7, thinking={"thinkingBudget": 1024, "includeThoughts": True}),
+        "exact")
     assert body["generationConfig"] == {"temperature": 0.2, "maxOutputTokens": 512, "seed": 7,
                                         "thinkingConfig": {"thinkingBudget": 1024, "includeThoughts": True}}
     assert "model" not in body
@@ -142,10 +143,13 @@ def test_overrides_in_geminis_names_and_thinking_config():
     assert GEMINI.sampling(body).thinking == {"thinkingBudget": 1024, "includeThoughts": True}
 
 
-def test_no_thinking_from_the_session_drops_the_harnesss():
+def test_no_thinking_from_the_session_drops_the_harnesss_in_exact_mode_and_keeps_it_in_overlay():
+    body = json.loads(json.dumps(REQUEST))
+    GEMINI.apply_overrides(body, None, Sampling(temperature=0.5), "exact")
+    assert body["generationConfig"] == {"temperature": 0.5}
     body = json.loads(json.dumps(REQUEST))
     GEMINI.apply_overrides(body, None, Sampling(temperature=0.5))
-    assert body["generationConfig"] == {"temperature": 0.5}
+    assert body["generationConfig"] == {**REQUEST["generationConfig"], "temperature": 0.5}
 
 
 def test_level_and_budget_together_are_reconciled():
@@ -316,7 +320,8 @@ def test_gemini_through_the_proxy(new_session, sim, proxy, harness_env, how, fra
     key = seen.headers.get("x-goog-api-key") if how == "header" else seen.query["key"][0]
     assert key == REAL_KEY
     assert session["model_secret"] not in seen.path + seen.body.decode() + str(seen.headers.items_raw())
-    assert seen.json["generationConfig"] == {"temperature": 0.3, "maxOutputTokens": 200}
+    # Overlay (the default): the session's keys replace the harness's, its others stay.
+    assert seen.json["generationConfig"] == {**REQUEST["generationConfig"], "temperature": 0.3, "maxOutputTokens": 200}
     proxy.api("DELETE", f"sessions/{session['id']}")
     trace = read_trace(session["trace_path"])
     (call,) = trace.calls

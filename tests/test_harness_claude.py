@@ -78,7 +78,7 @@ def check_thinking_kept_or_explained(bodies: list[dict], trace, thinking: dict |
     for body, call in zip(bodies, trace.calls):
         if _lost_thinking(body):
             assert "thinking" not in body and call.sampling.thinking is None
-            assert any(o["key"] == "thinking" and "no thinking block" in o["reason"] for o in call.overrides)
+            assert any(o.key == "thinking" and "no thinking block" in o.reason for o in call.overrides)
         else:  # None: the harness's own, whatever it is
             assert body["thinking"] == (thinking or body["thinking"]) == call.sampling.thinking
 
@@ -99,7 +99,7 @@ def test_claude_code_against_strict_mode(hproxy, sim, claude, tmp_path, name):
     trace = trace_of(hproxy, sid)
     check_task_trace(trace, turns=2, tool="Bash")
     bodies = [r.json for r in sim.model_requests()]
-    keys = [sorted((o["key"], o["reason"]) for o in c.overrides) for c in trace.calls]
+    keys = [sorted((o.key, o.reason) for o in c.overrides) for c in trace.calls]
     if name == "empty":
         # Claude Code's own request, untouched: no override, so its bytes went out as sent.
         assert keys == [[], []]
@@ -113,18 +113,18 @@ def test_claude_code_against_strict_mode(hproxy, sim, claude, tmp_path, name):
         # Claude Code's default model (claude-opus-4-8 in 2.1.197, claude-opus-5-5 in 2.1.332) refuses sampling parameters: the session's
         # temperature cannot be honoured, and the record says so; thinking stays the harness's.
         assert all("temperature" not in b and b["thinking"]["type"] == "adaptive" for b in bodies)
-        reasons = [o["reason"] for c in trace.calls for o in c.overrides
-                   if o["key"] == "temperature" and o["reason"] != "session"]
+        reasons = [o.reason for c in trace.calls for o in c.overrides
+                   if o.key == "temperature" and o.reason != "session"]
         assert len(reasons) == 2 and all("refuses temperature" in r for r in reasons)
     elif name == "thinking-budget":
         # Budget thinking is not taken by that model either: adaptive, said on the record.
         assert all(b["thinking"] == {"type": "adaptive"} for b in bodies)
-        assert all(any(o["key"] == "thinking" and "adaptive instead" in o["reason"] for o in c.overrides)
+        assert all(any(o.key == "thinking" and "adaptive instead" in o.reason for o in c.overrides)
                    for c in trace.calls)
     elif name == "thinking-disabled":
         assert all(b["thinking"] == {"type": "disabled"} for b in bodies)
         assert all(not any(e.startswith("clear_thinking") for e in _edits(b)) for b in bodies)
-        assert all(any(o["key"] == "context_management" and "clear_thinking" in o["reason"] for o in c.overrides)
+        assert all(any(o.key == "context_management" and "clear_thinking" in o.reason for o in c.overrides)
                    for c in trace.calls)
         assert all("interleaved-thinking" not in r.headers.get("anthropic-beta", "") for r in sim.model_requests())
     elif name == "exact":

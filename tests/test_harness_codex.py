@@ -130,7 +130,7 @@ def test_codex_against_strict_mode(hproxy, sim, tmp_path, transport, name):
     trace = trace_of(hproxy, sid)
     check_task_trace(trace, turns=2, tool="exec")
     bodies = [r.json for r in sim.model_requests() if r.route == "responses"]
-    keys = [sorted(o["key"] for o in c.overrides) for c in trace.calls]
+    keys = [sorted(o.key for o in c.overrides) for c in trace.calls]
     if name in ("empty", "thinking-budget", "thinking-disabled"):
         # Nothing of Responses' to change (thinking is Anthropic's): forwarded as sent.
         assert keys == [[], []] and all(b["model"] == "gpt-6.2-sol" for b in bodies)
@@ -139,7 +139,7 @@ def test_codex_against_strict_mode(hproxy, sim, tmp_path, transport, name):
     elif name == "temperature":
         # Codex's default model is a reasoning model (models.json): no temperature for it.
         assert all("temperature" not in b for b in bodies)
-        assert all(any(o["key"] == "temperature" and "reasoning model" in o["reason"] for o in c.overrides)
+        assert all(any(o.key == "temperature" and "reasoning model" in o.reason for o in c.overrides)
                    for c in trace.calls)
     elif name == "exact":
         assert all("temperature" not in b and "top_p" not in b for b in bodies)

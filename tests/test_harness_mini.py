@@ -68,7 +68,7 @@ def test_mini_swe_agent_against_strict_mode(hproxy, sim, tmp_path, name):
     trace = trace_of(hproxy, sid)
     check_task_trace(trace, turns=2, tool="bash")
     bodies = [r.json for r in sim.model_requests()]
-    keys = [sorted(o["key"] for o in c.overrides) for c in trace.calls]
+    keys = [sorted(o.key for o in c.overrides) for c in trace.calls]
     if name in ("empty", "thinking-budget", "thinking-disabled"):
         assert keys == [[], []] and all(b["model"] == "gpt-4o" for b in bodies)
     elif name == "model":

@@ -178,7 +178,7 @@ def test_strict_rule_through_the_proxy(make_session, sim, mproxy, case):
     [seen] = sim.model_requests()
     assert strict.check(seen.route, seen.json) is None and case.check(seen.json), seen.json
     call = the_call(mproxy, session)
-    reasons = [o["reason"] for o in call.overrides if o["reason"] != "session"]
+    reasons = [o.reason for o in call.overrides if o.reason != "session"]
     assert any(case.reason in r for r in reasons), call.overrides
     # Without reconciliation the same request breaks the rule: the session's settings alone,
     # laid over the harness's request, are what strict mode refuses (so the case tests it).
