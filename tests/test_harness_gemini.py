@@ -42,7 +42,10 @@ def _check_sim_saw_only_the_session(requests, trace) -> None:
         assert SECRET_PREFIX not in r.path + r.body.decode(errors="replace") + str(r.headers.items_raw())
         config = r.json.get("generationConfig") or {}
         assert {k: config.get(k) for k in WIRE} == WIRE
-        assert "thinkingConfig" not in config and "topP" not in config  # the session set none
+    # Overlay (the default): only what the session set was changed; the CLI's own topP and
+    # thinkingConfig reach the model as it sent them.
+    assert all(o.key in {"model", "generationConfig.temperature", "generationConfig.maxOutputTokens"}
+               for c in trace.calls for o in c.overrides), [c.overrides for c in trace.calls]
     assert len(requests) == len(trace.calls)
 
 
