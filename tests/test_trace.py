@@ -228,3 +228,65 @@ def test_reply_restated_with_other_reasoning_is_another_message(tmp_path):
     edited = reply.model_copy(update={"reasoning": [Reasoning(text="another story")]})
     r.send(prompt + [edited, Message(role="user", content="more")], Message(role="assistant", content="ok"))
     assert len(r.recorder.trace.branches) == 2
+
+
+class _CountingEq:
+    """Counts ``Message.__eq__`` calls and fails as soon as ``budget`` is exceeded, so a
+    linear scan of 10,000 siblings fails at once instead of running for minutes."""
+
+    def __init__(self, monkeypatch, budget: int):
+        self.calls, self.budget = 0, budget
+        original = Message.__eq__
+
+        def counting(a, b):
+            self.calls += 1
+            assert self.calls <= self.budget, f"more than {self.budget} message comparisons"
+            return original(a, b)
+
+        monkeypatch.setattr(Message, "__eq__", counting)
+
+
+def test_matching_among_ten_thousand_siblings_costs_constant_comparisons(monkeypatch):
+    """A session reused for 10,000 independent requests has 10,000 roots: finding the one
+    a restated prompt continues must not compare it with every one of them (issue 16)."""
+    from interceptor.trace.graph import Graph
+    from interceptor.trace.model import Trace
+
+    n = 10_000
+    graph = Graph(Trace(id="wide"))
+    count = _CountingEq(monkeypatch, budget=4 * n)  # O(1) per turn; a scan would be n²/2
+    for k in range(n):
+        graph.add_turn([Message(role="user", content=f"task {k}")], Message(role="assistant", content=f"done {k}"))
+    assert len(graph.children[None]) == n and len(graph.trace.nodes) == 2 * n
+
+    count.calls, count.budget = 0, 8
+    prompt = [Message(role="user", content="task 7777"), Message(role="assistant", content="done 7777"),
+              Message(role="user", content="and then?")]
+    turn = graph.add_turn(prompt, Message(role="assistant", content="then this"))
+    assert turn.prompt_path[:2] == [2 * 7777, 2 * 7777 + 1]  # the stored root and its reply
+    assert turn.added == [2 * n, 2 * n + 1] and graph.trace.nodes[2 * n].parent == 2 * 7777 + 1
+    assert count.calls <= 8
+
+
+def test_an_equal_sibling_wins_over_one_that_only_hashes_the_same():
+    """A single text part and a plain string are the same message to the hash; the stored
+    sibling equal to the restatement is the one reused, as a scan of the children chose."""
+    from interceptor.trace.graph import FEW_CHILDREN, Graph
+    from interceptor.trace.messages import Part
+    from interceptor.trace.model import Trace
+
+    graph = Graph(Trace(id="same"))
+    for k in range(FEW_CHILDREN + 2):  # beyond the few compared directly: the index decides
+        graph.add_turn([Message(role="user", content=f"other {k}")], Message(role="assistant", content="ok"))
+    plain = graph.add_turn([Message(role="user", content="x")], Message(role="assistant", content="a")).prompt_path[0]
+    parts = graph.add_turn([Message(role="user", content=[Part(text="x")])],
+                           Message(role="assistant", content="b")).prompt_path[0]
+    assert plain == parts  # one message to the graph: the second request reused the node
+    # Stored once more under the same parent as a sibling with parts (a rebuilt index keeps
+    # both); a restatement with parts takes the equal one, a plain one the first.
+    trace = graph.trace
+    trace.nodes.append(trace.nodes[parts].model_copy(update={"message": Message(role="user", content=[Part(text="x")])}))
+    graph = Graph(trace)
+    twin = len(trace.nodes) - 1
+    assert graph._match(None, Message(role="user", content=[Part(text="x")]), None, 0) == twin
+    assert graph._match(None, Message(role="user", content="x"), None, 0) == plain

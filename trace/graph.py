@@ -39,6 +39,11 @@ class TurnNodes:
     choices: list[int] = field(default_factory=list)
 
 
+#: Up to this many children are compared directly with a message whose hash is not yet
+#: known (cheaper than hashing it); beyond it the hash index decides alone.
+FEW_CHILDREN = 4
+
+
 class Graph:
     """An index over ``trace.nodes`` keyed by (parent, message hash).
 
@@ -138,12 +143,15 @@ class Graph:
         """The stored child of ``parent`` that is ``message`` (and, with token ids, carries
         exactly the prompt's tokens at this position), or None.
 
-        Plain equality is tried first: a restated message is usually the very same content,
-        and comparing it costs far less than hashing it, which matters because every turn
-        walks the whole history on the event loop. Only when no child is equal is the
-        canonical hash computed (tool-call arguments restated with other whitespace), and
-        a reply restated without any reasoning is looked up among the sampled replies that
-        had some (see the module docstring).
+        O(1) on average however many children ``parent`` has: a session reused for
+        thousands of independent requests has thousands of roots, and scanning them for
+        every message made each turn linear in the session's age. The (parent, hash) index
+        is asked first; among its candidates an equal message is preferred, so the choice is
+        the one a scan of every child would make (equal messages hash equal). Only a message
+        whose hash is not known yet, among a handful of children, is compared directly first:
+        comparing costs less than hashing a freshly parsed message, and a restated history
+        is usually the very same content. A reply restated without any reasoning is looked
+        up among the sampled replies that had some (see the module docstring).
         """
         nodes = self.trace.nodes
 
@@ -153,11 +161,18 @@ class Graph:
             ids = nodes[cand].token_ids
             return ids is not None and prompt_token_ids[consumed:consumed + len(ids)] == ids
 
-        for cand in self.children.get(parent, ()):
+        if message._hash is None:
+            kids = self.children.get(parent, ())
+            if len(kids) <= FEW_CHILDREN:
+                for cand in kids:
+                    if nodes[cand].message == message and fits(cand):
+                        return cand
+        h = message_hash(message)
+        same = self.index.get((parent, h), ())
+        for cand in same:
             if nodes[cand].message == message and fits(cand):
                 return cand
-        h = message_hash(message)
-        for cand in self.index.get((parent, h), ()):
+        for cand in same:
             if fits(cand):
                 return cand
         if message.role == "assistant" and not message.reasoning:
