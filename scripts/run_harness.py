@@ -50,16 +50,15 @@ import urllib.request
 import warnings
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import urlsplit
+
+from interceptor.client import InterceptorError
+from interceptor.dialects import default_hosts
+from interceptor.client.proxy import (
+    PROXY_VARIABLES, TOKEN_VARIABLE, call, free_port, mitmdump_bin, with_userinfo)
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "addons" / "interception.py"
-DEFAULT_HOSTS = ("api.openai.com", "api.anthropic.com", "chatgpt.com",
-                 "generativelanguage.googleapis.com")  # as interceptor.dialects.default_hosts()
-TOKEN_VARIABLE = "INTERCEPT_ADMIN_TOKEN"
-
-PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy",
-                   "NO_PROXY", "no_proxy")
 # Would send the harness around the proxy, or hand it a credential of its own.
 BYPASS_VARIABLES = ("OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN",
                     "CODEX_BASE_URL")
@@ -97,38 +96,9 @@ class Failure(Exception):
 # -- the proxy ------------------------------------------------------------------------------
 
 
-def control_api(url: str, token: str | None, method: str, path: str, body: Any = None,
-                timeout: float = 15) -> tuple[int, Any]:
-    """One call of the proxy's control API: (status, JSON answer or None)."""
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(f"{url}/_interceptor/{path.lstrip('/')}", data=data, method=method)
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        try:
-            return e.code, json.loads(e.read() or b"null")
-        except ValueError:
-            return e.code, None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def mitmdump_bin() -> str:
-    exe = Path(sys.executable).with_name("mitmdump")
-    found = str(exe) if exe.exists() else shutil.which("mitmdump")
-    if not found:
-        raise Failure("mitmdump not found: run this with the project's Python (.venv/bin/python) "
-                      "or put mitmproxy on PATH")
-    return found
+# One definition each, interceptor.client's (the evaluator's API): the raw control-API call,
+# a free port, the mitmdump to run, the proxy URL with a session's secret.
+control_api = call
 
 
 class Proxy:
@@ -184,7 +154,7 @@ class Proxy:
     def api(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         try:
             return control_api(self.url, self.token, method, path, body)
-        except (urllib.error.URLError, OSError) as e:
+        except (InterceptorError, OSError) as e:
             raise Failure(f"the proxy at {self.url} does not answer: {e}") from e
 
     def stop(self) -> None:
@@ -246,12 +216,6 @@ def session_config(args: argparse.Namespace) -> dict[str, Any]:
         config["upstream"] = {"base_url": args.upstream} if "://" in args.upstream else args.upstream
     config.setdefault("agent", {}).setdefault("command", Path(args.command[0]).name)
     return config
-
-
-def with_userinfo(proxy_url: str, secret: str) -> str:
-    u = urlsplit(proxy_url)
-    netloc = f"session:{quote(secret, safe='')}@{u.hostname}" + (f":{u.port}" if u.port else "")
-    return urlunsplit((u.scheme, netloc, u.path, u.query, u.fragment))
 
 
 def harness_env(session: dict[str, Any], args: argparse.Namespace, home: Path | None,
@@ -529,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.api_key_env and not os.environ.get(args.api_key_env):
                     raise Failure(f"--api-key-env {args.api_key_env}: the variable is not set here, so the "
                                   "upstream would get no key")
-                hosts = [*DEFAULT_HOSTS, *args.host]
+                hosts = [*default_hosts(), *args.host]
                 options = list(args.options)
                 if args.upstream and "://" in args.upstream:
                     options.append(f"intercept_upstream={args.upstream}")  # declares the upstream 'default'
@@ -538,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
                 proxy = Proxy.start(workdir / "proxy", Path(args.trace_dir).resolve(), hosts, options)
             status, created = proxy.api("POST", "sessions", session_config(args))
             if status != 201:
-                message = ((created or {}).get("error") or {}).get("message") or created
+                message = ((created.get("error") or {}).get("message") if isinstance(created, dict) else created) or created
                 raise Failure(f"the proxy refused the session ({status}): {message}")
             session = created
             try:
@@ -572,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             stopped, code = "interrupt", 130
             return code
-        except Failure as e:
+        except (Failure, InterceptorError) as e:  # the client's: no mitmdump, no answer
             print(f"run_harness: {e}", file=sys.stderr)
             return 2
         finally:

@@ -15,7 +15,7 @@ os.environ["INTERCEPT_TEST_STRICT_PACK"] = "1"
 import pytest
 
 from clients import KEY_ENV, REAL_KEY, dead_upstream
-from interceptor.scripts.run_harness import PROXY_VARIABLES
+from interceptor.client.proxy import PROXY_VARIABLES
 from interceptor.trace import Store
 from interceptor.trace import store as store_module
 from mitm import MitmProcess

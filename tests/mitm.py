@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from interceptor.trace.store import UNPACKABLE
-from interceptor.scripts.run_harness import PROXY_VARIABLES, control_api, free_port, mitmdump_bin  # one definition of each
+from interceptor.client.proxy import PROXY_VARIABLES, free_port, mitmdump_bin  # one definition of each
+from interceptor.client.proxy import call as control_api
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "addons" / "interception.py"

@@ -14,7 +14,7 @@ import anthropic
 import openai
 import pytest
 
-from interceptor.scripts.run_harness import free_port
+from interceptor.client.proxy import free_port
 from clients import KEY_ENV, REAL_KEY, session_clients
 from mitm import MitmProcess
 from provider import Reply
