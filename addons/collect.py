@@ -277,7 +277,7 @@ class Collect:
         if flow.response or flow.error or not flow.live:
             return
         ex = exchange_of(flow)
-        if (ex is None or ex.route.kind != "model" or not ex.dialect.collects_tokens or ex.body is None
+        if (ex is None or ex.route.kind != "model" or not ex.wire.collects_tokens or ex.body is None
                 or not ex.session.config.collect_tokens):
             return
         body = ex.body

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from interceptor.addons.retry import Recorded
     from interceptor.addons.session import Session
     from interceptor.addons.tee import StreamTee
+    from interceptor.dialects.translate import Translation
 
 KEY = "interceptor"
 
@@ -61,10 +62,21 @@ class Exchange:
     # Responses' previous_response_id, and whether this session had it (else a new root).
     previous_response_id: str | None = None
     previous_response_unknown: bool = False
+    # The upstream speaks another dialect: the request went out translated (Rewrite), the
+    # answer comes back translated (the pipeline's translate stage). ``translated_digest``
+    # is the sha256 of the body actually sent.
+    translation: Translation | None = None
+    translated_digest: str | None = None
 
     @property
     def dialect(self):
+        """The harness's dialect: what it sent, and what it must get back."""
         return self.route.dialect
+
+    @property
+    def wire(self):
+        """The dialect the upstream reads and answers in: ``body`` is in it."""
+        return self.translation.target if self.translation is not None else self.route.dialect
 
     @property
     def replayed(self) -> bool:

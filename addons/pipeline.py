@@ -8,10 +8,13 @@ built here and nowhere else, innermost first:
    bytes of its terminal event go on;
 2. **strip** (``collect.Collect``): take the token ids and logprobs the proxy asked for out
    of what the harness receives (the assembler above has recorded them);
-3. **hold** (empty for now: response hooks, for the sessions that have them), after strip and
+3. **translate** (``translate.Translate``): for a session whose upstream speaks another
+   dialect, the answer in the harness's own, event by event (after strip, so the token
+   fields the proxy asked for never reach the translation);
+4. **hold** (empty for now: response hooks, for the sessions that have them), after strip and
    before capture, so a hook sees what the harness would and a replay repeats what the hook
    let through;
-4. **capture** (``retry.Retry``): keep the bytes the harness is sent, for a replay.
+5. **capture** (``retry.Retry``): keep the bytes the harness is sent, for a replay.
 
 A JSON answer takes the same stages in the same order in ``response``, a broken one in
 ``error``. The order is the ``Pipeline`` constructor's, not the order of the script's addon
@@ -52,10 +55,11 @@ class Stage(Protocol):
 
 
 class Pipeline:
-    def __init__(self, assemble: Stage, strip: Stage | None = None, hold: Stage | None = None,
-                 capture: Stage | None = None) -> None:
+    def __init__(self, assemble: Stage, strip: Stage | None = None, translate: Stage | None = None,
+                 hold: Stage | None = None, capture: Stage | None = None) -> None:
         # The order of the chain is this line.
-        self.stages: tuple[Stage, ...] = tuple(s for s in (assemble, strip, hold, capture) if s is not None)
+        self.stages: tuple[Stage, ...] = tuple(s for s in (assemble, strip, translate, hold, capture)
+                                               if s is not None)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         if flow.response is None:

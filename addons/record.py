@@ -26,7 +26,7 @@ def effective_sampling(ex: Exchange) -> Sampling:
     if ex.body is None:
         return Sampling()
     try:
-        return ex.dialect.sampling(ex.body)
+        return ex.wire.sampling(ex.body)
     except Exception:  # the body was forwarded; a record without sampling beats no record
         return Sampling()
 
@@ -41,7 +41,7 @@ def make_call(ex: Exchange, flow: http.HTTPFlow, response: Response | None, erro
         id=ex.call_id or uuid.uuid4().hex[:16],
         dialect=ex.dialect.name,
         endpoint=endpoint(flow),
-        model=(response.model if response and response.model else None) or ex.dialect.requested_model(ex.body, flow.request.path),
+        model=(response.model if response and response.model else None) or ex.wire.requested_model(ex.body, flow.request.path),
         requested_model=ex.requested_model,
         stream=ex.stream,
         sampling=effective_sampling(ex),
@@ -56,6 +56,8 @@ def make_call(ex: Exchange, flow: http.HTTPFlow, response: Response | None, erro
         error=error,
         previous_response_id=ex.previous_response_id,
         previous_response_unknown=ex.previous_response_unknown,
+        upstream_dialect=ex.wire.name if ex.translation is not None else None,
+        translated_digest=ex.translated_digest,
     )
 
 

@@ -10,6 +10,8 @@ environment, is set; neither ever reaches a record or a log.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from interceptor.addons.exchange import Exchange, Step, exchange_of
 from interceptor.addons.session import SessionConfig
 from interceptor.dialects.base import Dialect, Override
 from interceptor.dialects.body import parse_body
+from interceptor.dialects.translate import Translation, translation
 from interceptor.trace.messages import Request
 
 log = logging.getLogger(__name__)
@@ -54,6 +57,8 @@ class Prepared:
     content: bytes | None = None  # the new body, when something changed
     requested_model: str | None = None  # as the harness sent it
     refusal: str | None = None
+    stream: bool = False  # the harness asked for a stream
+    source: dict[str, Any] | None = None  # the harness's body, when ``body`` is its translation
 
 
 # No model API takes JSON nested this deep, and deeper values break recursive code further on
@@ -74,7 +79,8 @@ def _depth(text: str) -> int:
     return deepest
 
 
-def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path: str = "") -> Prepared:
+def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path: str = "",
+            translated: Translation | None = None) -> Prepared:
     """Parse, understand and rewrite one request body. Pure, so that a large body can be
     handled in a worker thread while the event loop keeps serving other sessions. A changed
     body is spliced: only the top-level keys an override names are written anew, the
@@ -85,9 +91,14 @@ def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path
     A body nested deeper than Python's recursion limit (a 3 KB body can be) or one that is
     not UTF-8 (JSON text must be, RFC 8259 section 8.1; Python's decoder lets lone surrogate
     bytes through, and they cannot be written again) is bad input, refused as such; any other
-    exception is the Gate's to answer (addons/gate.py)."""
+    exception is the Gate's to answer (addons/gate.py).
+
+    With ``translated`` the canonical request is read from the harness's body, which is then
+    translated into the upstream's dialect (what cannot be carried over is an override with
+    reason ``translation``) and the session's settings are imposed on the translation, by the
+    upstream's rules: ``body`` and ``content`` are what the upstream gets."""
     try:
-        return _prepare(raw, dialect, kind, config, path)
+        return _prepare(raw, dialect, kind, config, path, translated)
     except RecursionError:
         return Prepared(refusal="request body is nested too deeply to be read; no model API "
                                 "accepts JSON nested hundreds of levels deep")
@@ -95,7 +106,8 @@ def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path
         return Prepared(refusal=f"request body is not valid UTF-8 JSON: {e.reason} at byte {e.start}")
 
 
-def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path: str) -> Prepared:
+def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path: str,
+             translated: Translation | None) -> Prepared:
     try:
         parsed = parse_body(raw)
     except ValueError as e:
@@ -107,6 +119,7 @@ def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, pat
                                        for a, b in parsed.spans.values()):
         raise RecursionError  # answered by prepare, as a body too deep to parse is
     out = Prepared(body=body, requested_model=dialect.requested_model(body, path))
+    out.stream = dialect.is_stream(body, path)
     if kind == "model":
         try:
             out.request = dialect.parse_request(body)
@@ -115,11 +128,27 @@ def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, pat
         except Exception as e:  # a shape the dialect does not know: refuse rather than record wrong
             log.warning(f"interceptor: {dialect.name} request not understood: {type(e).__name__}: {e}")
             return Prepared(refusal=f"request not understood by the {dialect.name} dialect: {e}")
+        if translated is not None:
+            return _translate(out, translated, config)
         out.overrides = dialect.apply_overrides(body, config.model, config.sampling, config.sampling_mode)
     else:
         out.overrides = dialect.side_overrides(body, config.model)
     if out.overrides:
         out.content = parsed.encode({o.key.split(".", 1)[0] for o in out.overrides})
+    return out
+
+
+def _translate(out: Prepared, translated: Translation, config: SessionConfig) -> Prepared:
+    source = out.body
+    try:
+        target, lost = translated.request(source)
+    except Exception as e:  # a shape the translation does not know: refuse, forward nothing
+        log.warning(f"interceptor: {translated.source.name} request not translatable: {type(e).__name__}: {e}")
+        return Prepared(refusal=f"request could not be translated into {translated.target.name}: {e}")
+    out.source, out.body = source, target
+    out.overrides = lost + translated.target.apply_overrides(target, config.model, config.sampling,
+                                                              config.sampling_mode)
+    out.content = json.dumps(target, ensure_ascii=False, separators=(",", ":")).encode()
     return out
 
 
@@ -132,12 +161,15 @@ class Rewrite:
             return
         upstream = ex.session.upstream
         if upstream and upstream.dialect and upstream.dialect != ex.dialect.name:
-            # Translation between dialects is not built yet: forwarding would send a body the
-            # upstream cannot read, with the key.
-            refuse(flow, error_response(ex.dialect, 400,
-                                        f"the session's upstream {upstream.name!r} speaks {upstream.dialect}, "
-                                        f"this request is {ex.dialect.name}; nothing was forwarded"))
-            return
+            ex.translation = translation(ex.dialect.name, upstream.dialect)
+            if ex.translation is None or ex.route.kind != "model":
+                # Forwarding would send a body the upstream cannot read, with the key.
+                what = ("the proxy does not translate between them" if ex.translation is None
+                        else "only model calls are translated")
+                refuse(flow, error_response(ex.dialect, 400 if ex.translation is None else 404,
+                                            f"the session's upstream {upstream.name!r} speaks {upstream.dialect}, "
+                                            f"this request is {ex.dialect.name} and {what}; nothing was forwarded"))
+                return
         path, override = ex.dialect.path_with_model(flow.request.path, ex.session.config.model)
         if flow.request.method == "POST" and not await self._rewrite_body(flow, ex):
             return
@@ -153,21 +185,25 @@ class Rewrite:
     async def _rewrite_body(self, flow: http.HTTPFlow, ex: Exchange) -> bool:
         raw = flow.request.get_content(strict=False) or b""
         ex.raw_body = raw
-        args = (raw, ex.dialect, ex.route.kind, ex.session.config, flow.request.path)
+        args = (raw, ex.dialect, ex.route.kind, ex.session.config, flow.request.path, ex.translation)
         prepared = await asyncio.to_thread(prepare, *args) if len(raw) > OFF_LOOP else prepare(*args)
         if prepared.refusal is not None:
             refuse(flow, error_response(ex.dialect, 400, prepared.refusal))
             return False
         ex.request = prepared.request
-        previous = ex.dialect.previous_response(prepared.body) if prepared.request is not None else None
+        source = prepared.source if prepared.source is not None else prepared.body
+        previous = ex.dialect.previous_response(source) if prepared.request is not None else None
         if previous is not None:
-            self._chain(ex, prepared.body, previous)
+            self._chain(ex, source, previous)
         ex.overrides = prepared.overrides
         ex.body = prepared.body
-        ex.stream = ex.dialect.is_stream(prepared.body, flow.request.path)
+        ex.stream = prepared.stream
         ex.requested_model = prepared.requested_model
         if prepared.content is not None:
             flow.request.content = prepared.content
+        if ex.translation is not None:
+            self._translated(flow, ex)
+            return True
         for change in ex.dialect.header_changes(prepared.body, ex.overrides, flow.request.headers):
             name = change.key.removeprefix("header:")
             if change.new is None:
@@ -176,6 +212,17 @@ class Rewrite:
                 flow.request.headers[name] = change.new
             ex.overrides.append(change)
         return True
+
+    def _translated(self, flow: http.HTTPFlow, ex: Exchange) -> None:
+        """The translated body goes to the upstream's own route, with its headers."""
+        tr = ex.translation
+        ex.translated_digest = hashlib.sha256(flow.request.content or b"").hexdigest()
+        flow.request.path = tr.path
+        for name in tr.source_headers:
+            flow.request.headers.pop(name, None)
+        flow.request.headers["content-type"] = "application/json"
+        # Plain bytes back: the answer is cut into events and translated as it passes.
+        flow.request.headers["accept-encoding"] = "identity"
 
     def _chain(self, ex: Exchange, body: dict[str, Any], previous: str) -> None:
         """A Responses request continuing a stored answer sends only its new input: its
@@ -194,7 +241,9 @@ class Rewrite:
 
     def _swap_credential(self, flow: http.HTTPFlow, ex: Exchange) -> None:
         flow.request.headers.pop("proxy-authorization", None)
-        ex.dialect.put_key(flow.request.headers, flow.request.query, ex.session.upstream_key())
+        if ex.wire is not ex.dialect:  # the harness's credential headers go too
+            ex.dialect.put_key(flow.request.headers, flow.request.query, None)
+        ex.wire.put_key(flow.request.headers, flow.request.query, ex.session.upstream_key())
 
     def _route(self, flow: http.HTTPFlow, ex: Exchange) -> None:
         base = ex.session.upstream.base_url if ex.session.upstream else None
@@ -206,6 +255,6 @@ class Rewrite:
         flow.request.scheme = scheme
         flow.request.host = u.hostname
         flow.request.port = port
-        flow.request.path = ex.dialect.upstream_path(u.path, flow.request.path)
+        flow.request.path = ex.wire.upstream_path(u.path, flow.request.path)
         default_port = (scheme == "https" and port == 443) or (scheme == "http" and port == 80)
         flow.request.host_header = u.hostname if default_port else f"{u.hostname}:{port}"

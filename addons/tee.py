@@ -22,6 +22,7 @@ from mitmproxy import http
 from interceptor.addons.exchange import Exchange, exchange_of
 from interceptor.addons.pipeline import Pipeline, Stage
 from interceptor.addons.record import commit
+from interceptor.addons.translate import Translate
 from interceptor.dialects.base import Frames
 from interceptor.dialects.encoding import Decoder
 from interceptor.trace.messages import ResponseError
@@ -37,7 +38,8 @@ class StreamTee:
         self.flow = flow
         self.decoder = Decoder.for_encoding(content_encoding)
         self.sse = frames
-        self.assembler = ex.dialect.assembler()
+        # A translated answer is assembled from the upstream's events, recorded as the harness gets it.
+        self.assembler = ex.translation.assembler() if ex.translation is not None else ex.dialect.assembler()
         self.failed = False
 
     def __call__(self, chunk: bytes) -> bytes:
@@ -86,7 +88,7 @@ class Assemble:
             return stream
         ex.first_byte_at = time.time()
         ctype = flow.response.headers.get("content-type", "")
-        frames = ex.dialect.frames(flow.response.status_code, ctype, ex.stream)
+        frames = ex.wire.frames(flow.response.status_code, ctype, ex.stream)
         if frames is not None:
             encoding = flow.response.headers.get("content-encoding", "identity")
             try:
@@ -111,13 +113,15 @@ class Assemble:
         except ValueError:
             pass
         if status != 200:
-            commit(ex, flow, None, ex.dialect.response_error(status, body))
+            commit(ex, flow, None, ex.wire.response_error(status, body))
             return
         if not isinstance(body, dict):
             commit(ex, flow, None, ResponseError(type="invalid_response", message="a 200 answer that is not a JSON object", status=status))
             return
         try:
-            response = ex.dialect.parse_response(body)
+            response = ex.wire.parse_response(body)
+            if ex.translation is not None and response.error is None:
+                response = ex.translation.recorded(body, response)
         except Exception as e:
             commit(ex, flow, None, ResponseError(type="invalid_response", message=f"{type(e).__name__}: {e}", status=status))
             return
@@ -137,10 +141,11 @@ class Assemble:
 class Tee:
     """The addon that carries an answer back to the harness: the stream pipeline
     (``addons/pipeline.py``), this module's ``Assemble`` first, then the stages given (in the
-    script: Collect's strip, Retry's capture)."""
+    script: Collect's strip, Retry's capture) around the answer's translation (``Translate``,
+    which has no request hooks: Rewrite translates the request)."""
 
     def __init__(self, strip: Stage | None = None, capture: Stage | None = None) -> None:
-        self.pipeline = Pipeline(Assemble(), strip=strip, capture=capture)
+        self.pipeline = Pipeline(Assemble(), strip=strip, translate=Translate(), capture=capture)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         self.pipeline.responseheaders(flow)

@@ -38,7 +38,8 @@ class Upstream(BaseModel):
     base_url: str | None = None
     api_key_env: str | None = None
     # The wire format the upstream speaks; None: whatever the harness speaks. A request in
-    # another dialect is refused until the proxy can translate it (see Rewrite).
+    # another dialect is translated into it (interceptor.dialects.translate) or, for a pair
+    # the proxy does not translate, refused (see Rewrite).
     dialect: str | None = None
 
     @field_validator("name")
@@ -73,6 +74,13 @@ class Upstream(BaseModel):
         if v is not None and v not in DIALECTS:
             raise ValueError(f"dialect must be one of {', '.join(sorted(DIALECTS))}, got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _dialect_needs_url(self) -> "Upstream":
+        if self.dialect is not None and self.base_url is None:
+            raise ValueError("an upstream with a dialect needs its base_url: a harness's own provider host "
+                             "speaks the harness's dialect")
+        return self
 
     def key(self) -> str | None:
         """The real key, from the proxy's environment, at the moment it is sent."""

@@ -4,6 +4,7 @@ session's; its settings and telemetry calls answered locally, never forwarded.""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -133,3 +134,43 @@ def test_claude_code_against_strict_mode(hproxy, sim, claude, tmp_path, name):
         # ... and its model refuses both sampling parameters.
         assert all("temperature" not in b and "top_p" not in b for b in bodies)
         assert all(not any(e.startswith("clear_thinking") for e in _edits(b)) for b in bodies)
+
+
+def test_claude_code_on_a_chat_upstream_in_vllm_mode(sim, claude, tmp_path):
+    """Issue 15: Claude Code (thinking on, its Bash tool) trained against an OpenAI-compatible
+    server: the proxy translates Messages to Chat Completions and back, the simulator (vLLM
+    mode) sees only Chat, and the trace's branch is the upstream's own token ids."""
+    from harness import KEY_ENV, REAL_KEY, HOSTS, MitmProcess
+    from test_trace_proxy import FakeVLLM
+
+    sim.strict = False  # vLLM takes return_token_ids and logprobs; OpenAI's strict rules would refuse them
+    upstreams = json.dumps({"vllm": {"base_url": sim.url("/v1"), "api_key_env": KEY_ENV, "dialect": "chat"}})
+    # Arguments as vLLM's tool parsers write them (json.dumps' spacing), which is also how the
+    # proxy writes a restated call back: the next prompt renders the same tokens, one branch.
+    arguments = json.dumps({"command": f"echo {TOOL_OUTPUT}", "description": "Print"})
+    replies = [Reply(reasoning="The user wants a command run.", tool_calls=[ToolCall(name="Bash", arguments=arguments)]),
+               Reply(reasoning="It printed.", text=["The answer is ", FINAL])]
+    vllm = sim.default = FakeVLLM(replies)
+    sid = f"claude-vllm-{uuid.uuid4().hex[:8]}"
+    with MitmProcess(options={"intercept_upstreams": upstreams, "intercept_hosts": HOSTS},
+                     env={KEY_ENV: REAL_KEY}) as proxy:
+        session = {"model": "policy", "sampling": {"max_tokens": 2048, "temperature": 0.7}, "collect_tokens": True}
+        result = run_harness(proxy, sim, claude, sid=sid, cwd=tmp_path / "work", session=session)
+        check_ran(result)
+        trace = trace_of(proxy, sid)
+    assert {(r.method, r.route) for r in sim.requests} == {("POST", "chat")}  # only Chat reached it
+    bodies = [r.json for r in sim.model_requests()]
+    assert all(b["model"] == "policy" and b["temperature"] == 0.7 and b["return_token_ids"] is True for b in bodies)
+    assert bodies[1]["messages"][-1]["role"] == "tool" and TOOL_OUTPUT in json.dumps(bodies[1]["messages"][-1])
+    check_task_trace(trace, turns=2, tool="Bash")
+    assert all(c.dialect == "anthropic" and c.upstream_dialect == "chat" for c in trace.calls)
+    assert all(any(o.reason == "translation" and o.key == "thinking" for o in c.overrides) for c in trace.calls)
+    [branch] = trace.branches
+    prompt, completion, logprobs = vllm.sent[-1]
+    assert branch.token_ids == prompt + completion  # the last call's prompt + completion ids
+    assert len(branch.sampled_mask) == len(branch.logprobs) == len(branch.token_ids)
+    assert branch.sampled_mask[len(prompt):] == [True] * len(completion)
+    assert branch.logprobs[len(prompt):] == logprobs
+    # the thinking on the trace is the upstream's reasoning
+    thoughts = [r.text for m in branch.messages if m.role == "assistant" for r in m.reasoning]
+    assert thoughts == ["The user wants a command run.", "It printed."]

@@ -288,7 +288,10 @@ def render(messages: list[dict]) -> list[int]:
     ids: list[int] = []
     for m in messages:
         ids.append(ROLE_IDS[m["role"]])
-        for text in (m.get("reasoning_content"), m.get("content")):
+        content = m.get("content")
+        if isinstance(content, list):  # text parts render as their text, as vLLM joins them
+            content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+        for text in (m.get("reasoning_content"), content):
             if isinstance(text, str):
                 ids += sim_tokens.ids(sim_tokens.split(text))
         for call in m.get("tool_calls") or []:
@@ -309,6 +312,23 @@ class FakeVLLM:
         pieces = Turn(record.json, reply, default_model="m").all_pieces()
         self.sent.append((reply.prompt_token_ids, [p.token_id for p in pieces], [p.logprob for p in pieces]))
         return reply
+
+
+def check_branch_tokens(trace, vllm: FakeVLLM) -> None:
+    """The branch invariant: each branch's token ids are its last call's prompt + completion
+    ids as the upstream sent them; the mask is true exactly on every reply of the path, where
+    its own call put it, with its logprobs (0.0 elsewhere)."""
+    sent = {c.id: vllm.sent[k] for k, c in enumerate(trace.calls)}
+    for b in trace.branches:
+        prompt, completion, _ = sent[b.calls[-1]]
+        assert b.token_ids == prompt + completion
+        mask, lps = [False] * len(b.token_ids), [0.0] * len(b.token_ids)
+        for call_id in b.calls:
+            start, ids, values = len(sent[call_id][0]), sent[call_id][1], sent[call_id][2]
+            assert b.token_ids[start:start + len(ids)] == ids
+            mask[start:start + len(ids)] = [True] * len(ids)
+            lps[start:start + len(ids)] = values
+        assert b.sampled_mask == mask and b.logprobs == lps
 
 
 def assert_no_training_fields(seen: list[dict], *, logprobs_kept: bool = False):
@@ -336,18 +356,7 @@ def test_training_fields_from_vllm_align_and_never_reach_the_harness(session, mp
     trace = sealed_trace(mproxy, s)
     assert trace.num_turns == 4
     assert len(trace.branches) == 2  # at the reasoning turn, as the tokens say
-    sent = {c.id: vllm.sent[k] for k, c in enumerate(trace.calls)}
-    for b in trace.branches:
-        prompt, completion, _ = sent[b.calls[-1]]
-        assert b.token_ids == prompt + completion  # the last call's prompt + completion
-        # sampled: exactly each reply on the path, where its own call put it, with its logprobs
-        mask, lps = [False] * len(b.token_ids), [0.0] * len(b.token_ids)
-        for call_id in b.calls:
-            start, ids, values = len(sent[call_id][0]), sent[call_id][1], sent[call_id][2]
-            assert b.token_ids[start:start + len(ids)] == ids
-            mask[start:start + len(ids)] = [True] * len(ids)
-            lps[start:start + len(ids)] = values
-        assert b.sampled_mask == mask and b.logprobs == lps
+    check_branch_tokens(trace, vllm)
     for call, (prompt, completion, _) in zip(trace.calls, vllm.sent):
         assert {o.key: (o.new, o.reason) for o in call.overrides
                 if o.reason == "collect_tokens"} == {"return_token_ids": (True, "collect_tokens"),

@@ -73,7 +73,7 @@ def test_an_upstream_of_another_dialect_refuses_rather_than_forwards(start_proxy
 
     with pytest.raises(openai.BadRequestError) as e:
         oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-    assert "speaks anthropic" in str(e.value)
+    assert "speaks anthropic" in str(e.value) and "does not translate" in str(e.value)
     assert sim.requests == []
 
 

@@ -132,6 +132,12 @@ class ModelCall(_Model):
     # session never recorded it, so the turn starts a new root from its own input.
     previous_response_id: str | None = None
     previous_response_unknown: bool = False
+    # The upstream speaks another dialect than the harness (``dialect``): the request was
+    # translated into ``upstream_dialect`` and sent as the body whose sha256 is
+    # ``translated_digest``; ``sampling`` is what that body set, ``overrides`` include what
+    # the translation could not carry (reason ``translation``).
+    upstream_dialect: str | None = None
+    translated_digest: str | None = None
 
     @property
     def duration(self) -> float | None:

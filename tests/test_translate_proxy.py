@@ -1,0 +1,157 @@
+"""A Messages harness (the real anthropic SDK) on a Chat Completions upstream, through a real
+mitmdump: the upstream gets only Chat, the SDK parses every translated answer (JSON, stream,
+tool calls, 429 with its retry headers, 400, a cut stream), and with ``collect_tokens`` the
+trace's branches carry the upstream's token ids exactly."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import anthropic
+import pytest
+
+from clients import KEY_ENV, REAL_KEY, session_clients
+from provider import Reply, ToolCall
+from provider import strict
+from interceptor.dialects import ANTHROPIC
+from interceptor.dialects.sse import SSEDecoder
+from test_trace_proxy import FakeVLLM, check_branch_tokens, sealed_trace
+
+TOOLS = [{"name": "bash", "description": "Run a command", "input_schema": {
+    "type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}]
+VLLM_KEYS = ("return_token_ids", "logprobs")  # what collect_tokens adds (vLLM's, not OpenAI's)
+
+
+@pytest.fixture
+def chat_session(start_proxy, sim, harness_env):
+    """``chat_session(**config)``: a proxy whose upstream ``vllm`` speaks Chat, and a session
+    on it with its environment applied."""
+    upstreams = json.dumps({"vllm": {"base_url": sim.url("/v1"), "api_key_env": KEY_ENV, "dialect": "chat"}})
+    proxy = start_proxy({"intercept_upstreams": upstreams})
+
+    def make(**config):
+        s = proxy.create_session(upstream="vllm", **config)
+        harness_env(s["env"])
+        return proxy, s
+
+    return make
+
+
+def only_chat(sim) -> None:
+    for r in sim.requests:
+        assert (r.method, r.route_path) == ("POST", "/v1/chat/completions"), r.path
+        assert r.headers["authorization"] == f"Bearer {REAL_KEY}"
+        assert "x-api-key" not in r.headers and "anthropic-version" not in r.headers
+        assert strict.check_chat({k: v for k, v in r.json.items() if k not in VLLM_KEYS}, set()) is None
+
+
+def test_json_and_stream_answers_with_tool_calls(chat_session, sim):
+    proxy, s = chat_session(model="policy")
+    _, client = session_clients(s)
+    sim.script(Reply(reasoning="Let me look.", tool_calls=[ToolCall(name="bash", arguments={"cmd": "ls"})]),
+               Reply(reasoning="Done.", text="It has two files."))
+    messages = [{"role": "user", "content": "What is here?"}]
+    first = client.messages.create(model="claude-x", max_tokens=200, system="Be brief.", messages=messages,
+                                   tools=TOOLS, thinking={"type": "enabled", "budget_tokens": 1024})
+    assert [b.type for b in first.content] == ["thinking", "tool_use"] and first.stop_reason == "tool_use"
+    call = first.content[1]
+    assert (call.name, call.input, first.content[0].thinking) == ("bash", {"cmd": "ls"}, "Let me look.")
+    messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "a b"}]}]
+    with client.messages.stream(model="claude-x", max_tokens=200, system="Be brief.", messages=messages,
+                                tools=TOOLS, thinking={"type": "enabled", "budget_tokens": 1024}) as stream:
+        kinds = [e.type for e in stream]
+        second = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert [b.type for b in second.content] == ["thinking", "text"] and second.content[1].text == "It has two files."
+    assert second.stop_reason == "end_turn" and second.usage.output_tokens > 0
+    only_chat(sim)
+    bodies = [r.json for r in sim.requests]
+    assert bodies[0]["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert bodies[1]["messages"][-1] == {"role": "tool", "tool_call_id": call.id, "content": "a b"}
+    assert bodies[1]["messages"][-2]["tool_calls"][0]["id"] == call.id  # ids kept both ways
+    assert bodies[1]["messages"][-2]["reasoning_content"] == "Let me look."
+    assert bodies[1]["stream"] is True and bodies[1]["stream_options"] == {"include_usage": True}
+    trace = sealed_trace(proxy, s)
+    assert trace.num_turns == 2 and len(trace.branches) == 1  # the restated turn is the recorded one
+    for c, r in zip(trace.calls, sim.requests):
+        assert (c.dialect, c.upstream_dialect, c.endpoint) == ("anthropic", "chat", "/v1/chat/completions")
+        assert c.translated_digest == hashlib.sha256(r.body).hexdigest()
+        assert ("thinking", "translation") in {(o.key, o.reason) for o in c.overrides}
+        assert c.sampling.max_tokens == 200 and c.model == "policy"
+    leaf = trace.branches[0].messages
+    assert leaf[0].role == "system" and leaf[-1].reasoning[0].text == "Done."  # as the harness sent it
+    assert leaf[-1].text() == "It has two files."
+
+
+def test_errors_keep_status_and_retry_headers_in_anthropic_shape(chat_session, sim):
+    proxy, s = chat_session()
+    _, client = session_clients(s)
+    sim.script(Reply(status=429, retry_after=7, error_message="Rate limit reached"),
+               Reply(status=400, error_message="messages: bad"))
+    with pytest.raises(anthropic.RateLimitError) as e:
+        client.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
+    assert e.value.response.headers["retry-after"] == "7"
+    assert e.value.body == {"type": "error", "error": {"type": "rate_limit_error", "message": "Rate limit reached"}}
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert e.value.body["error"] == {"type": "invalid_request_error", "message": "messages: bad"}
+    trace = sealed_trace(proxy, s)
+    assert [c.status for c in trace.calls] == [429, 400] and trace.num_turns == 0
+    assert trace.calls[0].error.message == "Rate limit reached"
+
+
+def test_a_cut_stream_fails_in_the_sdk_and_records_no_turn(chat_session, sim):
+    proxy, s = chat_session()
+    _, client = session_clients(s)
+    sim.script(Reply(text="one two three four five six", cut_after=3))
+    seen = []
+    with pytest.raises(Exception) as e:  # the SDK's transport says the body was cut, as from Anthropic
+        with client.messages.stream(model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}]) as st:
+            seen += [event.type for event in st]
+    assert "incomplete chunked read" in str(e.value) or isinstance(e.value, anthropic.APIError)
+    assert "message_stop" not in seen
+    trace = sealed_trace(proxy, s)
+    assert trace.num_turns == 0 and trace.calls[0].error.type == "incomplete_stream"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_token_ids_of_a_translated_session_are_the_upstreams(chat_session, sim, stream):
+    """collect_tokens on a Messages harness: the Chat upstream is asked for token ids, the
+    harness never sees them, every branch is the last call's prompt + completion ids."""
+    sim.strict = False  # vLLM's keys are not OpenAI's
+    proxy, s = chat_session(model="policy", collect_tokens=True)
+    _, client = session_clients(s)
+    replies = [Reply(reasoning="Step one.", tool_calls=[ToolCall(name="bash", arguments={"cmd": "ls"})]),
+               Reply(reasoning="Step two.", tool_calls=[ToolCall(name="bash", arguments={"cmd": "pwd"})]),
+               Reply(text="All done.")]
+    vllm = sim.default = FakeVLLM(replies)
+    messages = [{"role": "user", "content": "Look around."}]
+    raw = []
+    for _ in replies:
+        kw = dict(model="m", max_tokens=300, system="You are terse.", messages=messages, tools=TOOLS)
+        if stream:
+            with client.messages.with_streaming_response.create(**kw, stream=True) as response:
+                raw.append(response.read())
+            asm = ANTHROPIC.assembler()
+            decoder = SSEDecoder()
+            for event in decoder.feed(raw[-1]) + decoder.flush():
+                asm.feed(event)
+            assert asm.done
+            content = asm.native()["content"]
+        else:
+            reply = client.messages.with_raw_response.create(**kw)
+            raw.append(reply.http_response.content)
+            content = [b.model_dump(exclude_none=True) for b in reply.parse().content]
+        messages.append({"role": "assistant", "content": content})
+        uses = [b for b in content if b["type"] == "tool_use"]
+        if uses:
+            messages.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": u["id"], "content": "ok"} for u in uses]})
+    assert all(b"token_ids" not in r and b"logprob" not in r for r in raw)
+    for r in sim.model_requests():
+        assert r.json["return_token_ids"] is True and r.json["logprobs"] is True
+    trace = sealed_trace(proxy, s)
+    assert trace.num_turns == len(sim.model_requests())
+    check_branch_tokens(trace, vllm)
