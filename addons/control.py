@@ -3,6 +3,8 @@
 An orchestrator creates a session per rollout, hands the returned environment to the
 harness, and deletes the session when the rollout ends (which seals the trace). Everything
 but ``health`` needs ``Authorization: Bearer <admin token>``; a wrong token changes nothing.
+The tool servers' routes (``task``, ``state``: addons/state.py) take the session's state
+secret instead, and nothing else.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pydantic import ValidationError
 from interceptor.addons.answers import json_response
 from interceptor.addons.session import Registry, SealConfig, SessionConfig
 from interceptor.addons.settings import Settings
+from interceptor.addons.state import TOOL_SERVER_ROUTES, StateRoutes
 from interceptor.addons.upstream import format_validation_error
 from interceptor.trace import read_trace
 
@@ -66,6 +69,7 @@ class Control:
     def __init__(self, registry: Registry, settings: Settings) -> None:
         self.registry = registry
         self.settings = settings
+        self.state_routes = StateRoutes(registry, settings)
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if is_control(flow):
@@ -109,10 +113,12 @@ class Control:
             if not self.settings.ready:  # the servers are still binding: the env would name no port
                 return json_response(503, {"ok": False, "starting": True}, retry=True)
             return self._health()
+        if len(parts) == 1 and parts[0] in TOOL_SERVER_ROUTES:  # the state secret's, not the admin's
+            return self.state_routes.handle(flow, parts[0])
         if not self._authorized(flow):
             where = self.settings.token_path or "the proxy's INTERCEPT_ADMIN_TOKEN"
             return _error(401, f"missing or wrong admin token: send Authorization: Bearer <token from {where}>")
-        if parts[0] != "sessions" or len(parts) > 3 or (len(parts) == 3 and parts[2] != "env"):
+        if parts[0] != "sessions" or len(parts) > 3 or (len(parts) == 3 and parts[2] not in ("env", "state")):
             return _error(404, f"no such endpoint: {req.method} {req.path}")
         if len(parts) == 1:
             if req.method == "POST":
@@ -128,6 +134,8 @@ class Control:
             if path is not None:
                 return _error(410, f"session {parts[1]!r} is sealed and no longer in memory; its trace is {path}")
             return _error(404, f"no session {parts[1]!r}")
+        if len(parts) == 3 and parts[2] == "state":  # the orchestrator seeds or scores the state
+            return self.state_routes.state(session, req, by="admin")
         if len(parts) == 3:
             if req.method != "GET":
                 return _error(405, "use GET on a session's env")

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator, model_validator
 
+from interceptor.addons.state import TaskState
 from interceptor.addons.upstream import Upstream, UpstreamRef
 from interceptor.trace import Recorder, Store
 from interceptor.trace.messages import Sampling
@@ -44,6 +45,16 @@ class SessionConfig(BaseModel):
     task: dict[str, Any] = Field(default_factory=dict)
     agent: dict[str, Any] = Field(default_factory=dict)
     info: dict[str, Any] = Field(default_factory=dict)
+    # The task state tool servers share (addons/state.py): its initial value (version 0), and
+    # a JSON Schema every accepted write must satisfy (the initial value too).
+    state: dict[str, Any] | None = None
+    state_schema: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _state(self) -> SessionConfig:
+        if self.state is not None or self.state_schema is not None:
+            TaskState.initial(self.state, self.state_schema)  # ValueError: a 400 naming why
+        return self
 
     @field_validator("id")
     @classmethod
@@ -88,6 +99,8 @@ class Session:
     state: dict[str, Any] = field(default_factory=dict)
     tls_rejections: int = 0  # handshakes the harness refused: it does not trust the CA (TlsGuard)
     oversized: int = 0  # requests refused unread for their size (BodyCap); never recorded otherwise
+    # What tool servers read and write with the state secret (addons/state.py).
+    task_state: TaskState = field(default_factory=lambda: TaskState.initial(None, None))
 
     @property
     def trace_path(self) -> Path:
@@ -115,6 +128,7 @@ class Session:
         """After the seal: keep the summary, drop the graph and every addon's state."""
         self.recorder.release()
         self.state.clear()
+        self.task_state = TaskState.initial(None, None)  # its history is on the record
 
     def summary(self) -> dict[str, Any]:
         s = self.recorder.summary()
@@ -122,6 +136,7 @@ class Session:
         s["trace_path"] = str(self.trace_path)
         s["tls_rejections"] = self.tls_rejections
         s["oversized_requests"] = self.oversized
+        s["state_version"] = self.recorder.trace.state_version  # kept by a released trace too
         return s
 
 
@@ -163,13 +178,17 @@ class Registry:
                                   "api_key_env": upstream.api_key_env, "dialect": upstream.dialect}
                                  if upstream else None),
                     "collect_tokens": config.collect_tokens,
+                    **({"state_schema": config.state_schema} if config.state_schema is not None else {}),
                 },
                 "task": config.task,
                 "agent": config.agent,
                 "info": config.info,
             }
             recorder = Recorder(path, header, store=self.store, fsync=fsync)
-            session = Session(sid, config, new_secret("m"), new_secret("s"), recorder, upstream)
+            session = Session(sid, config, new_secret("m"), new_secret("s"), recorder, upstream,
+                              task_state=TaskState.initial(config.state, config.state_schema))
+            if config.state:
+                recorder.record_state(session.task_state.record("config", "init"))
             self._by_id[sid] = session
             self._by_model_secret[session.model_secret] = session
             self._by_state_secret[session.state_secret] = session

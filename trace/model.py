@@ -146,6 +146,28 @@ class ModelCall(_Model):
         return self.ended_at - self.started_at
 
 
+class StateWrite(_Model):
+    """One accepted write of the task state that tool servers share through the proxy
+    (``/_interceptor/state``): the version it made, who wrote it (``tool``: a tool server with
+    the state secret; ``admin``: the orchestrator; ``config``: the session's initial state,
+    version 0), how (``put`` whole, ``patch`` RFC 7396, ``init``), the size and digest of the
+    whole state after it, and that state itself when it is at most ``STATE_VALUE_MAX`` bytes
+    (``value_omitted`` otherwise: the digest still says what it was)."""
+
+    version: int
+    by: Literal["tool", "admin", "config"] = "tool"
+    op: Literal["put", "patch", "init"] = "put"
+    size: int = 0
+    digest: str = ""
+    value: Any = None
+    value_omitted: bool = False
+    at: float = 0.0
+
+
+# A state larger than this is recorded by size and digest only (README "Task state").
+STATE_VALUE_MAX = 64 << 10
+
+
 class Reward(_Model):
     """One named reward component; the rollout's ``reward`` is their weighted sum unless
     the evaluator gives it outright."""
@@ -238,6 +260,11 @@ class Trace(_Model):
     truncated: bool = False  # the rollout was cut short (a limit, a context too long)
     stopped_by: str | None = None  # limit, hook, upstream, control, shutdown
     timing: Timing | None = None  # set by the footer
+    # The task state's accepted writes in order, and where it ended (the footer's version and
+    # digest; before the seal, the last write's).
+    state_writes: list[StateWrite] = Field(default_factory=list)
+    state_version: int = 0
+    state_digest: str | None = None
 
     # --- graph views -------------------------------------------------------------------
 

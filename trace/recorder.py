@@ -16,7 +16,7 @@ from interceptor.trace import tokens
 from interceptor.trace._version import VERSION
 from interceptor.trace.graph import Graph
 from interceptor.trace.messages import Message, Request, Response, ResponseError, Tool, Usage
-from interceptor.trace.model import SCHEMA_VERSION, Header, ModelCall, Reward, Rewrite, Timing, Trace
+from interceptor.trace.model import SCHEMA_VERSION, Header, ModelCall, Reward, Rewrite, StateWrite, Timing, Trace
 from interceptor.trace.records import call_record, node_record
 from interceptor.trace.store import FSYNC_POLICIES, Store
 
@@ -199,6 +199,15 @@ class Recorder:
             self._trace.request_rewrites.append(rewrite)
         self._append({"kind": "rewrite", "rewrite": rewrite.model_dump(exclude_defaults=True)})
 
+    def record_state(self, write: StateWrite) -> None:
+        """An accepted write of the task state (the caller made ``write`` from its own copy;
+        it is never a secret: the state secret authorises writes, it is not in them)."""
+        trace = self._trace
+        trace.state_writes.append(write)
+        trace.state_version, trace.state_digest = write.version, write.digest
+        self._append({"kind": "state", "state": write.model_dump(exclude_defaults=True)},
+                     sync=self.fsync == "turn")
+
     def seal(self, stop_condition: str = "sealed", *, reward: float | None = None,
              rewards: dict[str, Reward] | None = None, metrics: dict | None = None,
              info: dict | None = None, stopped_by: str | None = None,
@@ -231,7 +240,10 @@ class Recorder:
         trace.timing = _timing(trace)
         footer: dict[str, Any] = {
             "kind": "footer", "stop_condition": stop_condition, "ended_at": trace.ended_at,
-            **self._totals(), "truncated": truncated, "timing": trace.timing.model_dump()}
+            **self._totals(), "truncated": truncated, "timing": trace.timing.model_dump(),
+            "state_version": trace.state_version}
+        if trace.state_digest is not None:
+            footer["state_digest"] = trace.state_digest
         if stopped_by is not None:
             footer["stopped_by"] = stopped_by
         if trace.reward is not None:
@@ -253,7 +265,8 @@ class Recorder:
         self._released = self.summary()
         t = self._trace
         self._trace = Trace(id=t.id, started_at=t.started_at, ended_at=t.ended_at, sealed=True,
-                            stop_condition=t.stop_condition)
+                            stop_condition=t.stop_condition, state_version=t.state_version,
+                            state_digest=t.state_digest)
         self._graph = Graph(self._trace)
         self._estimates, self._by_response_id = {}, {}
         self._last_tools, self._tools_estimates = ([], None), {}

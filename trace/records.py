@@ -10,9 +10,11 @@ A trace file is a plain concatenation of msgpack maps, each with a ``kind``:
 - ``call``    call: an exchange that committed no node (an error, a refusal)
 - ``replay``  call: a flagged retry answered from the record (``replay_of`` set)
 - ``rewrite`` rewrite: what a boundary hook changed (``direction`` request or response)
-- ``footer``  stop_condition, stopped_by, truncated, ended_at, totals, timing, and what the
-              evaluator sent at the seal (reward, rewards, metrics, info); written when the
-              session is sealed
+- ``state``   state: one accepted write of the task state (version, by, op, size, digest,
+              the value when small); the session's initial state is version 0
+- ``footer``  stop_condition, stopped_by, truncated, ended_at, totals, timing, the task
+              state's final state_version and state_digest, and what the evaluator sent at
+              the seal (reward, rewards, metrics, info); written when the session is sealed
 
 Models are dumped with defaults left out, so a reader fills in the defaults of the schema
 version named in the header. Nodes omit ``mask`` when it is just ``sampled`` repeated.
@@ -37,6 +39,7 @@ from interceptor.trace.model import (
     ModelCall,
     Rewrite,
     Reward,
+    StateWrite,
     Timing,
     Trace,
 )
@@ -87,7 +90,7 @@ class HoleWarning(TornRecordWarning):
     the middle of the file (a write failure that was not rolled back). ``verify`` fails on it."""
 
 
-KINDS = frozenset({"header", "turn", "call", "replay", "rewrite", "footer"})
+KINDS = frozenset({"header", "turn", "call", "replay", "rewrite", "state", "footer"})
 _KIND_KEY = b"\xa4kind"  # every record is a map whose first key is "kind"
 
 
@@ -237,8 +240,15 @@ def fold(records: Iterator[tuple[int, dict[str, Any]]], source: str = "trace") -
                 trace.response_rewrites.append(rewrite)
             else:
                 trace.request_rewrites.append(rewrite)
+        elif kind == "state":
+            write = StateWrite.model_validate(rec["state"])
+            trace.state_writes.append(write)
+            trace.state_version, trace.state_digest = write.version, write.digest
         elif kind == "footer":
             trace.sealed = True
+            if "state_version" in rec:
+                trace.state_version = rec["state_version"]
+                trace.state_digest = rec.get("state_digest")
             trace.stop_condition = rec.get("stop_condition")
             trace.ended_at = rec.get("ended_at")
             if rec.get("reward") is not None:
@@ -264,8 +274,8 @@ def record_schema() -> dict[str, Any]:
     defines it. tests/data/schema-v<N>.json keeps it as of each schema version, and a test
     fails when it changes under the same version (a reader of that version would misread it)."""
     parts = {"header": Header, "node": MessageNode, "call": ModelCall, "tool": Tool,
-             "rewrite": Rewrite, "reward": Reward, "timing": Timing}
-    return {"kinds": ["header", "turn", "call", "replay", "rewrite", "footer"],
+             "rewrite": Rewrite, "reward": Reward, "timing": Timing, "state": StateWrite}
+    return {"kinds": ["header", "turn", "call", "replay", "rewrite", "state", "footer"],
             **{name: model.model_json_schema() for name, model in parts.items()}}
 
 

@@ -1,0 +1,269 @@
+"""Task state: what a rollout's tool servers read and write through the proxy.
+
+A tool server (an MCP server in the sandbox) reads the task it serves (``GET
+/_interceptor/task``) and keeps the rollout's shared state (``GET/PUT/PATCH
+/_interceptor/state``), authorised by the session's **state secret**. The model's harness
+holds only the model secret, which opens model routes and nothing here: the model cannot
+write its own score. The orchestrator reads and seeds the same state with the admin token
+(``/_interceptor/sessions/<id>/state``).
+
+The state is one JSON object with a version: 0 at start (the session's ``state``, or ``{}``),
+one more per accepted write. A write names the version it read in ``If-Match`` (the
+``ETag`` of its GET) to be refused with 412 instead of overwriting a newer one; without it,
+the last write wins. Every accepted write is a ``state`` record (trace/model.py
+``StateWrite``); the footer holds the final version and digest.
+
+The value is held as plain data on the session and handed out as copies: a hook or a
+response never aliases what the next write changes.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import hmac
+import json
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mitmproxy import http
+
+from interceptor.addons.answers import json_response
+from interceptor.trace.messages import canonical_json
+from interceptor.trace.model import STATE_VALUE_MAX, StateWrite
+
+if TYPE_CHECKING:
+    from interceptor.addons.session import Registry, Session
+
+DEFAULT_MAX_BYTES = 1 << 20  # intercept_state_max_bytes
+MERGE_PATCH = "application/merge-patch+json"
+TOOL_SERVER_ROUTES = ("task", "state")
+
+
+def error(status: int, message: str, **more: Any) -> http.Response:
+    return json_response(status, {"error": {"message": message, "status": status}, **more})
+
+
+class StateRefused(Exception):
+    """A write the state does not take; ``status`` and the message are the answer."""
+
+    def __init__(self, status: int, message: str, version: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.version = version
+
+
+def digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def encoded(value: Any) -> bytes:
+    """The state's canonical JSON: what its size and digest are of."""
+    return canonical_json(value).encode()
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7396 section 2: an object patch merges key by key (null removes the key), anything
+    else replaces the target whole. ``target`` is not changed."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def schema_validator(schema: dict[str, Any]):
+    """A validator for ``state_schema`` (the draft its ``$schema`` names, else 2020-12);
+    ``ValueError`` naming what is wrong when the schema itself is not valid."""
+    import jsonschema  # imported only by sessions that declare a schema
+
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        raise ValueError(f"state_schema is not a valid JSON Schema: {e.message} "
+                         f"(at {'/'.join(map(str, e.path)) or 'its top'})") from None
+    return cls(schema)
+
+
+def schema_failure(validator, value: Any) -> str | None:
+    """Why ``value`` fails the schema, with the failing path (``$.a.b``), or None."""
+    import jsonschema
+
+    err = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    if err is None:
+        return None
+    return f"the state does not satisfy state_schema at {err.json_path}: {err.message}"
+
+
+@dataclass(eq=False)
+class TaskState:
+    """One session's state: the value, its version, and the rules a write must pass."""
+
+    value: dict[str, Any]
+    version: int = 0
+    validator: Any = None  # a jsonschema validator, or None
+    size: int = 2
+    digest: str = digest(b"{}")
+
+    @classmethod
+    def initial(cls, value: dict[str, Any] | None, schema: dict[str, Any] | None) -> TaskState:
+        """The state a session starts with; ``ValueError`` if the schema is not one, or the
+        initial value fails it (a bad session config: 400 at creation)."""
+        value = copy.deepcopy(value or {})
+        validator = schema_validator(schema) if schema is not None else None
+        if validator is not None and (why := schema_failure(validator, value)):
+            raise ValueError(f"state: {why}")
+        data = encoded(value)
+        return cls(value, 0, validator, len(data), digest(data))
+
+    def etag(self) -> str:
+        return f'"{self.version}"'
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy for a reader (a hook, a GET): never the object the next write changes."""
+        return copy.deepcopy(self.value)
+
+    def check_precondition(self, if_match: str | None) -> None:
+        """RFC 9110 13.1.1: ``*`` or a list of entity tags, one of which must be the current."""
+        if if_match is None:
+            return
+        tags = [t.strip().removeprefix("W/").strip('"') for t in if_match.split(",")]
+        if "*" in tags or str(self.version) in tags:
+            return
+        raise StateRefused(412, f"the state is at version {self.version}, not {if_match.strip()}: read it "
+                                "again (GET), apply the change to that, and send its ETag in If-Match",
+                           version=self.version)
+
+    def write(self, new: Any, *, max_bytes: int, forbidden: tuple[str, ...]) -> bytes:
+        """Check a whole new state; its canonical JSON if it is taken. Nothing changes here."""
+        if not isinstance(new, dict):
+            raise StateRefused(400, f"the state must be a JSON object, not {type(new).__name__}")
+        data = encoded(new)
+        if max_bytes and len(data) > max_bytes:
+            raise StateRefused(413, f"the state would be {len(data)} bytes, above intercept_state_max_bytes "
+                                    f"({max_bytes})")
+        text = data.decode()
+        if any(s and s in text for s in forbidden):
+            raise StateRefused(400, "the state must not hold a session secret")
+        if self.validator is not None and (why := schema_failure(self.validator, new)):
+            raise StateRefused(400, why)
+        return data
+
+    def commit(self, new: dict[str, Any], data: bytes) -> None:
+        self.value, self.size, self.digest = new, len(data), digest(data)
+        self.version += 1
+
+    def record(self, by: str, op: str) -> StateWrite:
+        """The ``state`` record of the state as it now is."""
+        small = self.size <= STATE_VALUE_MAX
+        return StateWrite(version=self.version, by=by, op=op, size=self.size, digest=self.digest,
+                          value=self.snapshot() if small else None, value_omitted=not small, at=time.time())
+
+
+def _bearer(req: http.Request) -> str:
+    auth = req.headers.get("authorization", "")
+    return auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+
+
+def _is(a: str, b: str | None) -> bool:
+    return bool(a) and bool(b) and hmac.compare_digest(a.encode(), b.encode())
+
+
+class StateRoutes:
+    """The tool servers' routes (state secret) and the admin's state route (admin token).
+    Control hands each request here; answers are plain JSON, never a dialect's shape."""
+
+    def __init__(self, registry: Registry, settings) -> None:
+        self.registry = registry
+        self.settings = settings
+
+    # -- who is asking --------------------------------------------------------------------
+
+    def tool_server(self, req: http.Request) -> tuple[Session | None, http.Response | None]:
+        """The session whose state secret the request carries, or the 401 that says which
+        secret this route needs (a model secret or the admin token opens nothing here)."""
+        token = _bearer(req)
+        need = "send Authorization: Bearer <the session's state secret> (a tool server's INTERCEPT_STATE_SECRET)"
+        if not token:
+            return None, error(401, f"no state secret: {need}")
+        session = self.registry.by_state_secret(token)
+        if session is not None and _is(token, session.state_secret):
+            return session, None
+        if self.registry.by_model_secret(token) is not None:
+            return None, error(401, f"a model secret cannot open the task state: {need}")
+        if _is(token, self.settings.admin_token):
+            return None, error(401, "the admin token opens /_interceptor/sessions/<id>/state, not this route: "
+                                    f"{need}")
+        return None, error(401, f"unknown state secret: it matches no session of this proxy; {need}")
+
+    # -- the routes -----------------------------------------------------------------------
+
+    def handle(self, flow: http.HTTPFlow, route: str) -> http.Response:
+        """``/_interceptor/task``, ``/state``, ``/stop`` for a tool server."""
+        req = flow.request
+        session, refused = self.tool_server(req)
+        if refused is not None:
+            return refused
+        if route == "task":
+            if req.method != "GET":
+                return error(405, "use GET on /_interceptor/task")
+            config = session.config
+            return json_response(200, {"session": session.id, "task": config.task, "agent": config.agent,
+                                       "info": config.info})
+        if route == "stop":
+            return self.stop(session, req)
+        return self.state(session, req, by="tool")
+
+    def stop(self, session: Session, req: http.Request) -> http.Response:
+        if req.method != "POST":
+            return error(405, "use POST on /_interceptor/stop")
+        if session.sealed:
+            return error(409, f"session {session.id!r} is sealed")
+        try:
+            body = json.loads(req.content or b"{}")
+        except ValueError as e:
+            return error(400, f"the body is not JSON: {e}")
+        if not isinstance(body, dict) or set(body) - {"reason"} or not isinstance(body.get("reason", ""), str):
+            return error(400, 'the body is {"reason": "<why the rollout ends>"} (reason optional)')
+        reason = (body.get("reason") or "").strip()[:200] or "tool_server"
+        stop = session.stop_from_tool(reason)
+        return json_response(200, {"ok": True, "stopped": True, "condition": stop})
+
+    def state(self, session: Session, req: http.Request, *, by: str) -> http.Response:
+        """GET, PUT or PATCH of a session's state (by a tool server or the admin)."""
+        if session.sealed:
+            return error(409, f"session {session.id!r} is sealed: its state is final (the trace's state records "
+                              "and footer hold it)")
+        state = session.task_state
+        if req.method == "GET":
+            return json_response(200, state.snapshot(), headers={"etag": state.etag()})
+        if req.method not in ("PUT", "PATCH"):
+            return error(405, "use GET, PUT (the whole state) or PATCH (application/merge-patch+json)")
+        kind = req.headers.get("content-type", "").split(";")[0].strip().lower()
+        if req.method == "PATCH" and kind not in (MERGE_PATCH, "application/json", ""):
+            return error(415, f"PATCH takes {MERGE_PATCH} (RFC 7396), not {kind}")
+        max_bytes = self.settings.state_max_bytes
+        if max_bytes and len(req.content or b"") > max_bytes:
+            return error(413, f"the body is {len(req.content)} bytes, above intercept_state_max_bytes ({max_bytes})")
+        try:
+            body = json.loads(req.content or b"")
+        except ValueError as e:
+            return error(400, f"the body is not JSON: {e}")
+        try:
+            state.check_precondition(req.headers.get("if-match"))
+            new = body if req.method == "PUT" else merge_patch(state.value, body)
+            data = state.write(new, max_bytes=max_bytes, forbidden=(session.state_secret, session.model_secret))
+        except StateRefused as e:
+            more = {"version": e.version} if e.version is not None else {}
+            answer = error(e.status, str(e), **more)
+            answer.headers["etag"] = state.etag()
+            return answer
+        state.commit(new, data)
+        session.recorder.record_state(state.record(by, "put" if req.method == "PUT" else "patch"))
+        return json_response(200, {"ok": True, "version": state.version}, headers={"etag": state.etag()})
