@@ -67,6 +67,7 @@ class Exchange:
     # is the sha256 of the body actually sent.
     translation: Translation | None = None
     translated_digest: str | None = None
+    resent: bool = False  # sent a second time after the provider refused a proxy change (Feedback)
 
     @property
     def dialect(self):

@@ -14,6 +14,8 @@ calls each hook in list order):
 - Collect: asks a vLLM upstream for token ids and logprobs, for the trace, not the harness;
 - Retry: a retried request gets the recorded answer, never a second sample;
 - WsRelay: Codex's Responses WebSocket, frame by frame;
+- Feedback: a 400 blaming a parameter the proxy set: that change undone, sent once more,
+  remembered for the model;
 - Tee: the answer on its way back, one pipeline built in one place (``pipeline.py``): the
   turn assembled and committed, Collect's token fields stripped, Retry's capture of what
   the harness received, in that order whatever the order of this list;
@@ -38,6 +40,7 @@ from interceptor.addons.bodycap import BodyCap
 from interceptor.addons.claim import Claim
 from interceptor.addons.collect import Collect
 from interceptor.addons.control import Control
+from interceptor.addons.feedback import Feedback, Refused
 from interceptor.addons.gate import Gate, guarded
 from interceptor.addons.openproxy import OpenProxyGuard
 from interceptor.addons.reach import Reach
@@ -55,6 +58,7 @@ registry = Registry()
 settings = Settings(registry)
 collect = Collect()
 retry = Retry()
+refused = Refused()  # what providers refused per model: Feedback learns it, Rewrite and WsRelay apply it
 
 addons = guarded([
     settings,
@@ -63,11 +67,12 @@ addons = guarded([
     TlsGuard(registry, settings),  # before Claim, which takes the CONNECT's Proxy-Authorization
     Claim(registry, settings),
     BodyCap(settings),  # right after Claim: a body over intercept_max_body is never read whole
-    Rewrite(),
+    Rewrite(refused),
     Reach(),
     collect,  # after Rewrite: adds its keys to the rewritten body
     retry,  # after Rewrite, which keeps the raw body the digest is of
-    WsRelay(),  # before Tee: a WebSocket's frames are its exchanges, not the upgrade
+    WsRelay(refused),  # before Tee: a WebSocket's frames are its exchanges, not the upgrade
+    Feedback(refused),  # before Tee: a 400 for a parameter the proxy set is undone and sent once more
     Tee(strip=collect, capture=retry),  # the answer's pipeline: its stages' order is its own
 ]) + [
     Gate(settings),  # after every step, and never guarded: it is what answers their faults

@@ -22,6 +22,7 @@ from mitmproxy import http
 
 from interceptor.addons.answers import error_response, refuse
 from interceptor.addons.exchange import Exchange, Step, exchange_of
+from interceptor.addons.feedback import Refused
 from interceptor.addons.session import SessionConfig
 from interceptor.dialects.base import Dialect, Override
 from interceptor.dialects.body import parse_body
@@ -80,7 +81,7 @@ def _depth(text: str) -> int:
 
 
 def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path: str = "",
-            translated: Translation | None = None) -> Prepared:
+            translated: Translation | None = None, refused: Refused | None = None) -> Prepared:
     """Parse, understand and rewrite one request body. Pure, so that a large body can be
     handled in a worker thread while the event loop keeps serving other sessions. A changed
     body is spliced: only the top-level keys an override names are written anew, the
@@ -98,7 +99,7 @@ def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path
     reason ``translation``) and the session's settings are imposed on the translation, by the
     upstream's rules: ``body`` and ``content`` are what the upstream gets."""
     try:
-        return _prepare(raw, dialect, kind, config, path, translated)
+        return _prepare(raw, dialect, kind, config, path, translated, refused)
     except RecursionError:
         return Prepared(refusal="request body is nested too deeply to be read; no model API "
                                 "accepts JSON nested hundreds of levels deep")
@@ -107,7 +108,7 @@ def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path
 
 
 def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path: str,
-             translated: Translation | None) -> Prepared:
+             translated: Translation | None, refused: Refused | None) -> Prepared:
     try:
         parsed = parse_body(raw)
     except ValueError as e:
@@ -130,7 +131,8 @@ def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, pat
             return Prepared(refusal=f"request not understood by the {dialect.name} dialect: {e}")
         if translated is not None:
             return _translate(out, translated, config)
-        out.overrides = dialect.apply_overrides(body, config.model, config.sampling, config.sampling_mode)
+        learned = refused.get(dialect.name, config.model or out.requested_model) if refused else frozenset()
+        out.overrides = dialect.apply_overrides(body, config.model, config.sampling, config.sampling_mode, learned)
     else:
         out.overrides = dialect.side_overrides(body, config.model)
     if out.overrides:
@@ -153,6 +155,11 @@ def _translate(out: Prepared, translated: Translation, config: SessionConfig) ->
 
 
 class Rewrite:
+    def __init__(self, refused: Refused | None = None) -> None:
+        # What the provider refused per model earlier (Feedback): the proxy's change to it
+        # is not made again.
+        self.refused = refused
+
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:
             return
@@ -185,7 +192,7 @@ class Rewrite:
     async def _rewrite_body(self, flow: http.HTTPFlow, ex: Exchange) -> bool:
         raw = flow.request.get_content(strict=False) or b""
         ex.raw_body = raw
-        args = (raw, ex.dialect, ex.route.kind, ex.session.config, flow.request.path, ex.translation)
+        args = (raw, ex.dialect, ex.route.kind, ex.session.config, flow.request.path, ex.translation, self.refused)
         prepared = await asyncio.to_thread(prepare, *args) if len(raw) > OFF_LOOP else prepare(*args)
         if prepared.refusal is not None:
             refuse(flow, error_response(ex.dialect, 400, prepared.refusal))

@@ -107,6 +107,17 @@ class Assemble:
             ex.tee.finish()
             return
         status = flow.response.status_code
+        frames = ex.dialect.frames(status, flow.response.headers.get("content-type", ""), ex.stream)
+        if frames is not None:
+            # A stream read whole (Feedback's second attempt): assembled as if it had streamed.
+            try:
+                tee = StreamTee(ex, flow, flow.response.headers.get("content-encoding", "identity"), frames)
+            except ValueError as e:
+                commit(ex, flow, None, ResponseError(type="unsupported_encoding", message=str(e), status=status))
+                return
+            tee(flow.response.raw_content or b"")
+            tee(b"")
+            return
         body = None
         try:
             body = json.loads(flow.response.get_content(strict=False) or b"null")

@@ -35,6 +35,7 @@ from typing import Any
 from mitmproxy import ctx, http
 
 from interceptor.addons.exchange import KEY, Exchange, exchange_of
+from interceptor.addons.feedback import Refused
 from interceptor.addons.record import commit
 from interceptor.dialects.sse import SSEEvent
 from interceptor.trace.messages import Message, Request, ResponseError, Tool
@@ -79,8 +80,9 @@ class Socket:
 
 
 class WsRelay:
-    def __init__(self) -> None:
+    def __init__(self, learned: Refused | None = None) -> None:
         self._refused: set[str] = set()  # sessions already told their upstream refused
+        self.learned = learned  # what providers refused per model (Feedback), not sent again
 
     # -- the upgrade ---------------------------------------------------------------------
 
@@ -146,7 +148,9 @@ class WsRelay:
         ex.requested_model = body.get("model") if isinstance(body.get("model"), str) else None
         try:
             ex.request = self._request(sock, body)
-            ex.overrides = dialect.apply_overrides(body, config.model, config.sampling, config.sampling_mode)
+            model = config.model or ex.requested_model
+            learned = self.learned.get(dialect.name, model) if self.learned else frozenset()
+            ex.overrides = dialect.apply_overrides(body, config.model, config.sampling, config.sampling_mode, learned)
         except Exception as e:  # never forward a frame the session's settings were not imposed on
             log.warning(f"interceptor: session {upgrade.session.id!r}: response.create frame not understood: "
                         f"{type(e).__name__}: {e}")

@@ -7,6 +7,7 @@ shared instance per format); per-exchange state lives in the ``StreamAssembler``
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from collections.abc import Mapping, MutableMapping
@@ -14,6 +15,10 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from interceptor.dialects.sse import SSEDecoder, SSEEvent
 from interceptor.trace.messages import Request, Response, ResponseError, Sampling
+
+# A parameter an error message names: `temperature`, 'top_p', "reasoning.effort"; or opens with.
+_QUOTED = re.compile(r"[`'\"]([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)[`'\"]")
+_LEADING = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*): ")
 
 
 @dataclass(slots=True)
@@ -211,6 +216,24 @@ class Dialect(ABC):
     @abstractmethod
     def error_body(self, status: int, message: str, type: str | None = None) -> dict[str, Any]:
         """The format's own error JSON for an answer the proxy gives itself."""
+
+    def refused_parameters(self, body: Any) -> list[str]:
+        """The request parameters an error answer blames, as dotted body paths, most certain
+        first: OpenAI's ``error.param``, then every name the message quotes (Anthropic's
+        "`temperature` is not supported", OpenAI's "Unsupported parameter: 'top_p'") or opens
+        with ("max_tokens: Field required"). Provider feedback (``addons/feedback.py``) acts
+        only on one the proxy itself changed."""
+        err = body.get("error") if isinstance(body, dict) else None
+        if not isinstance(err, dict):
+            return []
+        names: list[str] = []
+        if isinstance(err.get("param"), str) and err["param"]:
+            names.append(err["param"])
+        message = str(err.get("message") or "")
+        lead = _LEADING.match(message)
+        names += [lead.group(1)] if lead else []
+        names += _QUOTED.findall(message)
+        return list(dict.fromkeys(names))
 
     def response_error(self, status: int, body: Any) -> ResponseError:
         """An upstream error answer as a record: the provider's type and message if the body

@@ -312,16 +312,46 @@ class Plan:
 
     def drop_refused(self, body: dict[str, Any]) -> None:
         """Parameters the provider answered 400 for, for this model, earlier in this proxy's
-        life: never sent again (remembered by the Rewrite addon)."""
+        life (``addons/feedback.py``): the proxy's change to each is undone before it is
+        sent, as the second attempt undid it then. A key the harness sent itself, untouched
+        by the proxy, stays: the provider's answer to it is the harness's to read."""
         for key in sorted(self.refused):
-            path = tuple(key.split("."))
-            old = get_path(body, path)
-            if old is not _MISSING:
-                del_path(body, path)
-                self.changes.append(Override(key, old, None, PROVIDER_REJECTED))
+            self.changes += undo(body, key, self.changes)
 
 
 PROVIDER_REJECTED = "provider_rejected"
+
+
+def related(key: str, param: str) -> bool:
+    """Whether an override of ``key`` changed the parameter ``param`` (dotted paths: one is
+    the other, or contains it)."""
+    return key == param or key.startswith(param + ".") or param.startswith(key + ".")
+
+
+def undo(body: dict[str, Any], param: str, changes: list[Override]) -> list[Override]:
+    """Undo, in ``body``, every change in ``changes`` that touched ``param``: each path gets
+    back the value the harness sent (its first change's ``old``), or is removed when the
+    harness had not sent it. Returns the undoing changes (reason ``provider_rejected``);
+    none when the proxy never touched the parameter. The model is the session's and never
+    undone; headers are not the body's."""
+    original: dict[str, Any] = {}
+    for change in changes:
+        if change.key == "model" or change.key.startswith("header:") or not related(change.key, param):
+            continue
+        original.setdefault(change.key, change.old)
+    out: list[Override] = []
+    for key in reversed(list(original)):  # a later-touched path first, its parent after
+        path = tuple(key.split("."))
+        now = get_path(body, path)
+        now = None if now is _MISSING else now
+        if original[key] is None:
+            if get_path(body, path) is not _MISSING:
+                del_path(body, path)
+        else:
+            set_path(body, path, original[key])
+        if now != original[key]:
+            out.append(Override(key, now, original[key], PROVIDER_REJECTED))
+    return out
 
 
 def drop(body: dict[str, Any], key: str, reason: str, changes: list[Override]) -> None:

@@ -50,6 +50,7 @@ from interceptor.dialects.common import (
     NativeAssembler,
     inline_part,
     other_part,
+    undo,
     url_part,
 )
 from interceptor.dialects.sse import SSEDecoder, SSEEvent
@@ -440,10 +441,12 @@ class GeminiDialect(KnobDialect):
 
     def apply_overrides(self, body: dict[str, Any], model: str | None, sampling: Sampling,
                         mode: Mode = "overlay", refused: frozenset[str] = frozenset()) -> list[Override]:
-        """The knobs and the rules; the model is ``path_with_model``'s (a body with a
-        ``model`` would no longer be the harness's bytes). No Gemini row in the model table
-        yet, so ``refused`` (provider feedback) has nothing to drop."""
+        """The knobs, what the provider refused earlier for this model (provider feedback:
+        the proxy's change undone), and the rules; the model is ``path_with_model``'s (a body
+        with a ``model`` would no longer be the harness's bytes)."""
         changes, _ = apply_knobs(body, self.knobs, sampling, mode)
+        for key in sorted(refused):
+            changes += undo(body, key, changes)
         self.reconcile(body, changes)
         return changes
 

@@ -35,10 +35,10 @@ IMPOSED = "imposed-model"
 def hooks_of(*names: str) -> list[str]:
     """``Addon.hook`` for every flow hook the addon classes define (found, not listed, so a
     hook added later is injected too)."""
-    from interceptor.addons import claim, collect, control, reach, retry, rewrite, tee, tlsguard, wsrelay
+    from interceptor.addons import claim, collect, control, feedback, reach, retry, rewrite, tee, tlsguard, wsrelay
 
     classes = [control.Control, tlsguard.TlsGuard, claim.Claim, rewrite.Rewrite, reach.Reach,
-               wsrelay.WsRelay, tee.Tee, collect.Collect, retry.Retry]
+               wsrelay.WsRelay, feedback.Feedback, tee.Tee, collect.Collect, retry.Retry]
     return [f"{c.__name__}.{h}" for c in classes for h in sorted(FLOW_HOOKS)
             if h in names and callable(getattr(c, h, None))]
 
