@@ -315,6 +315,63 @@ def _without_thinking(body: dict[str, Any], changes: list[Override]) -> None:
         drop(body, "context_management", reason, changes)
 
 
+THINKING_BLOCKS = ("thinking", "redacted_thinking")
+
+
+def _final_turn(messages: list[Any]) -> int:
+    """Where the final assistant turn starts: after the last user message that is not the
+    tool results of a tool-use loop (a tool-use loop is one assistant turn; a message of
+    another role, Claude Code's mid-conversation ``system``, belongs to no turn)."""
+    start = len(messages)
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if not isinstance(m, dict):
+            break
+        content = m.get("content")
+        if m.get("role") == "user" and not (isinstance(content, list) and any(
+                isinstance(b, dict) and b.get("type") == "tool_result" for b in content)):
+            break
+        start = i
+    return start
+
+
+def _without_final_turn_thinking(body: dict[str, Any], changes: list[Override]) -> None:
+    """Thinking is off because of the proxy, and the harness's history was written with it
+    on: the thinking blocks of the final assistant turn go. Anthropic keeps one thinking
+    configuration per assistant turn (a tool-use loop is one turn: "Thinking in tool and
+    multi-turn workflows", https://platform.claude.com/docs/build-with-claude/thinking-tool-workflows)
+    and refuses thinking in an assistant message in the final position with thinking off
+    ("messages.1.content.0: When thinking is disabled, an `assistant` message in the final
+    position cannot contain `thinking`. To use thinking blocks, enable `thinking` in your
+    request.", the live API as reported in https://github.com/tailcallhq/forgecode/issues/1853
+    and https://github.com/microsoft/vscode/issues/282326). Earlier turns' blocks stay: the
+    API drops those itself ("you do not need to strip the thinking blocks yourself",
+    https://platform.claude.com/docs/en/build-with-claude/context-windows). An assistant
+    message left with nothing goes whole. Each removed block is one override, keyed by its
+    place in the harness's messages; ``old`` names its type only (its text is on the trace's
+    request already, its signature is the provider's)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return
+    reason = "thinking is off: Anthropic refuses thinking blocks in the final assistant turn without it"
+    out: list[Any] | None = None
+    for i in range(_final_turn(messages), len(messages)):
+        m = messages[i]
+        content = m.get("content") if isinstance(m, dict) and m.get("role") == "assistant" else None
+        if not isinstance(content, list):
+            continue
+        thinking = [j for j, b in enumerate(content) if isinstance(b, dict) and b.get("type") in THINKING_BLOCKS]
+        if not thinking:
+            continue
+        out = out if out is not None else list(messages)
+        for j in thinking:
+            changes.append(Override(f"messages.{i}.content.{j}", {"type": content[j]["type"]}, None, reason))
+        kept = [b for j, b in enumerate(content) if j not in thinking]
+        out[i] = {**m, "content": kept} if kept else None
+    if out is not None:
+        body["messages"] = [m for m in out if m is not None]
+
+
 def _loop_without_thinking(messages: Any) -> bool:
     """With thinking on, Anthropic refuses a request whose last assistant turn, answered with
     tool results, does not start with a thinking block (extended-thinking guide, "Preserving
@@ -438,6 +495,7 @@ class AnthropicDialect(KnobDialect):
                     f"Anthropic accepts at most {MAX_OUTPUT_TOKENS} output tokens", changes)
         if not _thinking_enabled(body) and plan.touched("thinking"):
             _without_thinking(body, changes)
+            _without_final_turn_thinking(body, changes)
 
     def header_changes(self, body: dict[str, Any] | None, overrides: list[Override],
                        headers: Any) -> list[Override]:

@@ -342,6 +342,8 @@ def undo(body: dict[str, Any], param: str, changes: list[Override]) -> list[Over
     out: list[Override] = []
     for key in reversed(list(original)):  # a later-touched path first, its parent after
         path = tuple(key.split("."))
+        if any(part.isdigit() for part in path):
+            continue  # a place in a list (a history block the proxy removed): not a parameter
         now = get_path(body, path)
         now = None if now is _MISSING else now
         if original[key] is None:

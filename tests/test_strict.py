@@ -40,6 +40,13 @@ UNSIGNED = [
     {"role": "user", "content": "c"},
 ]
 
+# A prefilled answer that started with the model's thinking (signed, as Anthropic sent it).
+PREFILLED = [
+    {"role": "user", "content": "what is 2+2?"},
+    {"role": "assistant", "content": [{"type": "thinking", "thinking": "easy", "signature": "c2lnbmVk"},
+                                      {"type": "text", "text": "The answer is"}]},
+]
+
 
 @dataclass
 class Case:
@@ -118,6 +125,13 @@ CASES = [
     Case("thinking_history", "messages", {**msg("claude-harness", **ADAPTIVE), "messages": LOOP, "tools": [TOOL]},
          {"model": "claude-session"}, lambda b: "thinking" not in b, "no thinking block"),
     Case("thinking_signature", "messages", {**msg(), "messages": UNSIGNED}),
+    Case("thinking_disabled_history", "messages", {**msg(), "messages": PREFILLED}),
+    Case("thinking_disabled_history", "messages", {**msg(**ADAPTIVE), "messages": PREFILLED},
+         {"sampling": {"thinking": {"type": "disabled"}}},
+         lambda b: b["messages"][-1]["content"] == [{"type": "text", "text": "The answer is"}], "final assistant turn"),
+    Case("thinking_disabled_history", "messages", {**msg(**ADAPTIVE), "messages": PREFILLED},
+         {"sampling": {"thinking": None}}, lambda b: "thinking" not in b and len(b["messages"]) == 2,
+         "final assistant turn"),
     # -- OpenAI Chat Completions
     Case("unknown_field", "chat", {"model": "gpt-4o", "messages": HI, "extra_body": {"frobnicate": 1}}),
     Case("unsupported_parameter", "chat", {"model": "o3", "messages": HI, "max_tokens": 100}),
@@ -201,6 +215,32 @@ def test_every_rule_has_both_cases():
     for rule, kinds in by_rule.items():
         assert True in kinds, rule
         assert rule in harness_only or False in kinds, rule
+
+
+def test_thinking_turned_off_strips_the_final_turns_thinking_only(make_session, sim, mproxy):
+    """Claude Code's tool-use loop, thinking on, and a session that turns it off: the loop's
+    thinking blocks go (one thinking configuration per assistant turn), an earlier turn's stay
+    (the API drops those itself), each removal is on the record, and the trace keeps what
+    the harness sent."""
+    history = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "t1", "signature": "s1"},
+                                          {"type": "text", "text": "b"}]},
+        {"role": "user", "content": "run it"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "t2", "signature": "s2"},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]},
+    ]
+    session = make_session(sampling={"thinking": {"type": "disabled"}})
+    send(session, Case("", "messages", {**msg(**ADAPTIVE), "messages": history, "tools": [TOOL]}))
+    [seen] = sim.model_requests()
+    assert strict.check(seen.route, seen.json) is None
+    sent = seen.json["messages"]
+    assert sent[:3] == history[:3] and sent[4] == history[4]
+    assert sent[3]["content"] == [history[3]["content"][1]]
+    call = the_call(mproxy, session)
+    assert [(o.key, o.old, o.new) for o in call.overrides if "final assistant turn" in o.reason] == \
+           [("messages.3.content.0", {"type": "thinking"}, None)]
 
 
 def test_required_max_tokens_survives_an_explicit_null(make_session, sim, mproxy):

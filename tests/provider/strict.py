@@ -31,6 +31,7 @@ ANTHROPIC_MESSAGES = "https://docs.claude.com/en/api/messages"
 ANTHROPIC_THINKING = "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
 ANTHROPIC_ADAPTIVE = "https://platform.claude.com/docs/en/build-with-claude/adaptive-thinking"
 ANTHROPIC_CONTEXT_EDITING = "https://platform.claude.com/docs/en/build-with-claude/context-editing"
+ANTHROPIC_TOOL_WORKFLOWS = "https://platform.claude.com/docs/build-with-claude/thinking-tool-workflows"
 ANTHROPIC_MIGRATING_45 = "https://platform.claude.com/docs/en/about-claude/models/migrating-to-claude-4"
 OPENAI_CHAT = "https://platform.openai.com/docs/api-reference/chat/create"
 OPENAI_RESPONSES = "https://platform.openai.com/docs/api-reference/responses/create"
@@ -228,7 +229,21 @@ def _check_history(messages: Any, thinking: Any) -> Refusal | None:
         for j, block in enumerate(content if isinstance(content, list) else []):
             if isinstance(block, dict) and block.get("type") == "thinking" and not block.get("signature"):
                 return Refusal("thinking_signature", f"messages.{i}.content.{j}.thinking.signature: Field required")
-    if not _thinking_on(thinking) or len(messages) < 2:
+    if not _thinking_on(thinking):
+        # With thinking off, no thinking in an assistant message in the final position (the
+        # live API's words: https://github.com/tailcallhq/forgecode/issues/1853,
+        # https://github.com/microsoft/vscode/issues/282326; one thinking configuration per
+        # assistant turn, ANTHROPIC_TOOL_WORKFLOWS).
+        last = messages[-1] if messages else None
+        content = last.get("content") if isinstance(last, dict) and last.get("role") == "assistant" else None
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            if isinstance(block, dict) and block.get("type") in ("thinking", "redacted_thinking"):
+                return Refusal("thinking_disabled_history",
+                               f"messages.{len(messages) - 1}.content.{j}: When thinking is disabled, an `assistant` "
+                               "message in the final position cannot contain `thinking`. To use thinking blocks, "
+                               "enable `thinking` in your request.")
+        return None
+    if len(messages) < 2:
         return None
     last, before = messages[-1], messages[-2]
     results = isinstance(last.get("content"), list) and any(
