@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from interceptor.dialects import Route
 from interceptor.dialects.base import Override
 from interceptor.trace.messages import Request
+from interceptor.trace.model import ReplaySource
 
 if TYPE_CHECKING:
     from mitmproxy import http
@@ -55,6 +56,7 @@ class Exchange:
     call_id: str = ""
     turn: str | None = None  # the committed turn's call id (Record)
     replay_of: str | None = None  # answered from the record of this call, not sampled (Retry)
+    replayed_from: ReplaySource | None = None  # answered from a replay source's trace (Replay)
     retry_reason: str | None = None  # why an unflagged request counts as a retry (Retry)
     recorded: Recorded | None = None  # the answer as the harness receives it, kept for replay (Retry)
     collect: Plan | None = None  # the token fields the proxy asked for, to strip (Collect)

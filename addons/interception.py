@@ -16,6 +16,7 @@ calls each hook in list order):
 - WsRelay: Codex's Responses WebSocket, frame by frame;
 - Feedback: a 400 blaming a parameter the proxy set: that change undone, sent once more,
   remembered for the model;
+- Replay: a session whose upstream is a trace gets its recorded answers (HTTP and frames);
 - Tee: the answer on its way back, one pipeline built in one place (``pipeline.py``): the
   turn assembled and committed, Collect's token fields stripped, Retry's capture of what
   the harness received, in that order whatever the order of this list;
@@ -44,6 +45,7 @@ from interceptor.addons.feedback import Feedback, Refused
 from interceptor.addons.gate import Gate, guarded
 from interceptor.addons.openproxy import OpenProxyGuard
 from interceptor.addons.reach import Reach
+from interceptor.addons.replay import Replay
 from interceptor.addons.redact import Redact
 from interceptor.addons.retry import Retry
 from interceptor.addons.rewrite import Rewrite
@@ -73,6 +75,7 @@ addons = guarded([
     retry,  # after Rewrite, which keeps the raw body the digest is of
     WsRelay(refused),  # before Tee: a WebSocket's frames are its exchanges, not the upgrade
     Feedback(refused),  # before Tee: a 400 for a parameter the proxy set is undone and sent once more
+    Replay(),  # after Retry and WsRelay: answers from a replay source's trace
     Tee(strip=collect, capture=retry),  # the answer's pipeline: its stages' order is its own
 ]) + [
     Gate(settings),  # after every step, and never guarded: it is what answers their faults

@@ -40,6 +40,8 @@ class Reach:
         ex = exchange_of(flow)
         if ex is None or list(ctx.options.mode) != ["regular"]:
             return  # in upstream-proxy modes the address is not ours to probe
+        if ex.session.upstream is not None and ex.session.upstream.local:
+            return  # a replay source answers every request itself (addons/replay.py)
         if not ex.done & Step.REWRITTEN:
             return  # not routed yet: never probe the address the harness named (the Gate refuses it)
         addr = (flow.request.host, flow.request.port)

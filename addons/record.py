@@ -58,6 +58,7 @@ def make_call(ex: Exchange, flow: http.HTTPFlow, response: Response | None, erro
         previous_response_unknown=ex.previous_response_unknown,
         upstream_dialect=ex.wire.name if ex.translation is not None else None,
         translated_digest=ex.translated_digest,
+        replayed_from=ex.replayed_from,
     )
 
 

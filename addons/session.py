@@ -23,10 +23,29 @@ from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator,
 from interceptor.addons.state import TaskState
 from interceptor.addons.upstream import Upstream, UpstreamRef
 from interceptor.trace import Recorder, Store
+from interceptor.trace.match import Ignore
 from interceptor.trace.messages import Sampling
 from interceptor.trace.model import Reward
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class ReplayConfig(BaseModel):
+    """How a session whose upstream is a replay source matches its requests to recorded
+    turns: what else to leave out of the comparison, beyond what the dialects already take
+    out (``interceptor.trace.match``): JSON paths into the canonical request
+    (``$.messages[*].content``, ``$.tools``) and regular expressions blanked in every string
+    (a tool's ``Wall time [0-9.]+ seconds``, a date, a temporary path)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ignore: list[str] = Field(default_factory=list)
+
+    @field_validator("ignore")
+    @classmethod
+    def _rules(cls, v: list[str]) -> list[str]:
+        Ignore.parse(v)  # ValueError naming the bad rule
+        return v
 
 
 class SessionConfig(BaseModel):
@@ -42,6 +61,7 @@ class SessionConfig(BaseModel):
     # upstream. Resolved once, when the session is made (``interceptor.addons.upstream``).
     upstream: UpstreamRef | None = None
     collect_tokens: bool = False
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
     task: dict[str, Any] = Field(default_factory=dict)
     agent: dict[str, Any] = Field(default_factory=dict)
     info: dict[str, Any] = Field(default_factory=dict)
@@ -175,8 +195,11 @@ class Registry:
                     "model": config.model,
                     "sampling": config.sampling.set_fields(),
                     "upstream": ({"name": upstream.name, "base_url": upstream.base_url,
-                                  "api_key_env": upstream.api_key_env, "dialect": upstream.dialect}
+                                  "api_key_env": upstream.api_key_env, "dialect": upstream.dialect,
+                                  **({"replay": upstream.replay, "on_miss": upstream.on_miss}
+                                     if upstream.replay else {})}
                                  if upstream else None),
+                    **({"replay": config.replay.model_dump()} if config.replay.ignore else {}),
                     "collect_tokens": config.collect_tokens,
                     **({"state_schema": config.state_schema} if config.state_schema is not None else {}),
                 },

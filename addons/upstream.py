@@ -19,7 +19,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
@@ -41,6 +41,13 @@ class Upstream(BaseModel):
     # another dialect is translated into it (interceptor.dialects.translate) or, for a pair
     # the proxy does not translate, refused (see Rewrite).
     dialect: str | None = None
+    # A replay source: the trace file whose recorded turns answer (``addons/replay.py``);
+    # ``on_miss`` says what a request no turn matches gets: an error in the dialect's shape,
+    # or the upstream the other fields describe (and a new turn). ``pace``: answer after the
+    # recorded call's duration instead of at once.
+    replay: str | None = None
+    on_miss: Literal["error", "upstream"] = "error"
+    pace: bool = False
 
     @field_validator("name")
     @classmethod
@@ -66,6 +73,21 @@ class Upstream(BaseModel):
             raise ValueError(f"api_key_env must be an environment variable name, got {v!r}")
         return v
 
+    @field_validator("replay")
+    @classmethod
+    def _replay(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        path = Path(os.path.expanduser(v))
+        if not path.is_file():
+            raise ValueError(f"replay: no trace file at {str(path)!r}")
+        return str(path.resolve())
+
+    @property
+    def local(self) -> bool:
+        """Every request is answered by the proxy itself: nothing is ever forwarded."""
+        return self.replay is not None and self.on_miss == "error"
+
     @field_validator("dialect")
     @classmethod
     def _dialect(cls, v: str | None) -> str | None:
@@ -88,8 +110,11 @@ class Upstream(BaseModel):
 
     def public(self) -> dict[str, Any]:
         """What the control API and the trace header may say about it: never the key."""
-        return {"name": self.name, "base_url": self.base_url, "api_key_env": self.api_key_env,
-                "dialect": self.dialect, "key_set": bool(self.key())}
+        out = {"name": self.name, "base_url": self.base_url, "api_key_env": self.api_key_env,
+               "dialect": self.dialect, "key_set": bool(self.key())}
+        if self.replay is not None:
+            out.update(replay=self.replay, on_miss=self.on_miss, pace=self.pace)
+        return out
 
 
 # The real providers, declarable by name with their usual key variables:
@@ -102,7 +127,8 @@ KNOWN: dict[str, dict[str, str]] = {
 
 def parse_upstreams(value: str) -> dict[str, Upstream]:
     """``intercept_upstreams``: inline JSON or the path of a JSON file holding either an object
-    ``name -> {base_url, api_key_env, dialect}`` (an empty object or null for a known provider
+    ``name -> {base_url, api_key_env, dialect}`` or ``name -> {replay, on_miss, pace}`` (plus
+    the fields of the upstream a miss goes to, for ``on_miss: upstream``) (an empty object or null for a known provider
     takes its defaults) or a list of known provider names. Raises ValueError saying what is wrong."""
     text = value.strip()
     if not text.startswith(("{", "[")) and not text[:1].isdigit():

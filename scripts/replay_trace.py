@@ -5,10 +5,12 @@
     python scripts/replay_trace.py verify traces/*.msgpack
     python scripts/replay_trace.py export traces/*.msgpack --out samples.jsonl
     python scripts/replay_trace.py export traces/*.msgpack --format parquet --out samples.parquet --min-reward 1
+    python scripts/replay_trace.py diff traces/abc.msgpack traces/abc-replayed.msgpack
 
 ``show`` is for "what did the model see and say, and what did each exchange cost";
 ``verify`` is the gate before a trainer consumes files (exit 1 at the first bad one);
-``export`` writes one row per branch, the shape trainers read (``--format jsonl|parquet|messages``).
+``export`` writes one row per branch, the shape trainers read (``--format jsonl|parquet|messages``);
+``diff`` names the first turn where two traces part (a replayed run against its source).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import sys
 import warnings
 
 from interceptor.trace import HoleWarning, Message, ModelCall, Rewrite, Trace, export, read_trace
+from interceptor.trace import match
+from interceptor.trace.match import Ignore
 from interceptor.trace.verify import problems
 
 PREVIEW = 240  # characters of a message shown by ``show``
@@ -268,6 +272,32 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _ignore_rules(trace: Trace) -> list[str]:
+    """The ``replay.ignore`` rules the session that wrote ``trace`` matched with."""
+    rules = ((trace.config or {}).get("replay") or {}).get("ignore") or []
+    return [r for r in rules if isinstance(r, str)]
+
+
+def cmd_diff(args) -> int:
+    try:
+        (a, notes_a, _), (b, notes_b, _) = _load(args.a), _load(args.b)
+        ignore = Ignore.parse(list(dict.fromkeys([*_ignore_rules(a), *_ignore_rules(b), *args.ignore])))
+    except Exception as e:  # noqa: BLE001 - say what is wrong, no traceback
+        print(f"diff: {e}", file=sys.stderr)
+        return 2
+    for path, notes in ((args.a, notes_a), (args.b, notes_b)):
+        for note in notes:
+            print(f"{path}: warning: {note}", file=sys.stderr)
+    found = match.diff(a, b, ignore)
+    if found.equal:
+        print(f"equal: {found.turns[0]} turns")
+        return 0
+    p = found.parting
+    ids = " vs ".join(c or "-" for c in p.calls)
+    print(f"the traces part at turn {p.turn} (calls {ids}): {p.why}")
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="replay_trace.py", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -290,6 +320,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="only branches holding at least one message the model produced")
     p.add_argument("--min-reward", type=float, help="only traces sealed with a reward of at least this")
     p.set_defaults(func=cmd_export)
+    p = sub.add_parser("diff", help="the first turn where two traces part (a replay against its source) "
+                                    "and why; exit 0 when they are equal, 1 when not")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--ignore", action="append", default=[],
+                   help="a JSON path into the canonical request or a regex to leave out (repeatable); "
+                        "the replay.ignore rules in either trace's header are used too")
+    p.set_defaults(func=cmd_diff)
     from interceptor.scripts import viewer
     viewer.add_subcommand(sub)
     args = parser.parse_args(argv)

@@ -87,12 +87,14 @@ def sim(hsim: ProviderSimulator) -> ProviderSimulator:
     return hsim
 
 
-def run_harness(proxy: MitmProcess, sim: ProviderSimulator, command: list[str], *, sid: str, cwd: Path,
-                session: dict, extra: list[str] = (), timeout: float = 120) -> subprocess.CompletedProcess:
-    """The harness run as a user runs it: scripts/run_harness.py against the module's proxy."""
+def run_harness(proxy: MitmProcess, sim: ProviderSimulator | None, command: list[str], *, sid: str, cwd: Path,
+                session: dict, extra: list[str] = (), timeout: float = 120,
+                upstream: str | None = None) -> subprocess.CompletedProcess:
+    """The harness run as a user runs it: scripts/run_harness.py against the module's proxy,
+    its session's upstream the simulator (or the declared upstream named ``upstream``)."""
     cwd.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, str(RUN_HARNESS), "--proxy", proxy.url, f"--admin-token={proxy.admin_token}",
-            "--id", sid, "--upstream", sim.url("/v1"), "--cwd", str(cwd),
+            "--id", sid, "--upstream", upstream or sim.url("/v1"), "--cwd", str(cwd),
             "--timeout", str(int(timeout - 15)), "--summary-json", str(cwd / "summary.json")]
     if session.get("model"):
         args += ["--model", session["model"]]

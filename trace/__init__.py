@@ -27,6 +27,7 @@ from interceptor.trace.model import (
     MessageNode,
     ModelCall,
     Override,
+    ReplaySource,
     Rewrite,
     Trace,
 )
@@ -46,7 +47,7 @@ from interceptor.trace.store import FSYNC_POLICIES, Store
 __all__ = [
     "Branch", "Choice", "FSYNC_POLICIES", "Follower", "Header", "HoleWarning", "MIN_SCHEMA_VERSION", "Message",
     "MessageNode", "Sealed", "TurnLanded", "follow_traces",
-    "ModelCall", "Override", "Part", "Reasoning", "Recorder", "Request", "Response", "ResponseError", "Rewrite",
+    "ModelCall", "Override", "ReplaySource", "Part", "Reasoning", "Recorder", "Request", "Response", "ResponseError", "Rewrite",
     "SCHEMA_VERSION", "Sampling", "Store", "Tool", "ToolCall", "TornRecordWarning", "Trace",
     "TraceFormatError", "TraceVersionError", "Usage", "VERSION", "canonical_json", "iter_records",
     "message_hash", "read_trace", "record_schema",

@@ -96,6 +96,13 @@ class Rewrite(_Model):
     dropped_events: int | None = None  # SSE events dropped whole (they carried only token ids)
 
 
+class ReplaySource(_Model):
+    """Which recorded call answered a replayed exchange: the source trace's id and the call's."""
+
+    trace: str
+    call: str
+
+
 class ModelCall(_Model):
     """One provider exchange as the proxy saw it, committed or not.
 
@@ -124,6 +131,8 @@ class ModelCall(_Model):
     ended_at: float | None = None
     error: ResponseError | None = None
     replay_of: str | None = None
+    # Answered from another trace by a replay upstream (the harness re-ran; no model did).
+    replayed_from: ReplaySource | None = None
     response_id: str | None = None  # the provider's id of the answer (Responses chains on it)
     # Which of Trace.tool_sets the request advertised; None: no tools (or not known, for an
     # exchange that committed nothing). Two sub-agents in one session advertise different sets.

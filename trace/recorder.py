@@ -49,7 +49,7 @@ def _counted(response: Response) -> Usage | None:
 def _timing(trace: Trace) -> Timing:
     """Wall time from the session's start to the seal, split into model time (the sum of
     the upstream calls' durations; replays never reached the model) and the harness's rest."""
-    calls = [c for c in trace.calls if c.replay_of is None and c.started_at]
+    calls = [c for c in trace.calls if c.replay_of is None and c.replayed_from is None and c.started_at]
     model = sum(c.duration or 0.0 for c in calls)
     wall = max(0.0, (trace.ended_at or time.time()) - trace.started_at)
     ended = [c.ended_at for c in calls if c.ended_at is not None]

@@ -1,0 +1,216 @@
+"""Replay: a session whose upstream is a trace gets the recorded answers, not a model's.
+
+The operator declares a replay source like any upstream (``intercept_upstreams``:
+``{"yesterday": {"replay": "traces/abc.msgpack", "on_miss": "error"}}``); a session picks it
+by name. Each model request is then matched to a recorded turn through the source's graph
+(``interceptor.trace.match``: the canonical conversation and tools, never the bytes, so
+billing headers, ids and ``cache_control`` do not matter, and the session's
+``replay.ignore`` rules take out what else moves between runs) and answered with that turn's
+reply, usage and finish reason, rendered by the harness's own dialect in its own transport:
+a JSON body, an SSE stream (``stream_events``), or frames on Codex's WebSocket.
+
+The answer goes on the replay session's own record as a turn like any other (so its graph
+is the replayed run's, and ``replay_trace.py diff`` can hold it against the source), its call
+marked ``replayed_from`` (source trace id and call id). The pipeline sees it as an answer: Retry
+captures it, so an SDK retry of a replayed answer gets the same bytes and no second turn.
+
+A request no turn matches: with ``on_miss: error`` (nothing is ever forwarded; Reach does not
+even probe) an error in the dialect's shape with ``x-should-retry: false`` whose message names
+the nearest recorded turn and the first differing message, one error call on the record;
+with ``on_miss: upstream`` the request goes on, to the upstream the declaration names, and is
+recorded as new. A WebSocket upgrade is answered by the proxy itself when nothing is ever
+forwarded (its frames are then answered one by one here and dropped); with ``on_miss:
+upstream`` it is forwarded, so a missed frame can reach the upstream.
+
+Listed after Retry (whose decision a replayed answer gets, like any answer) and after WsRelay
+(which has made a frame's canonical request by the time its ``websocket_message`` ends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import logging
+import os
+import uuid
+import warnings
+from dataclasses import dataclass, field
+
+from mitmproxy import ctx, http
+
+from interceptor.addons.answers import error_response
+from interceptor.addons.exchange import Exchange, exchange_of
+from interceptor.addons.record import commit
+from interceptor.addons.upstream import Upstream
+from interceptor.addons.wsrelay import WS_KEY, Socket, WsRelay, is_upgrade
+from interceptor.trace import Response, ResponseError, read_trace
+from interceptor.trace.match import Hit, Ignore, Matcher
+from interceptor.trace.model import ReplaySource
+
+log = logging.getLogger(__name__)
+
+WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455 section 1.3
+MISS_STATUS = 400  # not retryable: the same request misses again
+MAX_PACE = 300.0  # seconds: a paced answer never waits longer than this
+HEADER = "x-interceptor-replayed-from"
+
+
+@dataclass(eq=False)
+class _State:
+    """A session's replay book: how many answers each recorded prompt has given."""
+
+    used: dict[int | None, int] = field(default_factory=dict)
+
+
+def accept(key: str) -> str:
+    """``Sec-WebSocket-Accept`` for a client's ``Sec-WebSocket-Key`` (RFC 6455 section 4.2.2)."""
+    return base64.b64encode(hashlib.sha1((key + WS_GUID).encode()).digest()).decode()
+
+
+def rendered(ex: Exchange, response: Response, source: ReplaySource) -> http.Response:
+    """The recorded answer as the harness's dialect sends it, JSON or SSE."""
+    headers = {HEADER: f"{source.trace}/{source.call}", "x-should-retry": "false"}
+    if ex.stream:
+        body = b"".join(e.encode() for e in ex.dialect.stream_events(response))
+        headers["content-type"] = "text/event-stream; charset=utf-8"
+    else:
+        body = json.dumps(ex.dialect.json_body(response), ensure_ascii=False).encode()
+        headers["content-type"] = "application/json"
+    return http.Response.make(200, body, headers)
+
+
+class Replay:
+    def __init__(self) -> None:
+        self._matchers: dict[tuple[str, float, tuple[str, ...]], Matcher] = {}
+
+    # -- the source --------------------------------------------------------------------
+
+    def _load(self, up: Upstream, rules: list[str]) -> Matcher:
+        """The source's matcher for these rules, read once (again if the file changed)."""
+        path = up.replay
+        key = (path, os.stat(path).st_mtime, tuple(rules))
+        matcher = self._matchers.get(key)
+        if matcher is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a torn tail: everything before it stands
+                trace = read_trace(path)
+            matcher = Matcher(trace, Ignore.parse(rules))
+            self._matchers = {k: m for k, m in self._matchers.items() if k[0] != path}
+            self._matchers[key] = matcher
+        return matcher
+
+    @staticmethod
+    def _state(ex: Exchange) -> _State:
+        return ex.session.state.setdefault("replay", _State())
+
+    def _match(self, ex: Exchange, up: Upstream):
+        matcher = self._load(up, ex.session.config.replay.ignore)
+        req = ex.request
+        return matcher, matcher.match(req.messages, req.tools, ex.dialect.name, self._state(ex).used)
+
+    # -- HTTP ------------------------------------------------------------------------------
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.error or not flow.live:
+            return
+        ex = exchange_of(flow)
+        up = ex.session.upstream if ex is not None else None
+        if ex is None or up is None or up.replay is None:
+            return
+        if flow.request.method == "GET" and is_upgrade(flow.request):
+            if up.local:  # nothing to forward to: the proxy is the other end of the socket
+                flow.response = http.Response.make(101, b"", {
+                    "upgrade": "websocket", "connection": "Upgrade",
+                    "sec-websocket-accept": accept(flow.request.headers.get("sec-websocket-key", ""))})
+                await asyncio.to_thread(self._load, up, ex.session.config.replay.ignore)
+            return
+        if ex.route.kind != "model" or flow.request.method != "POST" or ex.request is None:
+            if up.local:
+                flow.response = error_response(ex.dialect, 404, "this session replays a trace: only model "
+                                                                "calls are answered, from the record")
+            return
+        try:
+            await asyncio.to_thread(self._load, up, ex.session.config.replay.ignore)
+            matcher, found = self._match(ex, up)
+        except Exception as e:  # noqa: BLE001 - an unreadable source: fail closed, in shape
+            self._fail(flow, ex, f"the replay source {up.name!r} cannot be read: {type(e).__name__}: {e}")
+            return
+        if not isinstance(found, Hit):
+            log.info(f"interceptor: session {ex.session.id!r}: replay miss: {found.message()}")
+            if up.local:
+                flow.response = error_response(ex.dialect, MISS_STATUS, found.message(), type="invalid_request_error")
+                commit(ex, flow, None, ResponseError(type="replay_miss", message=found.message(), status=MISS_STATUS))
+            return  # on_miss upstream: the request goes on and is recorded as new
+        if up.pace:
+            call = found.call
+            await asyncio.sleep(min(MAX_PACE, max(0.0, (call.ended_at or call.started_at) - call.started_at)))
+            if not flow.live:
+                return
+        ex.replayed_from = ReplaySource(trace=matcher.trace.id, call=found.call.id)
+        ex.translation = None  # answered in the harness's own dialect: nothing to translate back
+        flow.response = rendered(ex, found.response, ex.replayed_from)
+        ex.first_byte_at = ex.first_byte_at or ex.started_at
+        commit(ex, flow, found.response)
+
+    @staticmethod
+    def _fail(flow: http.HTTPFlow, ex: Exchange, message: str) -> None:
+        flow.response = error_response(ex.dialect, 500, message)
+        commit(ex, flow, None, ResponseError(type="replay_error", message=message, status=500))
+
+    # -- WebSocket frames (after WsRelay has read the frame) -------------------------------
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        sock = flow.metadata.get(WS_KEY)
+        if not isinstance(sock, Socket) or flow.websocket is None or not flow.websocket.messages:
+            return
+        message = flow.websocket.messages[-1]
+        up = sock.upgrade.session.upstream
+        if up is None or up.replay is None or not message.from_client or message.injected or message.dropped:
+            return
+        pending = sock.pending
+        if pending is None or sock.passed is not message:
+            if up.local:
+                message.drop()  # no server behind this socket: nothing to relay to
+            return
+        ex = pending.ex
+        if pending.warmup:
+            # A warm-up asks for no answer, only an id later frames can chain on.
+            response = Response(id=f"resp_replay_{uuid.uuid4().hex}", model=ex.dialect.requested_model(ex.body, ""),
+                                finish_reason="stop")
+            response.message.content = ""
+            if ex.request is not None:
+                sock.warmups[response.id] = list(ex.request.messages)
+            self._send(flow, sock, message, ex.dialect.stream_events(response))
+            return
+        try:
+            matcher, found = self._match(ex, up)
+        except Exception as e:  # noqa: BLE001 - an unreadable source: fail closed, in shape
+            text = f"the replay source {up.name!r} cannot be read: {type(e).__name__}: {e}"
+            self._refuse_frame(flow, sock, message, ex, 500, "replay_error", text)
+            return
+        if not isinstance(found, Hit):
+            log.info(f"interceptor: session {ex.session.id!r}: replay miss: {found.message()}")
+            if up.local:
+                self._refuse_frame(flow, sock, message, ex, MISS_STATUS, "replay_miss", found.message())
+            return
+        ex.replayed_from = ReplaySource(trace=matcher.trace.id, call=found.call.id)
+        ex.first_byte_at = ex.started_at
+        commit(ex, flow, found.response, status=200)
+        self._send(flow, sock, message, ex.dialect.stream_events(found.response))
+
+    @staticmethod
+    def _send(flow: http.HTTPFlow, sock: Socket, message, events) -> None:
+        """Drop the client's frame (it is answered here) and send the answer's events, one
+        text frame each, as the Responses WebSocket does."""
+        sock.pending = None
+        message.drop()
+        for event in events:
+            ctx.master.commands.call("inject.websocket", flow, True, event.data.encode(), True)
+
+    @staticmethod
+    def _refuse_frame(flow, sock: Socket, message, ex: Exchange, status: int, kind: str, text: str) -> None:
+        sock.pending = None
+        commit(ex, flow, None, ResponseError(type=kind, message=text, status=status), status=status)
+        WsRelay.refuse(flow, message, ex.dialect, text, status=status)
