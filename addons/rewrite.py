@@ -132,7 +132,8 @@ def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, pat
         if translated is not None:
             return _translate(out, translated, config)
         learned = refused.get(dialect.name, config.model or out.requested_model) if refused else frozenset()
-        out.overrides = dialect.apply_overrides(body, config.model, config.sampling, config.sampling_mode, learned)
+        out.overrides = dialect.apply_overrides(body, config.model, config.sampling, config.sampling_mode, learned,
+                                                requested=out.requested_model)
     else:
         out.overrides = dialect.side_overrides(body, config.model)
     if out.overrides:

@@ -161,6 +161,7 @@ class Dialect(ABC):
     def apply_overrides(
         self, body: dict[str, Any], model: str | None, sampling: Sampling,
         mode: Literal["overlay", "exact"] = "overlay", refused: frozenset[str] = frozenset(),
+        requested: str | None = None,
     ) -> list[Override]:
         """Impose the session, in place: set ``model`` when given; lay the session's sampling
         over the harness's (``overlay``: a key it sets replaces, one it leaves unset stays, an
@@ -169,8 +170,9 @@ class Dialect(ABC):
         this model); then reconcile what the provider would reject, following dependencies.
         Keys that are the harness's contract with its own code (tool choice, stop sequences,
         ``n``, logprobs) are replaced only when the session sets them; a required key
-        (Anthropic ``max_tokens``) stays. Returns every change; an empty list means the body
-        is untouched (and the proxy forwards the original bytes)."""
+        (Anthropic ``max_tokens``) stays. ``requested`` is the model the harness asked for,
+        for a dialect that names it outside the body (Gemini's path). Returns every change; an
+        empty list means the body is untouched (and the proxy forwards the original bytes)."""
 
     def header_changes(self, body: dict[str, Any] | None, overrides: list[Override],
                        headers: Any) -> list[Override]:

@@ -415,7 +415,8 @@ class KnobDialect(Dialect):
     model_table: ClassVar[str] = ""
 
     def apply_overrides(self, body: dict[str, Any], model: str | None, sampling: Sampling,
-                        mode: Mode = "overlay", refused: frozenset[str] = frozenset()) -> list[Override]:
+                        mode: Mode = "overlay", refused: frozenset[str] = frozenset(),
+                        requested: str | None = None) -> list[Override]:
         changes = set_model(body, model)
         knob_changes, mine = apply_knobs(body, self.knobs, sampling, mode)
         changes += knob_changes

@@ -46,6 +46,7 @@ from interceptor.dialects.common import (
     Mode,
     Knob,
     KnobDialect,
+    Plan,
     apply_knobs,
     NativeAssembler,
     inline_part,
@@ -53,6 +54,7 @@ from interceptor.dialects.common import (
     undo,
     url_part,
 )
+from interceptor.dialects.models import Capabilities, capabilities
 from interceptor.dialects.sse import SSEDecoder, SSEEvent
 from interceptor.trace.messages import (
     FinishReason,
@@ -106,6 +108,37 @@ _STATUS = {
 }
 
 _GC = "generationConfig"
+# Where Gemini's error messages name a field (see GeminiDialect.refused_parameters).
+_FIELD_PATH = re.compile(r"GenerateContentRequest\.([A-Za-z_][A-Za-z0-9_.]*)")
+_UNKNOWN_NAME = re.compile(r"Unknown name \"([A-Za-z_][A-Za-z0-9_]*)\"(?: at '([A-Za-z_][A-Za-z0-9_.]*)')?")
+_TOP_LEVEL = ("contents", "tools", "toolConfig", "safetySettings", "systemInstruction", _GC, "cachedContent")
+
+
+def _camel(path: str) -> str:
+    return ".".join(re.sub(r"_([a-z0-9])", lambda m: m.group(1).upper(), part) for part in path.split("."))
+
+
+MAX_STOPS = 5  # stopSequences: "up to 5" (https://ai.google.dev/api/generate-content#generationconfig)
+_LEVELS = ("minimal", "low", "medium", "high")
+
+
+def _set_by_session(changes: list[Override], name: str) -> bool:
+    return any(o.key == f"{_GC}.{name}" and o.new is not None for o in changes)
+
+
+def _nearest_level(level: str, allowed: tuple[str, ...]) -> str:
+    """The allowed thinking level closest to ``level`` (ties: the higher)."""
+    rank = _LEVELS.index(level) if level in _LEVELS else len(_LEVELS) - 1
+    return min(allowed, key=lambda a: (abs(_LEVELS.index(a) - rank) if a in _LEVELS else 9,
+                                       -_LEVELS.index(a) if a in _LEVELS else 0))
+
+
+def _budget_for(level: str, caps: Capabilities) -> int:
+    """A thinkingLevel as a budget, on a model that only takes budgets: the least for
+    minimal/low, the most for high, dynamic (-1) for medium or when the range is unknown."""
+    if caps.budget is None or level not in ("minimal", "low", "high"):
+        return -1
+    return caps.budget[1] if level == "high" else caps.budget[0]
 KNOBS = (
     Knob("temperature", (_GC, "temperature")),
     Knob("top_p", (_GC, "topP")),
@@ -440,14 +473,18 @@ class GeminiDialect(KnobDialect):
         return []  # countTokens names the model in the path
 
     def apply_overrides(self, body: dict[str, Any], model: str | None, sampling: Sampling,
-                        mode: Mode = "overlay", refused: frozenset[str] = frozenset()) -> list[Override]:
+                        mode: Mode = "overlay", refused: frozenset[str] = frozenset(),
+                        requested: str | None = None) -> list[Override]:
         """The knobs, what the provider refused earlier for this model (provider feedback:
-        the proxy's change undone), and the rules; the model is ``path_with_model``'s (a body
-        with a ``model`` would no longer be the harness's bytes)."""
-        changes, _ = apply_knobs(body, self.knobs, sampling, mode)
+        the proxy's change undone), and the model's rules; the model is ``path_with_model``'s
+        (a body with a ``model`` would no longer be the harness's bytes), so the row of the
+        table is the session's model's, else the one the harness asked for (``requested``)."""
+        changes, mine = apply_knobs(body, self.knobs, sampling, mode)
         for key in sorted(refused):
             changes += undo(body, key, changes)
-        self.reconcile(body, changes)
+        if model and model != requested:
+            mine.add("model")  # another model than the harness wrote its request for
+        self.reconcile(body, Plan(capabilities("gemini", model or requested), changes, mine))
         return changes
 
     # -- bodies ---------------------------------------------------------------------------------
@@ -506,15 +543,109 @@ class GeminiDialect(KnobDialect):
     def assembler(self) -> GeminiAssembler:
         return GeminiAssembler(self)
 
-    def reconcile(self, body: dict[str, Any], changes: list[Override]) -> None:
-        """Gemini rejects ``thinkingBudget`` and ``thinkingLevel`` in one request (400,
-        https://ai.google.dev/gemini-api/docs/thinking#levels-budgets): the level, the
-        newer setting, wins."""
-        config = (body.get(_GC) or {}).get("thinkingConfig")
-        if isinstance(config, dict) and "thinkingBudget" in config and "thinkingLevel" in config:
-            old = config.pop("thinkingBudget")
-            changes.append(Override(f"{_GC}.thinkingConfig.thinkingBudget", old, None,
-                                    "Gemini rejects thinkingBudget together with thinkingLevel"))
+    def reconcile(self, body: dict[str, Any], plan: Plan) -> None:
+        """What Gemini refuses in ``generationConfig``, fixed where the proxy caused it
+        (https://ai.google.dev/api/generate-content#generationconfig,
+        https://ai.google.dev/gemini-api/docs/thinking), by the model's row of the table:
+
+        - ``thinkingBudget`` with ``thinkingLevel`` (400 "#levels-budgets"): the level, the
+          newer setting, wins, but on a model that takes no level (before Gemini 3) the
+          budget does; a level alone there becomes a budget (minimal/low: the family's least,
+          medium: dynamic, high: its most);
+        - a level the model does not take: the nearest it does;
+        - a budget outside the family's range: the nearest end; 0 (thinking off) on a model
+          that always thinks: its least;
+        - ``logprobs`` only with ``responseLogprobs``; at most 5 ``stopSequences``.
+        """
+        caps, changes = plan.caps, plan.changes
+        gc = body.get(_GC)
+        if not isinstance(gc, dict):
+            return
+        thinking = gc.get("thinkingConfig")
+        touched = "model" in plan.session or any(
+            o.key.startswith(f"{_GC}.thinkingConfig") for o in changes)
+        if isinstance(thinking, dict):
+            self._thinking(thinking, caps, changes, touched)
+        if gc.get("logprobs") is not None and not gc.get("responseLogprobs") and _set_by_session(changes, "logprobs"):
+            old = gc.get("responseLogprobs")
+            gc["responseLogprobs"] = True
+            changes.append(Override(f"{_GC}.responseLogprobs", old, True,
+                                    "Gemini takes logprobs only with responseLogprobs"))
+        stops = gc.get("stopSequences")
+        if isinstance(stops, list) and len(stops) > MAX_STOPS and _set_by_session(changes, "stopSequences"):
+            gc["stopSequences"] = stops[:MAX_STOPS]
+            changes.append(Override(f"{_GC}.stopSequences", stops, stops[:MAX_STOPS],
+                                    f"Gemini takes at most {MAX_STOPS} stop sequences"))
+
+    @staticmethod
+    def _thinking(thinking: dict[str, Any], caps: Capabilities, changes: list[Override], touched: bool) -> None:
+        key = f"{_GC}.thinkingConfig"
+        source = f" ({caps.source})" if caps.source else ""
+        if "thinkingBudget" in thinking and "thinkingLevel" in thinking:
+            loser = "thinkingLevel" if caps.levels == () else "thinkingBudget"
+            changes.append(Override(f"{key}.{loser}", thinking.pop(loser), None,
+                                    f"Gemini rejects thinkingBudget together with thinkingLevel: kept "
+                                    f"{'thinkingBudget' if loser == 'thinkingLevel' else 'thinkingLevel'}{source}"))
+        if not touched:
+            return  # the harness's own settings: the provider's answer is the harness's to read
+        level = thinking.get("thinkingLevel")
+        if level is not None and caps.levels == ():
+            budget = _budget_for(str(level).lower(), caps)
+            del thinking["thinkingLevel"]
+            thinking["thinkingBudget"] = budget
+            changes.append(Override(f"{key}.thinkingLevel", level, None,
+                                    f"this model takes no thinkingLevel (Gemini 3 and later do): a "
+                                    f"thinkingBudget instead{source}"))
+            changes.append(Override(f"{key}.thinkingBudget", None, budget,
+                                    f"thinkingLevel {level} as a budget{source}"))
+        elif level is not None and caps.levels and str(level).lower() not in caps.levels:
+            nearest = _nearest_level(str(level).lower(), caps.levels)
+            thinking["thinkingLevel"] = nearest
+            changes.append(Override(f"{key}.thinkingLevel", level, nearest,
+                                    f"this model takes thinkingLevel {', '.join(caps.levels)}: the nearest{source}"))
+        budget = thinking.get("thinkingBudget")
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget == -1:
+            return
+        fixed = budget
+        low, high = caps.budget or (None, None)
+        if budget == 0 and caps.budget_off is False:
+            fixed = low if low is not None else -1
+        elif budget != 0 and low is not None and budget < low:
+            fixed = low
+        elif high is not None and budget > high:
+            fixed = high
+        if fixed != budget:
+            thinking["thinkingBudget"] = fixed
+            span = f"-1 or {low}-{high}" if low is not None else "-1 or a positive one"
+            never = ", never 0 (it always thinks)" if caps.budget_off is False else ""
+            changes.append(Override(f"{key}.thinkingBudget", budget, fixed,
+                                    f"this model takes a thinkingBudget of {span}{never}{source}"))
+
+    def refused_parameters(self, body: Any) -> list[str]:
+        """Gemini names fields by their proto paths in snake_case ("* GenerateContentRequest.
+        generation_config.temperature: ...", 'Unknown name "x" at generation_config',
+        "Remove 'thinking_config.thinking_budget'", ``details[].fieldViolations[].field``):
+        as body paths in lowerCamel, a bare GenerationConfig field under ``generationConfig``.
+        ``generationConfig`` alone blames nothing in particular and is left out."""
+        err = body.get("error") if isinstance(body, dict) else None
+        if not isinstance(err, dict):
+            return []
+        message = str(err.get("message") or "")
+        found = [m.group(1) for m in _FIELD_PATH.finditer(message)]
+        found += [f"{m.group(2)}.{m.group(1)}" if m.group(2) else m.group(1) for m in _UNKNOWN_NAME.finditer(message)]
+        for detail in err.get("details") or []:
+            for violation in (detail.get("fieldViolations") or []) if isinstance(detail, dict) else []:
+                if isinstance(violation, dict) and isinstance(violation.get("field"), str):
+                    found.append(violation["field"])
+        found += super().refused_parameters(body)
+        out: list[str] = []
+        for name in found:
+            path = _camel(name.strip(".")).removeprefix("generateContentRequest.").removeprefix("GenerateContentRequest.")
+            if path.split(".", 1)[0] not in _TOP_LEVEL:
+                path = f"{_GC}.{path}"
+            if path != _GC:
+                out.append(path)
+        return list(dict.fromkeys(out))
 
     def is_stream(self, body: dict[str, Any], path: str = "") -> bool:
         return ":streamGenerateContent" in path.split("?", 1)[0]

@@ -30,6 +30,11 @@ class Capabilities:
     sampling: SamplingRule | None = None  # "exclusive": temperature and top_p not both
     thinking: frozenset[str] | None = None  # Anthropic thinking types the model takes
     reasoning: bool | None = None  # OpenAI reasoning model
+    # Gemini: thinkingBudget's range (-1, dynamic, always taken), whether 0 (no thinking) is,
+    # and the thinkingLevel values (empty: refused, as before Gemini 3).
+    budget: tuple[int, int] | None = None
+    budget_off: bool | None = None
+    levels: tuple[str, ...] | None = None
     source: str | None = None
 
     def takes_thinking(self, kind: str) -> bool:
@@ -50,6 +55,9 @@ def _rows() -> tuple[tuple[str, tuple[str, ...], Capabilities], ...]:
             sampling=row.get("sampling"),
             thinking=frozenset(thinking) if thinking is not None else None,
             reasoning=row.get("reasoning"),
+            budget=tuple(row["budget"]) if row.get("budget") is not None else None,
+            budget_off=row.get("budget_off"),
+            levels=tuple(row["levels"]) if row.get("levels") is not None else None,
             source=row["source"],
         )
         rows.append((row["provider"], tuple(p.lower() for p in row["match"]), caps))

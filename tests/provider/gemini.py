@@ -29,7 +29,7 @@ import json
 import re
 from typing import Any
 
-from . import wire
+from . import strict, wire
 from .reply import Reply
 from .turn import Turn, random_id
 
@@ -268,6 +268,12 @@ def serve(handler: Any, record: Any, sim: Any, base: dict[str, str]) -> None:
         turn = turn_of(record, Reply(text=""), sim.default_model)
         handler._send_body(200, count_tokens_body(turn), "application/json; charset=UTF-8", Reply(), base)
         return
+    if sim.strict and (refusal := strict.check("gemini", record.json, sim.refuse,
+                                                model=model_of(record.route_path))) is not None:
+        record.refusal = refusal
+        reply = refusal.reply().replace(error_type="INVALID_ARGUMENT")
+        handler._send_body(400, error_body(400, reply), "application/json; charset=UTF-8", reply, base)
+        return
     reply = sim._take(record)
     record.reply = reply
     if reply.first_byte_delay:
@@ -289,6 +295,12 @@ def serve(handler: Any, record: Any, sim: Any, base: dict[str, str]) -> None:
     events = sse_events(turn) if sse else array_events(turn)
     ctype = "text/event-stream" if sse else "application/json; charset=UTF-8"
     handler._send_events(reply.status, events, ctype, reply, base, lambda i: error_event(turn, sse))
+
+
+def model_of(path: str) -> str | None:
+    """The model a generateContent path names (`/v1beta/models/<model>:<method>`)."""
+    tail = path.rsplit("/models/", 1)[-1]
+    return tail.split(":", 1)[0] if "/models/" in path else None
 
 
 def key_of(headers: Any, query: dict[str, list[str]]) -> str | None:

@@ -33,6 +33,9 @@ ANTHROPIC_ADAPTIVE = "https://platform.claude.com/docs/en/build-with-claude/adap
 ANTHROPIC_CONTEXT_EDITING = "https://platform.claude.com/docs/en/build-with-claude/context-editing"
 ANTHROPIC_TOOL_WORKFLOWS = "https://platform.claude.com/docs/build-with-claude/thinking-tool-workflows"
 ANTHROPIC_MIGRATING_45 = "https://platform.claude.com/docs/en/about-claude/models/migrating-to-claude-4"
+GEMINI_REQUEST = "https://ai.google.dev/api/generate-content#request-body"
+GEMINI_CONFIG = "https://ai.google.dev/api/generate-content#generationconfig"
+GEMINI_THINKING = "https://ai.google.dev/gemini-api/docs/thinking"
 OPENAI_CHAT = "https://platform.openai.com/docs/api-reference/chat/create"
 OPENAI_RESPONSES = "https://platform.openai.com/docs/api-reference/responses/create"
 OPENAI_REASONING = "https://platform.openai.com/docs/guides/reasoning"
@@ -342,11 +345,162 @@ def check_responses(body: dict[str, Any], refuse: set[str], *, frame: bool = Fal
     return None
 
 
+# ----------------------------------------------------------------------------- Gemini
+
+# GEMINI_REQUEST: the GenerateContentRequest body. The JSON API takes each field in lowerCamel
+# or snake_case (proto3 JSON mapping); anything else is 'Invalid JSON payload received. Unknown
+# name "<key>": Cannot find field.' (the live API's words, e.g.
+# https://github.com/google-gemini/gemini-cli/issues/1035, https://github.com/BerriAI/litellm/issues/7830).
+_GEMINI_FIELDS = ("contents", "tools", "toolConfig", "safetySettings", "systemInstruction", "generationConfig",
+                  "cachedContent", "model", "labels")
+# GEMINI_CONFIG: GenerationConfig's fields (and ThinkingConfig's).
+_GEMINI_CONFIG_FIELDS = (
+    "stopSequences", "responseMimeType", "responseSchema", "responseJsonSchema", "_responseJsonSchema",
+    "responseModalities", "candidateCount", "maxOutputTokens", "temperature", "topP", "topK", "seed",
+    "presencePenalty", "frequencyPenalty", "responseLogprobs", "logprobs", "enableEnhancedCivicAnswers",
+    "speechConfig", "thinkingConfig", "imageConfig", "mediaResolution", "routingConfig", "audioTimestamp")
+_GEMINI_THINKING_FIELDS = ("includeThoughts", "thinkingBudget", "thinkingLevel")
+
+
+def _snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_") if name[0] != "_" else name
+
+
+def _spellings(fields: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(fields) | {_snake(f) for f in fields}
+
+
+GEMINI_FIELDS = _spellings(_GEMINI_FIELDS)
+GEMINI_CONFIG_FIELDS = _spellings(_GEMINI_CONFIG_FIELDS)
+GEMINI_THINKING_FIELDS = _spellings(_GEMINI_THINKING_FIELDS)
+
+# GEMINI_THINKING, "Set budgets" and "Thinking levels": per family, the thinkingBudget range
+# (-1 is dynamic everywhere), whether 0 (no thinking) is taken, and the thinkingLevel values
+# (none before Gemini 3: "If you use thinkingLevel with a model earlier than Gemini 3, the model
+# returns an error"). First matching prefix wins. The live API's words: "The thinking budget
+# (52428) is invalid." (https://github.com/RooCodeInc/Roo-Code/issues/4399); "Budget 0 is
+# invalid. This model only works in thinking mode." (https://github.com/vercel/ai/issues/8027
+# for 2.5 Pro, https://github.com/docker/docker-agent/issues/2051 for 3.1 Pro).
+_GEMINI_FAMILIES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("gemini-2.5-pro", {"budget": (128, 32768), "off": False, "levels": ()}),
+    ("gemini-2.5-flash-lite", {"budget": (512, 24576), "off": True, "levels": ()}),
+    ("gemini-2.5-flash", {"budget": (1, 24576), "off": True, "levels": ()}),
+    ("gemini-2.", {"levels": ()}),
+    ("gemini-3-pro", {"off": False, "levels": ("low", "high")}),
+    ("gemini-3", {"off": False, "levels_by_kind": {"pro": ("low", "medium", "high"),
+                                                   "flash": ("minimal", "low", "medium", "high")}}),
+)
+
+
+def gemini_facts(model: Any) -> dict[str, Any]:
+    name = _name(model)
+    for prefix, facts in _GEMINI_FAMILIES:
+        if name.startswith(prefix):
+            out = dict(facts)
+            for kind, levels in out.pop("levels_by_kind", {}).items():
+                if kind in name:
+                    out["levels"] = levels
+            return out
+    return {}
+
+
+def _invalid(message: str) -> Refusal:
+    return Refusal("gemini_invalid", message, code="INVALID_ARGUMENT")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_gemini(body: dict[str, Any], model: Any, refuse: set[str]) -> Refusal | None:
+    """GEMINI_REQUEST, GEMINI_CONFIG and GEMINI_THINKING, in the order the API reads a body:
+    unknown fields first (the JSON decoder), then the values."""
+    for key in body:
+        if key not in GEMINI_FIELDS:
+            return Refusal("unknown_field", f'Invalid JSON payload received. Unknown name "{key}": Cannot find field.')
+    config = body.get("generationConfig", body.get("generation_config")) or {}
+    if not isinstance(config, dict):
+        return Refusal("unknown_field", "Invalid JSON payload received. generation_config: Proto field is not "
+                                        "repeating, cannot start list.")
+    for key in config:
+        if key not in GEMINI_CONFIG_FIELDS:
+            return Refusal("unknown_field", f'Invalid JSON payload received. Unknown name "{key}" at '
+                                            "'generation_config': Cannot find field.")
+    thinking = config.get("thinkingConfig", config.get("thinking_config")) or {}
+    for key in thinking if isinstance(thinking, dict) else ():
+        if key not in GEMINI_THINKING_FIELDS:
+            return Refusal("unknown_field", f'Invalid JSON payload received. Unknown name "{key}" at '
+                                            "'generation_config.thinking_config': Cannot find field.")
+    for key in sorted(refuse):
+        if key in config:
+            return Refusal("configured", f"* GenerateContentRequest.generation_config.{_snake(key)}: {_snake(key)} is "
+                                         "not supported for this model.", code="INVALID_ARGUMENT")
+
+    def get(name: str) -> Any:
+        return config.get(name, config.get(_snake(name)))
+
+    # Ranges (GEMINI_CONFIG): temperature [0.0, 2.0], topP [0.0, 1.0], candidateCount 1-8,
+    # at most 5 stop sequences, logprobs [0, 20] and only with responseLogprobs, a positive
+    # maxOutputTokens and topK. The API's words for a field out of range are not captured
+    # here; the message names the field as its other field errors do.
+    for name, low, high in (("temperature", 0, 2), ("topP", 0, 1), ("candidateCount", 1, 8),
+                            ("logprobs", 0, 20)):
+        value = get(name)
+        if value is not None and not (_number(value) and low <= value <= high):
+            return Refusal("gemini_range", f"* GenerateContentRequest.generation_config.{_snake(name)}: "
+                                           f"{value} is out of range [{low}, {high}]", code="INVALID_ARGUMENT")
+    for name in ("maxOutputTokens", "topK"):
+        value = get(name)
+        if value is not None and not (_number(value) and value >= 1):
+            return Refusal("gemini_range", f"* GenerateContentRequest.generation_config.{_snake(name)}: must be "
+                                           "positive", code="INVALID_ARGUMENT")
+    stops = get("stopSequences")
+    if isinstance(stops, list) and len(stops) > 5:
+        return Refusal("gemini_range", "* GenerateContentRequest.generation_config.stop_sequences: at most 5 stop "
+                                       "sequences are supported", code="INVALID_ARGUMENT")
+    if get("logprobs") is not None and not get("responseLogprobs"):
+        return Refusal("gemini_logprobs", "logprobs is only valid if response_logprobs is true.",
+                       code="INVALID_ARGUMENT")
+    if isinstance(thinking, dict):
+        return _check_gemini_thinking(thinking, gemini_facts(model))
+    return None
+
+
+def _check_gemini_thinking(thinking: dict[str, Any], facts: dict[str, Any]) -> Refusal | None:
+    budget = thinking.get("thinkingBudget", thinking.get("thinking_budget"))
+    level = thinking.get("thinkingLevel", thinking.get("thinking_level"))
+    # GEMINI_THINKING, "Thinking levels and budgets": one or the other, never both.
+    if budget is not None and level is not None:
+        return Refusal("gemini_thinking_both", "You can only set only one of thinking budget and thinking level.",
+                       code="INVALID_ARGUMENT")
+    levels = facts.get("levels")
+    if level is not None and levels is not None and str(level).lower() not in levels:
+        if not levels:
+            return Refusal("gemini_thinking_level", "Thinking level is not supported for this model.",
+                           code="INVALID_ARGUMENT")
+        return Refusal("gemini_thinking_level", f"Thinking level {level} is not supported for this model. Supported "
+                                                f"levels: {', '.join(levels)}.", code="INVALID_ARGUMENT")
+    if budget is None or budget == -1:
+        return None
+    if not isinstance(budget, int) or isinstance(budget, bool):
+        return Refusal("gemini_thinking_budget", f"The thinking budget ({budget}) is invalid.", code="INVALID_ARGUMENT")
+    if budget == 0 and facts.get("off") is False:
+        return Refusal("gemini_thinking_budget", "Budget 0 is invalid. This model only works in thinking mode.",
+                       code="INVALID_ARGUMENT")
+    low, high = facts.get("budget") or (0, None)
+    if budget < 0 or (budget != 0 and budget < low) or (high is not None and budget > high):
+        return Refusal("gemini_thinking_budget", f"The thinking budget ({budget}) is invalid.", code="INVALID_ARGUMENT")
+    return None
+
+
 def check(route: str | None, body: Any, refuse: Mapping[str, set[str]] | None = None, *,
-          frame: bool = False) -> Refusal | None:
-    """The first rule `body` breaks on `route` ("messages", "chat", "responses"), or None."""
+          frame: bool = False, model: str | None = None) -> Refusal | None:
+    """The first rule `body` breaks on `route` ("messages", "chat", "responses", "gemini"), or
+    None. Gemini names its model in the path: `model`."""
     if not isinstance(body, dict):
         return None
+    if route == "gemini":
+        return check_gemini(body, model, set((refuse or {}).get(str(model), ())))
     wanted = set((refuse or {}).get(str(body.get("model")), ()))
     if route == "messages":
         return check_anthropic(body, wanted)
