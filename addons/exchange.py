@@ -17,6 +17,7 @@ from interceptor.dialects import Route
 from interceptor.dialects.base import Override
 from interceptor.trace.messages import Request
 from interceptor.trace.model import ReplaySource
+from interceptor.trace.prefix import Listed
 
 if TYPE_CHECKING:
     from mitmproxy import http
@@ -70,6 +71,9 @@ class Exchange:
     translation: Translation | None = None
     translated_digest: str | None = None
     resent: bool = False  # sent a second time after the provider refused a proxy change (Feedback)
+    # The message list as Rewrite scanned it: the history recognised from an earlier request,
+    # handed to the recorder with the turn so it remembers this one (trace/prefix.py).
+    listed: Listed | None = None
 
     @property
     def dialect(self):

@@ -17,6 +17,7 @@ from mitmproxy import http
 from interceptor.addons.exchange import Exchange
 from interceptor.trace import ModelCall
 from interceptor.trace.messages import Response, ResponseError, Sampling
+from interceptor.trace.prefix import touches
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,11 @@ def commit(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: 
     recorder = ex.session.recorder
     try:
         if error is None and response is not None and ex.request is not None:
-            recorder.commit_turn(ex.request, response, call)
+            listed = ex.listed
+            if listed is not None and touches(ex.overrides, listed.key):
+                recorder.prefixes.clear()  # changed after Rewrite: its elements are not as sent
+                listed = None
+            recorder.commit_turn(ex.request, response, call, listed)
             ex.turn = call.id
         else:
             recorder.record_call(call)

@@ -28,6 +28,7 @@ from interceptor.dialects.base import Dialect, Override
 from interceptor.dialects.body import parse_body
 from interceptor.dialects.translate import Translation, translation
 from interceptor.trace.messages import Request
+from interceptor.trace.prefix import Listed, Prefixes, touches
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class Prepared:
     refusal: str | None = None
     stream: bool = False  # the harness asked for a stream
     source: dict[str, Any] | None = None  # the harness's body, when ``body`` is its translation
+    listed: Listed | None = None  # the message list element by element (trace/prefix.py)
 
 
 # No model API takes JSON nested this deep, and deeper values break recursive code further on
@@ -81,7 +83,8 @@ def _depth(text: str) -> int:
 
 
 def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path: str = "",
-            translated: Translation | None = None, refused: Refused | None = None) -> Prepared:
+            translated: Translation | None = None, refused: Refused | None = None,
+            prefixes: Prefixes | None = None) -> Prepared:
     """Parse, understand and rewrite one request body. Pure, so that a large body can be
     handled in a worker thread while the event loop keeps serving other sessions. A changed
     body is spliced: only the top-level keys an override names are written anew, the
@@ -97,9 +100,12 @@ def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path
     With ``translated`` the canonical request is read from the harness's body, which is then
     translated into the upstream's dialect (what cannot be carried over is an override with
     reason ``translation``) and the session's settings are imposed on the translation, by the
-    upstream's rules: ``body`` and ``content`` are what the upstream gets."""
+    upstream's rules: ``body`` and ``content`` are what the upstream gets.
+
+    ``prefixes`` are the session's remembered message lists: the history a request restates
+    as the very same text is taken from them, not parsed again (trace/prefix.py)."""
     try:
-        return _prepare(raw, dialect, kind, config, path, translated, refused)
+        return _prepare(raw, dialect, kind, config, path, translated, refused, prefixes)
     except RecursionError:
         return Prepared(refusal="request body is nested too deeply to be read; no model API "
                                 "accepts JSON nested hundreds of levels deep")
@@ -108,9 +114,10 @@ def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path
 
 
 def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path: str,
-             translated: Translation | None, refused: Refused | None) -> Prepared:
+             translated: Translation | None, refused: Refused | None, prefixes: Prefixes | None) -> Prepared:
+    listed = dialect.message_list if kind == "model" else None
     try:
-        parsed = parse_body(raw)
+        parsed = parse_body(raw, listed, prefixes if listed else None)
     except ValueError as e:
         return Prepared(refusal=f"request body is not valid JSON: {e}")
     body = parsed.data
@@ -123,7 +130,9 @@ def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, pat
     out.stream = dialect.is_stream(body, path)
     if kind == "model":
         try:
-            out.request = dialect.parse_request(body)
+            listing = parsed.listed
+            known = listing.messages if listing is not None else ()
+            out.request = dialect.parse_request(body, known) if known else dialect.parse_request(body)
             if out.request.model is None and out.requested_model:  # a dialect with the model in the path
                 out.request.model = out.requested_model
         except Exception as e:  # a shape the dialect does not know: refuse rather than record wrong
@@ -134,6 +143,7 @@ def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, pat
         learned = refused.get(dialect.name, config.model or out.requested_model) if refused else frozenset()
         out.overrides = dialect.apply_overrides(body, config.model, config.sampling, config.sampling_mode, learned,
                                                 requested=out.requested_model)
+        out.listed = listing
     else:
         out.overrides = dialect.side_overrides(body, config.model)
     if out.overrides:
@@ -193,7 +203,9 @@ class Rewrite:
     async def _rewrite_body(self, flow: http.HTTPFlow, ex: Exchange) -> bool:
         raw = flow.request.get_content(strict=False) or b""
         ex.raw_body = raw
-        args = (raw, ex.dialect, ex.route.kind, ex.session.config, flow.request.path, ex.translation, self.refused)
+        prefixes = ex.session.recorder.prefixes
+        args = (raw, ex.dialect, ex.route.kind, ex.session.config, flow.request.path, ex.translation, self.refused,
+                prefixes)
         prepared = await asyncio.to_thread(prepare, *args) if len(raw) > OFF_LOOP else prepare(*args)
         if prepared.refusal is not None:
             refuse(flow, error_response(ex.dialect, 400, prepared.refusal))
@@ -204,6 +216,10 @@ class Rewrite:
         if previous is not None:
             self._chain(ex, source, previous)
         ex.overrides = prepared.overrides
+        ex.listed = prepared.listed
+        if ex.listed is not None and touches(ex.overrides, ex.listed.key):
+            prefixes.clear()  # its elements may have been changed in place: share none
+            ex.listed = None
         ex.body = prepared.body
         ex.stream = prepared.stream
         ex.requested_model = prepared.requested_model

@@ -56,6 +56,17 @@ def package_dir(tree: Path, into: Path) -> Path:
     return into
 
 
+def checkout_proxy(rev: str, work: Path, options: dict, env: dict) -> MitmProcess:
+    """This proxy as it was at ``rev`` (``git archive`` into ``work``), ready to start."""
+    tree = work / "before-tree"
+    tree.mkdir()
+    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    proc = MitmProcess(workdir=work / "before", options=options,
+                       env={**env, "PYTHONPATH": str(package_dir(tree, work / "before-pkg"))})
+    proc.script_path = tree / "addons" / "interception.py"  # (and its own package, above)
+    return proc
+
 
 def fmt(xs: list[float]) -> str:
     xs = sorted(xs)
@@ -115,16 +126,10 @@ def main() -> int:
     args = ap.parse_args()
     rev = args.before or before_rev()
     work = Path(tempfile.mkdtemp(prefix="bench-failclosed-"))
-    tree = work / "before-tree"
-    tree.mkdir()
-    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     sim, sim_url = start_simulator(work)
     opts = {"intercept_upstream": f"{sim_url}/v1", "intercept_api_key_env": KEY_ENV}
     env = {KEY_ENV: "sk-bench-real-key"}
-    before = MitmProcess(workdir=work / "before", options=opts,
-                         env={**env, "PYTHONPATH": str(package_dir(tree, work / "before-pkg"))})
-    before.script_path = tree / "addons" / "interception.py"  # (and its own package, above)
+    before = checkout_proxy(rev, work, opts, env)
     after = MitmProcess(workdir=work / "after", options=opts, env=env)
     procs = {"before": before, "after": after}
     try:

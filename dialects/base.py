@@ -10,11 +10,11 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, ClassVar, Literal, Protocol
 
 from interceptor.dialects.sse import SSEDecoder, SSEEvent
-from interceptor.trace.messages import Request, Response, ResponseError, Sampling
+from interceptor.trace.messages import Message, Request, Response, ResponseError, Sampling
 
 # A parameter an error message names: `temperature`, 'top_p', "reasoning.effort"; or opens with.
 _QUOTED = re.compile(r"[`'\"]([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)[`'\"]")
@@ -88,6 +88,12 @@ class Dialect(ABC):
     credential_headers: ClassVar[tuple[str, ...]] = ("authorization", "x-api-key", "api-key")
     #: The dialect can return training tokens (vLLM/SGLang ``return_token_ids``).
     collects_tokens: ClassVar[bool] = False
+    #: The body key of a message list whose elements are one canonical message each, parsed
+    #: on their own and in order (Chat's ``messages``): the history a request restates is then
+    #: recognised from its text and not parsed again (trace/prefix.py), and ``parse_request``
+    #: gets the known leading messages. None where one element can make several messages or
+    #: depends on another (a tool result named by an earlier call).
+    message_list: ClassVar[str | None] = None
 
     # -- where it is spoken ------------------------------------------------------------
 
@@ -149,7 +155,10 @@ class Dialect(ABC):
     # -- bodies ----------------------------------------------------------------------------
 
     @abstractmethod
-    def parse_request(self, body: dict[str, Any]) -> Request: ...
+    def parse_request(self, body: dict[str, Any], known: Sequence[Message] = ()) -> Request:
+        """The canonical request. ``known`` (only with ``message_list``) are the canonical
+        messages of the list's first ``len(known)`` elements, already parsed from the very
+        same text: used as they are."""
 
     @abstractmethod
     def parse_response(self, body: dict[str, Any]) -> Response: ...

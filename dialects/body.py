@@ -16,6 +16,8 @@ import json.scanner
 from dataclasses import dataclass, field
 from typing import Any
 
+from interceptor.trace.prefix import Listed, Prefixes
+
 _DECODER = json.JSONDecoder()
 _SCAN = json.scanner.make_scanner(_DECODER)
 _SCANSTRING = json.decoder.scanstring
@@ -33,6 +35,7 @@ class Body:
     data: dict[str, Any]
     text: str | None = None
     spans: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (start of key, end of value)
+    listed: Listed | None = None  # the message list, element by element (``parse_body(listed=...)``)
 
     def encode(self, changed: set[str]) -> bytes:
         """The body with the top-level keys in ``changed`` written from ``data`` (or left
@@ -51,11 +54,16 @@ class Body:
         return ("{" + ",".join(out) + "}").encode()
 
 
-def parse_body(raw: bytes) -> Body:
+def parse_body(raw: bytes, listed: str | None = None, prefixes: Prefixes | None = None) -> Body:
     """Parse a JSON request body; raises ``ValueError`` (as ``json.loads``) when it is not
     JSON. A top-level value that is not an object is returned as ``data`` unchanged for the
     caller to refuse. Text that is not UTF-8 is parsed by ``json.loads`` (which detects
-    UTF-16/32) and is re-serialised whole when changed."""
+    UTF-16/32) and is re-serialised whole when changed.
+
+    ``listed`` names the key of the message list: its array is scanned element by element
+    (``Body.listed`` says where each ends), and the leading elements an earlier request of
+    the session sent as the very same text (``prefixes``, trace/prefix.py) are taken as
+    they were parsed then instead of being parsed again."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -68,6 +76,7 @@ def parse_body(raw: bytes) -> Body:
         return Body(json.loads(text))  # not an object: json.loads gives the value or the error
     data: dict[str, Any] = {}
     spans: dict[str, tuple[int, int]] = {}
+    listing: Listed | None = None
     i = _skip(text, i + 1)
     if i < n and text[i] == "}":
         _end(text, i + 1)
@@ -81,10 +90,18 @@ def parse_body(raw: bytes) -> Body:
         if i >= n or text[i] != ":":
             raise json.JSONDecodeError("Expecting ':' delimiter", text, i)
         i = _skip(text, i + 1)
-        try:
-            value, i = _SCAN(text, i)
-        except StopIteration as e:
-            raise json.JSONDecodeError("Expecting value", text, e.value) from None
+        scanned = _scan_list(text, i, key, prefixes) if key == listed else None
+        if scanned is not None:
+            value, i = scanned
+            listing = value
+            value = value.items
+        else:
+            try:
+                value, i = _SCAN(text, i)
+            except StopIteration as e:
+                raise json.JSONDecodeError("Expecting value", text, e.value) from None
+            if key == listed:
+                listing = None  # a repeated key that is not a list: the last one wins
         if key in spans:  # a repeated key: the last one wins, as in json.loads
             del spans[key]
         data[key] = value
@@ -95,8 +112,55 @@ def parse_body(raw: bytes) -> Body:
             continue
         if i < n and text[i] == "}":
             _end(text, i + 1)
-            return Body(data, text, spans)
+            return Body(data, text, spans, listing)
         raise json.JSONDecodeError("Expecting ',' delimiter", text, i)
+
+
+def _scan_list(text: str, i: int, key: str, prefixes: Prefixes | None) -> tuple[Listed, int] | None:
+    """The array at ``i`` element by element: a ``Listed`` and the index after the array, or
+    None when it is not an array or anything in it is irregular (the caller's plain scan
+    then parses it, or raises the error ``json.loads`` would)."""
+    n = len(text)
+    if i >= n or text[i] != "[":
+        return None
+    start = i + 1
+    listing = Listed(key=key, text=text, start=start)
+    j = start
+    if prefixes is not None:
+        entry, k = prefixes.match(text, start)
+        if entry is not None:
+            after = _skip(text, start + entry.ends[k - 1])
+            if after >= n or text[after] not in ",]":
+                # The last element goes on past the known text (a number: [12 of [123]); the
+                # ones before it are followed by a comma inside the matched text.
+                k -= 1
+            if k:
+                j = start + entry.ends[k - 1]
+                listing.ends = entry.ends[:k]
+                listing.items = entry.items[:k]
+                listing.messages = entry.messages[:k]
+                listing.nodes = entry.nodes[:k]
+                listing.known = k
+                listing.generation = prefixes.generation
+    ends, items = listing.ends, listing.items
+    j = _skip(text, j)
+    if not items:
+        if j < n and text[j] == "]":
+            return listing, j + 1
+    while True:
+        if items:
+            if j < n and text[j] == "]":
+                return listing, j + 1
+            if j >= n or text[j] != ",":
+                return None
+            j = _skip(text, j + 1)
+        try:
+            value, j = _SCAN(text, j)
+        except StopIteration:
+            return None
+        items.append(value)
+        ends.append(j - start)
+        j = _skip(text, j)
 
 
 def _skip(text: str, i: int) -> int:

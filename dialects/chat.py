@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from interceptor.dialects.base import Override, RouteKind
@@ -273,17 +274,19 @@ class ChatDialect(OpenAIDialect):
     model_table = "openai"
     routes = {("POST", "/v1/chat/completions"): "model"}
     knobs = KNOBS
+    message_list = "messages"  # one element, one message (_message)
     collects_tokens = True  # vLLM >= 0.10.2 and SGLang return token ids on this route
 
     def route(self, method: str, path: str) -> RouteKind | None:
         return super().route(method, path) or models_route(method, path)
 
-    def parse_request(self, body: dict[str, Any]) -> Request:
+    def parse_request(self, body: dict[str, Any], known: Sequence[Message] = ()) -> Request:
         tools = [_tool(t) for t in body.get("tools") or []]
         tools += [Tool(name=f.get("name", ""), description=f.get("description"),
                        parameters=f.get("parameters")) for f in body.get("functions") or []]
+        items = body.get("messages") or []
         return Request(
-            messages=[_message(m) for m in body.get("messages") or []],
+            messages=[*known, *(_message(m) for m in items[len(known):])],
             tools=tools,
             model=body.get("model"),
             sampling=self.sampling(body),

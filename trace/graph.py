@@ -22,6 +22,7 @@ token ids, the tokens decide as above (a template that rendered no reasoning doe
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from interceptor.trace.messages import Message, message_hash, restated_hash
@@ -86,6 +87,7 @@ class Graph:
         logprobs: list[float] | None = None,
         choices: list[tuple[Message, list[int] | None, list[float] | None]] = (),
         now: float | None = None,
+        known: Sequence[int] = (),
     ) -> TurnNodes:
         """Add one turn; return the node indices it used and created.
 
@@ -102,6 +104,10 @@ class Graph:
         parent: int | None = None
         consumed = 0  # prompt tokens covered by the reused prefix
         k = 0
+        if known and prompt_token_ids is None and len(known) <= len(prompt) and known[-1] < len(nodes):
+            path = list(known)
+            parent = path[-1]
+            k = len(path)
         while k < len(prompt):
             match = self._match(parent, prompt[k], prompt_token_ids, consumed)
             if match is None:

@@ -16,6 +16,7 @@ from interceptor.trace import tokens
 from interceptor.trace._version import VERSION
 from interceptor.trace.graph import Graph
 from interceptor.trace.messages import Message, Request, Response, ResponseError, Tool, Usage
+from interceptor.trace.prefix import Listed, Prefixes
 from interceptor.trace.model import SCHEMA_VERSION, Header, ModelCall, Reward, Rewrite, StateWrite, Timing, Trace
 from interceptor.trace.records import call_record, node_record
 from interceptor.trace.store import FSYNC_POLICIES, Store
@@ -83,6 +84,8 @@ class Recorder:
             **{k: _scrub(getattr(header, k)) for k in ("agent", "task", "info", "config")}})
         self._trace = Trace(**header.model_dump())
         self._graph = Graph(self._trace)
+        # The session's last message lists as sent, so a restated history is not parsed again.
+        self.prefixes = Prefixes()
         self._estimates: dict[int, int] = {}
         self._by_response_id: dict[str, int] = {}
         self._last_tools: tuple[list[Tool], int | None] = ([], None)  # the previous turn's set
@@ -100,9 +103,15 @@ class Recorder:
     def sealed(self) -> bool:
         return self._trace.sealed
 
-    def commit_turn(self, request: Request, response: Response, call: ModelCall) -> ModelCall:
+    def commit_turn(self, request: Request, response: Response, call: ModelCall,
+                    listed: Listed | None = None) -> ModelCall:
         """Add the turn's new nodes and its sampled reply, link ``call`` to the reply
-        (``call.node``), fill what the call lacks from the response, append and record."""
+        (``call.node``), fill what the call lacks from the response, append and record.
+
+        ``listed``: the request's message list as scanned from its body (trace/prefix.py),
+        when ``request.messages`` are its elements one for one. Its known leading messages
+        skip the graph walk (their nodes are known), and the list is remembered so the next
+        request that restates it is not parsed again."""
         if self._released is not None:
             # The graph is gone (see ``release``); the exchange still goes on the record.
             call.error = call.error or ResponseError(
@@ -112,7 +121,7 @@ class Recorder:
         trace = self._trace
         mark = (len(trace.nodes), len(trace.calls), len(trace.tool_sets), self._last_tools)
         try:
-            record = self._turn(request, response, call)
+            record = self._turn(request, response, call, listed)
             self._append(record, sync=self.fsync == "turn")
         except Exception as e:  # noqa: BLE001 - one bad exchange must not end the record
             # Atomic: the turn is in memory and queued for the file, or in neither and an
@@ -125,11 +134,20 @@ class Recorder:
             self.record_call(call)
         return call
 
-    def _turn(self, request: Request, response: Response, call: ModelCall) -> dict[str, Any]:
+    def _turn(self, request: Request, response: Response, call: ModelCall,
+              listed: Listed | None = None) -> dict[str, Any]:
         trace = self._trace
+        messages = request.messages
+        if listed is not None and len(messages) != len(listed.ends):
+            listed = None  # not the list as scanned (a chained or rewritten request)
+        known: list[int] = []
+        if (listed is not None and listed.known and listed.generation == self.prefixes.generation
+                and messages[listed.known - 1] is listed.messages[-1]):
+            known = listed.nodes
         turn = self._graph.add_turn(
-            request.messages,
+            messages,
             response.message,
+            known=known,
             prompt_token_ids=response.prompt_token_ids,
             token_ids=response.token_ids,
             logprobs=response.logprobs,
@@ -146,10 +164,13 @@ class Recorder:
             self._by_response_id[call.response_id] = call.node
         record["nodes"] = [node_record(i, trace.nodes[i]) for i in turn.added]
         record["call"] = call_record(call)
+        if listed is not None:
+            self.prefixes.remember(listed, messages, turn.prompt_path)
         return record
 
     def _rollback(self, nodes: int, calls: int, tool_sets: int, last_tools: tuple) -> None:
         trace = self._trace
+        self.prefixes.clear()  # they may name nodes that are gone now
         if len(trace.nodes) > nodes:
             del trace.nodes[nodes:]
             self._graph = Graph(trace)  # O(nodes), on this rare path only
@@ -268,6 +289,7 @@ class Recorder:
                             stop_condition=t.stop_condition, state_version=t.state_version,
                             state_digest=t.state_digest)
         self._graph = Graph(self._trace)
+        self.prefixes.clear()
         self._estimates, self._by_response_id = {}, {}
         self._last_tools, self._tools_estimates = ([], None), {}
 

@@ -1,0 +1,182 @@
+"""A growing rollout, turn by turn: does the proxy's cost per turn grow with the history?
+
+    .venv/bin/python bench/rollout.py [--turns 300] [--chunk 570] [--before REV]
+
+One Chat Completions conversation of ``--turns`` turns, each restating the whole history and
+adding a ``--chunk``-character user message and reply (300 x 2 x 570 characters: the last
+request is ~340 KB, the workload of issue 16), sent to every path **in the same turn, the
+order rotating every turn**, so the machine's load (a shared 2-core box) hits every path
+alike:
+
+- ``direct``: to the simulator, no proxy (the latency floor);
+- ``bare``: bare mitmdump, TLS intercepted for api.openai.com and mapped to the simulator
+  (``map_remote``): mitmproxy's own cost for the same bytes;
+- ``before``: this proxy at ``--before`` (default: the last commit before issue 16's prefix
+  recognition), exported with ``git archive`` and run from there (omit with ``--before none``);
+- ``proxy``: this checkout.
+
+Each proxy session imposes a model (so every request is rewritten, as in an evaluation).
+Per turn and path: the wall time of the request, and the CPU time all of the mitmdump
+process's threads used (``/proc/<pid>/task/*/schedstat``) from just before the request to
+5 ms after the answer (the trace writer's share lands in that window). Reported: CPU per
+turn in bands of turns, the ratio of the last band to the first, and the latency each proxy
+adds to direct (p50 and p99 per band). Afterwards each proxy's trace is read back: one
+branch, one turn per request, the imposed model on every call; a path that did not do what
+it claims fails the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx2 as httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from failclosed import checkout_proxy  # noqa: E402
+from mitm import MitmProcess  # noqa: E402
+from overhead import KEY_ENV, start_simulator  # noqa: E402
+from trace_turns import cpu_between, cpu_ns, machine  # noqa: E402
+
+from interceptor.trace import read_trace  # noqa: E402
+
+MODEL = "gpt-4o-bench"  # what each proxy session imposes
+URL = "https://api.openai.com/v1/chat/completions"
+
+
+def before_rev() -> str:
+    out = subprocess.run(["git", "log", "--format=%H", "--grep=^The restated history is recognised", "-n1"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    return out + "^" if out else "HEAD"
+
+
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--turns", type=int, default=300)
+    ap.add_argument("--chunk", type=int, default=570)
+    ap.add_argument("--band", type=int, default=25, help="turns per band of the table")
+    ap.add_argument("--before", default=None, help="a git revision, or 'none'")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
+    reply = ("The answer, at length. " * (args.chunk // 23 + 1))[:args.chunk]
+    script = work / "script.json"
+    script.write_text(json.dumps({"default": {"text": [reply]}}))
+    sim, sim_url = start_simulator(work, [sys.executable, "-m", "provider", "--port", "0", "--script", str(script)])
+    remap = f"|https://api\\.openai\\.com/v1|{sim_url}/v1"
+    opts = {"intercept_upstream": f"{sim_url}/v1", "intercept_api_key_env": KEY_ENV}
+    env = {KEY_ENV: "sk-bench-real-key"}
+    procs = {"bare": MitmProcess(script=False, workdir=work / "bare",
+                                 options={"connection_strategy": "lazy", "map_remote": remap})}
+    rev = None
+    if args.before != "none":
+        rev = args.before or before_rev()
+        procs["before"] = checkout_proxy(rev, work, opts, env)
+    procs["proxy"] = MitmProcess(workdir=work / "proxy", options=opts, env=env)
+    names = ["direct", *procs]
+    cpu: dict[str, list[int]] = {n: [] for n in procs}
+    lat: dict[str, list[float]] = {n: [] for n in names}
+    loads = [load()]
+    try:
+        for p in procs.values():
+            p.start()
+        sessions = {n: p.create_session(upstream={"base_url": f"{sim_url}/v1"}, model=MODEL)
+                    for n, p in procs.items() if n != "bare"}
+        warm = {n: p.create_session(upstream={"base_url": f"{sim_url}/v1"}) for n, p in procs.items() if n != "bare"}
+        with ExitStack() as stack:
+            clients = {"direct": (stack.enter_context(httpx.Client(timeout=120)), f"{sim_url}/v1/chat/completions")}
+            for n, p in procs.items():
+                ca = p.confdir / "mitmproxy-ca-cert.pem" if n == "bare" else p.ca_bundle
+                clients[n] = (stack.enter_context(httpx.Client(proxy=p.url, verify=str(ca), timeout=120)), URL)
+
+            def send(n: str, payload: bytes, secret: str) -> str:
+                client, url = clients[n]
+                r = client.post(url, content=payload, headers={"authorization": f"Bearer {secret}",
+                                                                "content-type": "application/json"})
+                r.raise_for_status()
+                return r.json()["choices"][0]["message"]["content"]
+
+            hello = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}).encode()
+            for n in names:  # connections, TLS and certificates before the first measured turn
+                send(n, hello, warm[n]["model_secret"] if n in warm else "sk-unused")
+            messages = [{"role": "system", "content": "You are a patient assistant."}]
+            for k in range(args.turns):
+                messages.append({"role": "user", "content": (f"turn {k}: " + "please go on. " * (args.chunk // 14 + 1))[:args.chunk]})
+                payload = json.dumps({"model": "gpt-4o", "messages": messages}).encode()
+                order = names[k % len(names):] + names[:k % len(names)]
+                for n in order:
+                    pid = procs[n].proc.pid if n in procs else None
+                    before_ns = cpu_ns(pid) if pid else None
+                    t0 = time.perf_counter()
+                    got = send(n, payload, sessions[n]["model_secret"] if n in sessions else "sk-unused")
+                    lat[n].append(time.perf_counter() - t0)
+                    if pid:
+                        time.sleep(0.005)
+                        cpu[n].append(cpu_between(before_ns, cpu_ns(pid)))
+                    assert got == reply, (n, got[:60])
+                messages.append({"role": "assistant", "content": reply})
+                if k % 50 == 49:
+                    loads.append(load())
+        last_request = len(payload)
+        for n, s in sessions.items():
+            procs[n].api("DELETE", f"sessions/{s['id']}")
+        time.sleep(1)
+        for n, s in sessions.items():  # each path did what it claims
+            trace = read_trace(s["trace_path"])
+            assert trace.num_turns == args.turns and len(trace.branches) == 1, (n, trace.num_turns, len(trace.branches))
+            assert {c.model for c in trace.calls} == {MODEL}, (n, {c.model for c in trace.calls})
+            assert len(trace.nodes) == 1 + 2 * args.turns, (n, len(trace.nodes))
+    finally:
+        for p in procs.values():
+            p.cleanup()
+        sim.terminate()
+        sim.wait(10)
+
+    short = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True).stdout.strip() if rev else None
+    print(f"machine: {machine()}; load average (1, 5, 15 min) at the start and every 50 turns: {' | '.join(loads)}")
+    print(f"{args.turns} turns, {args.chunk} characters a side per turn, last request {last_request / 1e3:.0f} KB; "
+          f"paths in rotating order every turn" + (f"; before = {short}" if short else ""))
+    print()
+    bands = [(lo, min(lo + args.band, args.turns)) for lo in range(0, args.turns, args.band)]
+    heads = [f"{lo + 1}-{hi}" for lo, hi in bands]
+    print("| CPU per turn, ms: median (p10-p90) | " + " | ".join(heads) + " | last / first band |")
+    print("|---" * (len(heads) + 2) + "|")
+    for n in procs:
+        cells, medians = [], []
+        for lo, hi in bands:
+            xs = [x / 1e6 for x in cpu[n][lo:hi]]
+            medians.append(statistics.median(xs))
+            cells.append(f"{medians[-1]:.2f} ({quantile(xs, 0.1):.2f}-{quantile(xs, 0.9):.2f})")
+        print(f"| {n} | " + " | ".join(cells) + f" | {medians[-1] / medians[0]:.2f} |")
+    print()
+    print("| added latency over direct, ms: p50 / p99 | " + " | ".join(heads) + " | all turns |")
+    print("|---" * (len(heads) + 2) + "|")
+    for n in procs:
+        added = [a - d for a, d in zip(lat[n], lat["direct"])]
+        cells = [f"{statistics.median(added[lo:hi]) * 1e3:.2f} / {quantile(added[lo:hi], 0.99) * 1e3:.1f}" for lo, hi in bands]
+        print(f"| {n} | " + " | ".join(cells) + f" | {statistics.median(added) * 1e3:.2f} / {quantile(added, 0.99) * 1e3:.1f} |")
+    print(f"\ndirect latency, ms: median {statistics.median(lat['direct']) * 1e3:.2f}, p99 {quantile(lat['direct'], 0.99) * 1e3:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,168 @@
+"""The restated history recognised from its bytes (trace/prefix.py): the request, the body
+and the graph come out exactly as a full parse makes them, while each turn parses only its
+new messages (counted, not timed)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import interceptor.dialects.chat as chat
+from interceptor.addons.rewrite import prepare
+from interceptor.addons.session import SessionConfig
+from interceptor.dialects import CHAT
+from interceptor.dialects.body import parse_body
+from interceptor.trace import Message, ModelCall, Recorder, Response, Store, Usage
+from interceptor.trace.prefix import Prefixes
+
+PATH = "/v1/chat/completions"
+
+
+def reply_of(k: int) -> dict:
+    if k % 3 == 1:
+        return {"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_{k}", "type": "function", "function": {"name": "bash", "arguments": f'{{"cmd": "ls {k}"}}'}}]}
+    return {"role": "assistant", "content": f"answer {k} é ✓"}
+
+
+def follow_up(k: int, reply: dict) -> dict:
+    if reply.get("tool_calls"):
+        return {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": f"out {k}"}
+    return {"role": "user", "content": f"next {k}"}
+
+
+class Session:
+    """A recorder driven as the proxy drives it: prepare (Rewrite), then commit (Record)."""
+
+    def __init__(self, path: Path, fast: bool):
+        self.store = Store()
+        self.rec = Recorder(path, {"id": path.stem}, store=self.store, fsync="never")
+        self.fast = fast
+
+    def turn(self, body: dict, reply: Message, **dump_kw):
+        raw = json.dumps(body, **dump_kw).encode()
+        p = prepare(raw, CHAT, "model", SessionConfig(), PATH, prefixes=self.rec.prefixes if self.fast else None)
+        assert p.refusal is None
+        call = ModelCall(id=uuid.uuid4().hex[:12], started_at=1.0, ended_at=2.0)
+        response = Response(message=reply, usage=Usage(input_tokens=1, output_tokens=1))
+        self.rec.commit_turn(p.request, response, call, p.listed if self.fast else None)
+        return p
+
+    def close(self):
+        self.store.close()
+
+
+def graph_of(rec: Recorder):
+    return [(n.parent, n.message, n.sampled) for n in rec.trace.nodes]
+
+
+def test_a_growing_conversation_parses_only_its_new_messages(tmp_path, monkeypatch):
+    parsed = []
+    original = chat._message
+    monkeypatch.setattr(chat, "_message", lambda m: parsed.append(m) or original(m))
+    fast, full = Session(tmp_path / "fast.msgpack", True), Session(tmp_path / "full.msgpack", False)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "go"}]
+    for k in range(40):
+        body = {"model": "gpt-4o", "messages": messages, "temperature": 0.2}
+        reply = CHAT.parse_response({"choices": [{"index": 0, "message": reply_of(k), "finish_reason": "stop"}]}).message
+        parsed.clear()
+        a = fast.turn(body, reply)
+        fast_parsed = len(parsed)
+        parsed.clear()
+        b = full.turn(body, reply)
+        assert a.request == b.request and a.body == b.body  # the same request, the same body
+        assert a.listed.ends == b.listed.ends and a.listed.items == b.listed.items
+        if k >= 1:
+            # the reply restated and its follow-up: never the history before them
+            assert a.listed.known == len(messages) - 2 and fast_parsed == 2, (k, fast_parsed)
+            assert len(parsed) == len(messages)
+        messages = messages + [reply_of(k), follow_up(k, reply_of(k))]
+    assert graph_of(fast.rec) == graph_of(full.rec)
+    assert len(fast.rec.trace.branches) == 1
+    fast.close(), full.close()
+
+
+# Histories of a few messages, each request sent with one of three spacings, possibly with
+# an edited or dropped message: whatever the harness does, recognising the history must give
+# what a full parse gives.
+edits = st.lists(st.tuples(st.sampled_from(["append", "edit", "drop", "respace", "fork"]),
+                           st.integers(0, 30)), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=edits)
+def test_any_history_edit_gives_what_a_full_parse_gives(tmp_path_factory, steps):
+    tmp = tmp_path_factory.mktemp("p")
+    fast, full = Session(tmp / "fast.msgpack", True), Session(tmp / "full.msgpack", False)
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "u0"}]
+    spacing = {}
+    for n, (op, x) in enumerate(steps):
+        if op == "edit" and len(messages) > 1:
+            j = x % len(messages)
+            messages = messages[:j] + [{"role": "user", "content": f"edited {n}"}] + messages[j + 1:]
+        elif op == "drop" and len(messages) > 2:
+            j = 1 + x % (len(messages) - 1)
+            messages = messages[:j] + messages[j + 1:]
+        elif op == "respace":
+            spacing = [{}, {"indent": 1}, {"separators": (",", ":")}][x % 3]
+        elif op == "fork":
+            messages = messages[: 1 + x % len(messages)]
+        body = {"messages": messages, "model": "m"}
+        reply = Message(role="assistant", content=f"r{n}")
+        a, b = fast.turn(body, reply, **spacing), full.turn(body, reply, **spacing)
+        assert a.request == b.request and a.body == b.body
+        assert a.listed.ends == b.listed.ends
+        messages = messages + [{"role": "assistant", "content": f"r{n}"}, {"role": "user", "content": f"u{n + 1}"}]
+    assert graph_of(fast.rec) == graph_of(full.rec)
+    fast.close(), full.close()
+
+
+def test_an_edited_message_keeps_the_history_before_it(tmp_path):
+    s = Session(tmp_path / "e.msgpack", True)
+    messages = [{"role": "system", "content": "sys"}] + [{"role": "user", "content": f"m{k}"} for k in range(9)]
+    s.turn({"messages": messages}, Message(role="assistant", content="a"))
+    edited = messages[:6] + [{"role": "user", "content": "changed"}] + messages[7:]
+    p = s.turn({"messages": edited}, Message(role="assistant", content="b"))
+    assert p.listed.known == 6  # bisected to the last whole element before the edit
+    assert [m.content for m in p.request.messages] == [m["content"] for m in edited]
+    trace = s.rec.trace
+    assert len(trace.branches) == 2 and trace.nodes[trace.branches[1].nodes[6]].message.content == "changed"
+    assert trace.branches[1].nodes[:6] == trace.branches[0].nodes[:6]
+    s.close()
+
+
+def test_an_element_that_goes_on_past_the_known_text_is_parsed_again():
+    """A number ends where the text stops matching, not where its digits stop: ``[12`` is a
+    prefix of ``[123``. The element is parsed again, never taken as known."""
+    prefixes = Prefixes()
+    first = parse_body(b'{"messages": [1, 12]}', "messages", prefixes)
+    prefixes.remember(first.listed, [Message(role="user", content="1"), Message(role="user", content="12")], [0, 1])
+    again = parse_body(b'{"messages": [1, 123]}', "messages", prefixes)
+    assert again.data == {"messages": [1, 123]} and again.listed.known == 1
+    bad = parse_body(b'{"messages": [1, 12, "x"]}', "messages", prefixes)
+    assert bad.data["messages"] == [1, 12, "x"] and bad.listed.known == 2
+    with pytest.raises(ValueError):
+        parse_body(b'{"messages": [1, 12,]}', "messages", prefixes)  # json.loads refuses it too
+
+
+def test_nodes_from_before_a_rollback_are_never_used(tmp_path):
+    """A scan made before the session's prefixes were cleared (a rolled-back turn, a released
+    graph) keeps its parsed messages but not its nodes: the graph walk decides."""
+    s = Session(tmp_path / "g.msgpack", True)
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}]
+    s.turn({"messages": messages}, Message(role="assistant", content="a"))
+    messages += [{"role": "assistant", "content": "a"}, {"role": "user", "content": "more"}]
+    p = prepare(json.dumps({"messages": messages}).encode(), CHAT, "model", SessionConfig(), PATH, prefixes=s.rec.prefixes)
+    assert p.listed.known == 2 and p.listed.nodes == [0, 1]
+    p.listed.nodes = [0, 0]  # what a stale scan could hold: nodes that mean something else now
+    s.rec.prefixes.clear()
+    call = ModelCall(id="c2", started_at=1.0, ended_at=2.0)
+    s.rec.commit_turn(p.request, Response(message=Message(role="assistant", content="b")), call, p.listed)
+    assert s.rec.trace.branches[-1].nodes[:3] == [0, 1, 2]  # walked: system, user, the reply
+    assert len(s.rec.trace.branches) == 1
+    s.close()
