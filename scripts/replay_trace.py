@@ -6,11 +6,13 @@
     python scripts/replay_trace.py export traces/*.msgpack --out samples.jsonl
     python scripts/replay_trace.py export traces/*.msgpack --format parquet --out samples.parquet --min-reward 1
     python scripts/replay_trace.py diff traces/abc.msgpack traces/abc-replayed.msgpack
+    python scripts/replay_trace.py resend traces/abc.msgpack --upstream vllm --upstreams upstreams.json --out new.msgpack
 
 ``show`` is for "what did the model see and say, and what did each exchange cost";
 ``verify`` is the gate before a trainer consumes files (exit 1 at the first bad one);
 ``export`` writes one row per branch, the shape trainers read (``--format jsonl|parquet|messages``);
-``diff`` names the first turn where two traces part (a replayed run against its source).
+``diff`` names the first turn where two traces part (a replayed run against its source);
+``resend`` asks every recorded prompt again of another upstream or model (``resend.py``).
 """
 
 from __future__ import annotations
@@ -328,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="a JSON path into the canonical request or a regex to leave out (repeatable); "
                         "the replay.ignore rules in either trace's header are used too")
     p.set_defaults(func=cmd_diff)
-    from interceptor.scripts import viewer
+    from interceptor.scripts import resend, viewer
+    resend.add_subcommand(sub)
     viewer.add_subcommand(sub)
     args = parser.parse_args(argv)
     return args.func(args)

@@ -97,7 +97,8 @@ class Rewrite(_Model):
 
 
 class ReplaySource(_Model):
-    """Which recorded call answered a replayed exchange: the source trace's id and the call's."""
+    """A call of another trace: its id and the trace's (which recorded call answered a replayed
+    exchange, or whose prompt a resent one asked again)."""
 
     trace: str
     call: str
@@ -133,6 +134,8 @@ class ModelCall(_Model):
     replay_of: str | None = None
     # Answered from another trace by a replay upstream (the harness re-ran; no model did).
     replayed_from: ReplaySource | None = None
+    # Re-asked by ``replay_trace.py resend``: the source trace and the call whose prompt it is.
+    resent_from: ReplaySource | None = None
     response_id: str | None = None  # the provider's id of the answer (Responses chains on it)
     # Which of Trace.tool_sets the request advertised; None: no tools (or not known, for an
     # exchange that committed nothing). Two sub-agents in one session advertise different sets.
