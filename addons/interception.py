@@ -23,6 +23,8 @@ calls each hook in list order):
 - Gate: a claimed flow leaves only when every step completed; any addon's exception on it
   answers in the dialect's shape and forwards nothing (each addon above is ``guarded``);
 - Annotate, Status: what the proxy did, on each flow (mitmweb) and in a status line;
+- GcTuning: once started, what is alive is frozen out of the garbage collector's passes, so
+  a full collection does not stall every session (``intercept_gc_tuning``);
 - Redact: no key or secret in what mitmproxy prints, saves or shows (last: after every addon
   that still needs them, before mitmproxy's own dumper, save and view).
 
@@ -43,6 +45,7 @@ from interceptor.addons.collect import Collect
 from interceptor.addons.control import Control
 from interceptor.addons.feedback import Feedback, Refused
 from interceptor.addons.gate import Gate, guarded
+from interceptor.addons.gctuning import GcTuning
 from interceptor.addons.openproxy import OpenProxyGuard
 from interceptor.addons.reach import Reach
 from interceptor.addons.replay import Replay
@@ -80,5 +83,6 @@ addons = guarded([
 ]) + [
     Gate(settings),  # after every step, and never guarded: it is what answers their faults
     Annotate(), Status(registry),  # observers after the Gate (they see its answers too); never raise
+    GcTuning(),  # its one hook is ``running``: after the addons above have started
     Redact(settings),  # last, unguarded (it fails closed itself): after everything that needs a secret
 ]
