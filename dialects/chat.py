@@ -451,6 +451,10 @@ class _ChoiceState:
         return {"id": slot["id"], "type": "function", "function": {"name": name, "arguments": args}}
 
 
+_HEAD = ("id", "model", "created", "system_fingerprint", "service_tier")
+_PLAIN = frozenset(("index", "delta", "logprobs", "finish_reason"))  # a choice with nothing more
+
+
 class ChatAssembler(NativeAssembler):
     """Chunks -> the ChatCompletion JSON -> ``parse_response``. Terminal: ``[DONE]`` (or an
     ``{"error": ...}`` event, after which OpenAI closes the stream)."""
@@ -463,24 +467,39 @@ class ChatAssembler(NativeAssembler):
         self.usage: dict[str, Any] | None = None
         self.prompt_token_ids: list[int] | None = None
         self.choices: dict[int, _ChoiceState] = {}
+        self._open = list(_HEAD)  # head keys no chunk has given yet
 
     def feed(self, event: SSEEvent) -> bool:
-        if not self.done and event.data.strip() == "[DONE]":
+        data = event.data
+        if not self.done and (data == "[DONE]" or (len(data) < 64 and data.strip() == "[DONE]")):
             self.done = True
         return super().feed(event)
 
     def fold(self, obj: dict[str, Any], event: SSEEvent) -> bool:
-        if obj.get("error"):
+        get = obj.get
+        if get("error"):
             return self.fail(error_from(obj["error"]))
-        head = self.head
-        for key in ("id", "model", "created", "system_fingerprint", "service_tier"):
-            if head.get(key) is None and obj.get(key) is not None:
-                head[key] = obj[key]
-        if obj.get("usage"):
+        if self._open:  # the head keys not seen yet (most streams never send some)
+            head = self.head
+            for key in self._open:
+                if get(key) is not None:
+                    head[key] = obj[key]
+            self._open = [k for k in self._open if k not in head]
+        if get("usage"):
             self.usage = obj["usage"]
-        if obj.get("prompt_token_ids") is not None:
+        if get("prompt_token_ids") is not None:
             self.prompt_token_ids = obj["prompt_token_ids"]
-        for ch in obj.get("choices") or []:
+        for ch in get("choices") or ():
+            delta = ch.get("delta")
+            if ch.keys() <= _PLAIN and type(delta) is dict and len(delta) == 1 and ch.get("finish_reason") is None \
+                    and ch.get("logprobs") is None and type(delta.get("content")) is str:
+                # The usual chunk: one piece of text and nothing else.
+                state = self.choices.get(ch.get("index", 0))
+                if state is not None:
+                    state.has_content = True
+                    if delta["content"]:
+                        state.content.append(delta["content"])
+                    continue
             state = self.choices.get(ch.get("index", 0))
             if state is None:
                 state = self.choices[ch.get("index", 0)] = _ChoiceState()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import json.scanner
 from abc import abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -82,9 +83,21 @@ def dumps_arguments(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+_SCAN = json.scanner.make_scanner(json.JSONDecoder())
+
+
 def json_data(event_data: str) -> dict[str, Any] | None:
     """An SSE data payload as a JSON object, or None when it is not one (keep-alives,
-    ``[DONE]``, a malformed line)."""
+    ``[DONE]``, a malformed line). An object that fills the payload exactly (what providers
+    send) is read by the JSON module's C scanner directly, without ``json.loads``' layers
+    around it; anything else goes through ``json.loads`` and its rules."""
+    if event_data[:1] == "{":
+        try:
+            value, end = _SCAN(event_data, 0)
+        except (StopIteration, ValueError):
+            value, end = None, -1
+        if end == len(event_data):
+            return value
     try:
         value = json.loads(event_data)
     except ValueError:

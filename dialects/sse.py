@@ -92,6 +92,18 @@ class SSEDecoder:
                 start = 3  # a UTF-8 byte order mark is not part of the first line
         if self._pending_cr and chunk[start : start + 1] == b"\n":
             start += 1  # the LF of a CRLF split across chunks
+        if not start and not self._line and b"\r" not in chunk:
+            # The usual chunk: whole LF-terminated lines, nothing pending. One split instead
+            # of a scan and a copy per line; the lines are the same.
+            lines = chunk.split(b"\n")
+            rest = lines.pop()
+            for raw in lines:
+                ev = self._line_done(raw)
+                if ev is not None:
+                    events.append(ev)
+            self._line += rest
+            self._pending_cr = False
+            return events
         i = start
         for begin, end, i in split_lines(chunk, start):
             self._line += chunk[begin:end]
@@ -118,6 +130,13 @@ class SSEDecoder:
         return events
 
     def _line_done(self, raw: bytes) -> SSEEvent | None:
+        if raw[:6] == b"data: ":  # the usual line, read without the general rules below
+            try:
+                self._data.append(raw[6:].decode("utf-8"))
+                self._has_data = True
+                return None
+            except UnicodeDecodeError:
+                pass
         if not raw:
             # WHATWG: a block with no data line dispatches nothing (even with an event name);
             # a bare ``data`` line dispatches an event whose data is empty.

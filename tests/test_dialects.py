@@ -802,3 +802,25 @@ def test_error_bodies_in_each_shape():
     assert CHAT.error_body(404, "no")["error"]["type"] == "not_found_error"
     assert CHAT.response_error(429, {"error": {"type": "rate_limit_error", "message": "slow"}}).type == "rate_limit_error"
     assert ANTHROPIC.response_error(502, "<html>").type == "http_error"
+
+
+def test_chat_chunks_with_more_than_text_are_folded_whole():
+    """The assembler reads a chunk of plain text by a shortcut (issue 16); whatever rides
+    along with the text (vLLM's per-chunk token ids, logprobs, a finish reason, a second
+    key in the delta) still reaches the record."""
+    base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    lp = {"content": [{"token": "b", "logprob": -0.5, "bytes": None, "top_logprobs": []}], "refusal": None}
+    choices = [
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
+        {"index": 0, "delta": {"content": "a"}, "token_ids": [1]},
+        {"index": 0, "delta": {"content": "b"}, "token_ids": [2], "logprobs": lp},
+        {"index": 0, "delta": {"content": "c", "reasoning_content": "why"}, "logprobs": None, "finish_reason": None},
+        {"index": 0, "delta": {"content": "d"}, "logprobs": None, "finish_reason": "stop"},
+    ]
+    a = CHAT.assembler()
+    for choice in choices:
+        assert not a.feed(SSEEvent(data=json.dumps({**base, "choices": [choice]})))
+    assert a.feed(SSEEvent(data="[DONE]"))
+    r = a.result()
+    assert r.message.content == "abcd" and r.message.reasoning[0].text == "why"
+    assert r.token_ids == [1, 2] and r.logprobs == [-0.5] and r.finish_reason == "stop"

@@ -1,0 +1,130 @@
+"""Proxy CPU per streamed event: bare streaming mitmdump against this proxy, side by side.
+
+    .venv/bin/python bench/events.py [--streams 60] [--tokens 500] [--before REV]
+
+Chat Completions streams of ``--tokens`` events each (one token per event, as providers
+send them), sequential, through: bare mitmdump streaming SSE (``bench/stream_sse.py``, the
+fair baseline: by default mitmproxy buffers whole bodies), this proxy at ``--before``
+(omit with ``--before none``), and this checkout. The paths alternate stream by stream
+(rotating order), so the machine's load hits them alike. Per stream: the CPU time of all of
+the mitmdump process's threads (``/proc/<pid>/task/*/schedstat``) from before the request
+to 5 ms after its end, divided by the events the client received. Reported: µs per event,
+median (p10-p90), and each proxy's excess over bare. Each proxy's trace is checked
+afterwards: one turn per stream, every reply whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx2 as httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from failclosed import checkout_proxy  # noqa: E402
+from mitm import MitmProcess  # noqa: E402
+from overhead import KEY_ENV, start_simulator  # noqa: E402
+from rollout import load, quantile  # noqa: E402
+from trace_turns import cpu_between, cpu_ns, machine  # noqa: E402
+
+from interceptor.trace import read_trace  # noqa: E402
+
+URL = "https://api.openai.com/v1/chat/completions"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--streams", type=int, default=60)
+    ap.add_argument("--tokens", type=int, default=500)
+    ap.add_argument("--before", default="none", help="a git revision, or 'none'")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-events-"))
+    pieces = [f"w{k} " for k in range(args.tokens)]
+    script = work / "script.json"
+    script.write_text(json.dumps({"default": {"text": pieces}}))
+    sim, sim_url = start_simulator(work, [sys.executable, "-m", "provider", "--port", "0", "--script", str(script)])
+    opts = {"intercept_upstream": f"{sim_url}/v1", "intercept_api_key_env": KEY_ENV}
+    env = {KEY_ENV: "sk-bench-real-key"}
+    procs = {"bare + stream": MitmProcess(script=False, workdir=work / "bare", options={
+        "connection_strategy": "lazy", "map_remote": f"|https://api\\.openai\\.com/v1|{sim_url}/v1",
+        "scripts": str(ROOT / "bench" / "stream_sse.py")})}
+    if args.before != "none":
+        procs["before"] = checkout_proxy(args.before, work, opts, env)
+    procs["proxy"] = MitmProcess(workdir=work / "proxy", options=opts, env=env)
+    per_event: dict[str, list[float]] = {n: [] for n in procs}
+    loads = [load()]
+    try:
+        for p in procs.values():
+            p.start()
+        sessions = {n: p.create_session(upstream={"base_url": f"{sim_url}/v1"}) for n, p in procs.items() if n != "bare + stream"}
+        payload = json.dumps({"model": "gpt-4o", "stream": True, "stream_options": {"include_usage": True},
+                              "messages": [{"role": "user", "content": "count"}]}).encode()
+        with ExitStack() as stack:
+            clients = {}
+            for n, p in procs.items():
+                ca = p.ca_bundle if n in sessions else p.confdir / "mitmproxy-ca-cert.pem"
+                clients[n] = stack.enter_context(httpx.Client(proxy=p.url, verify=str(ca), timeout=120))
+
+            def stream(n: str) -> tuple[int, str]:
+                secret = sessions[n]["model_secret"] if n in sessions else "sk-unused"
+                events, text = 0, []
+                with clients[n].stream("POST", URL, content=payload, headers={
+                        "authorization": f"Bearer {secret}", "content-type": "application/json"}) as r:
+                    r.raise_for_status()
+                    for line in r.iter_lines():
+                        if line.startswith("data:"):
+                            events += 1
+                            if line.startswith("data: {"):
+                                text += [c["delta"].get("content") or "" for c in json.loads(line[6:])["choices"]]
+                return events, "".join(text)
+
+            names = list(procs)
+            for n in names:
+                stream(n)  # connections, TLS, certificates
+            for k in range(args.streams):
+                for n in names[k % len(names):] + names[:k % len(names)]:
+                    pid = procs[n].proc.pid
+                    t0 = cpu_ns(pid)
+                    events, text = stream(n)
+                    time.sleep(0.005)
+                    per_event[n].append(cpu_between(t0, cpu_ns(pid)) / events / 1e3)
+                    assert text == "".join(pieces), (n, text[:60])
+                if k % 20 == 19:
+                    loads.append(load())
+        for n, s in sessions.items():
+            procs[n].api("DELETE", f"sessions/{s['id']}")
+        time.sleep(1)
+        for n, s in sessions.items():
+            trace = read_trace(s["trace_path"])
+            assert trace.num_turns == args.streams + 1, (n, trace.num_turns)
+            assert all(node.message.content == "".join(pieces) for node in trace.nodes if node.sampled)
+    finally:
+        for p in procs.values():
+            p.cleanup()
+        sim.terminate()
+        sim.wait(10)
+    print(f"machine: {machine()}; load average at the start and every 20 streams: {' | '.join(loads)}")
+    print(f"{args.streams} streams of {args.tokens} token events per path, paths in rotating order"
+          + (f"; before = {args.before}" if args.before != "none" else ""))
+    print()
+    print("| path | CPU per event, µs: median (p10-p90) | over bare + stream, µs (medians) |")
+    print("|---|---|---|")
+    bare = statistics.median(per_event["bare + stream"])
+    for n, xs in per_event.items():
+        m = statistics.median(xs)
+        print(f"| {n} | {m:.1f} ({quantile(xs, 0.1):.1f}-{quantile(xs, 0.9):.1f}) | {m - bare:+.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
