@@ -40,6 +40,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import dialects as dialect_bench  # noqa: E402  (bench/dialects.py)
+import failclosed  # noqa: E402
 import overhead  # noqa: E402
 import trace_turns  # noqa: E402
 from mitm import MitmProcess  # noqa: E402
@@ -114,19 +115,24 @@ def overhead_by_size(out: Path, requests: int) -> None:
     plt.close(fig)
 
 
-def per_turn_cost(out: Path, turns: int) -> None:
+def per_turn_cost(out: Path, turns: int, before: str | None = None) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-plots-turns-"))
     sim, sim_url = overhead.start_simulator(work, [sys.executable, trace_turns.__file__, "--serve"])
     bare = MitmProcess(script=False, workdir=work / "bare", options={
         "connection_strategy": "lazy", "map_remote": f"|https://api\\.openai\\.com/v1|{sim_url}/v1",
         "scripts": str(trace_turns.stream_sse_script(work))})
-    addon = MitmProcess(workdir=work / "addon", options={"intercept_upstream": f"{sim_url}/v1", "intercept_api_key_env": KEY_ENV},
-                        env={KEY_ENV: "sk-bench-real-key"})
+    options = {"intercept_upstream": f"{sim_url}/v1", "intercept_api_key_env": KEY_ENV}
+    env = {KEY_ENV: "sk-bench-real-key"}
+    addon = MitmProcess(workdir=work / "addon", options=options, env=env)
+    old = failclosed.checkout_proxy(before, work, options, env) if before else None
     try:
         bare.start()
         addon.start()
         upstream = {"base_url": f"{sim_url}/v1"}
         sessions = {name: addon.create_session(upstream=upstream) for name in ("json", "sse")}
+        if old is not None:
+            old.start()
+            old_session = old.create_session(upstream=upstream)
         with ExitStack() as stack:
             def client(proxy: MitmProcess, ca: Path) -> httpx.Client:
                 return stack.enter_context(httpx.Client(proxy=proxy.url, verify=str(ca), timeout=120))
@@ -136,6 +142,8 @@ def per_turn_cost(out: Path, turns: int) -> None:
             bare_ca = bare.confdir / "mitmproxy-ca-cert.pem"
             lanes["bare json"] = trace_turns.Lane(client(bare, bare_ca), bare.proc.pid, "sk-unused")
             lanes["bare sse"] = trace_turns.Lane(client(bare, bare_ca), bare.proc.pid, "sk-unused", stream=True)
+            if old is not None:
+                lanes["before json"] = trace_turns.Lane(client(old, old.ca_bundle), old.proc.pid, old_session["model_secret"])
             trace_turns.lockstep(lanes, turns)
         for s in sessions.values():
             addon.api("DELETE", f"sessions/{s['id']}")
@@ -144,14 +152,18 @@ def per_turn_cost(out: Path, turns: int) -> None:
         commits, _ = trace_turns.in_process_commits(work, turns)
     finally:
         addon.cleanup()
+        if old is not None:
+            old.cleanup()
         bare.cleanup()
         sim.terminate()
         sim.wait(10)
     x = list(range(1, turns + 1))
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name, style in (("json", "C0"), ("bare json", "C0--"), ("sse", "C1"), ("bare sse", "C1--")):
-        label = ("bare mitmdump, " if name.startswith("bare") else "interceptor, ") + name.split()[-1].upper()
-        ax.plot(x, [ns / 1e6 for ns in lanes[name].cpu], style, lw=0.9, label=label)
+    labels = {"json": "interceptor, JSON", "bare json": "bare mitmdump, JSON", "sse": "interceptor, SSE",
+              "bare sse": "bare mitmdump, SSE", "before json": f"interceptor at {before}, JSON"}
+    for name, style in (("json", "C0"), ("bare json", "C0--"), ("sse", "C1"), ("bare sse", "C1--"), ("before json", "C7")):
+        if name in lanes:
+            ax.plot(x, [ns / 1e6 for ns in lanes[name].cpu], style, lw=0.9, label=labels[name])
     ax.set(xlabel="turn (the request restates every earlier turn: ~7 KB more each)", ylabel="mitmdump CPU per turn, ms",
            title=f"proxy CPU per turn over {turns} turns")
     ax.legend()
@@ -196,6 +208,7 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--only", choices=["overhead", "turns", "events"])
+    ap.add_argument("--before", default=None, help="per-turn figure: also this proxy at a git revision (JSON)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -205,7 +218,7 @@ def main() -> int:
     if args.only in (None, "overhead"):
         overhead_by_size(out / "overhead-by-body-size.png", args.requests)
     if args.only in (None, "turns"):
-        per_turn_cost(out / "per-turn-cost.png", args.turns)
+        per_turn_cost(out / "per-turn-cost.png", args.turns, args.before)
     print(f"plots in {out}")
     return 0
 
