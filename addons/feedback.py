@@ -40,7 +40,7 @@ from mitmproxy import ctx, http
 
 from interceptor.addons.exchange import Exchange, exchange_of
 from interceptor.addons.record import commit
-from interceptor.dialects.common import PROVIDER_REJECTED, related, undo
+from interceptor.dialects.common import NETWORK_POLICY, PROVIDER_REJECTED, related, undo
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,8 @@ def proxy_param(ex: Exchange, names: list[str]) -> str | None:
     """The first parameter the provider blamed that one of the proxy's overrides touched.
     The model is the session's to choose, never undone."""
     for name in names:
-        if name != "model" and any(o.key != "model" and not o.key.startswith("header:") and related(o.key, name)
-                                   for o in ex.overrides):
+        if name != "model" and any(o.key != "model" and not o.key.startswith("header:")
+                                   and o.reason != NETWORK_POLICY and related(o.key, name) for o in ex.overrides):
             return name
     return None
 

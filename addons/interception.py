@@ -7,6 +7,7 @@ calls each hook in list order):
 - Control: the proxy's own API under ``/_interceptor/``;
 - OpenProxyGuard: listening beyond loopback, only a session's connections are relayed (407);
 - TlsGuard: names a harness that rejects the CA (it would hang silently);
+- Egress: a session's tunnel to a host outside its network allow list is refused (403);
 - Claim: which session a request belongs to, or a 401 in the dialect's shape;
 - BodyCap: a request over ``intercept_max_body`` gets 413 before its body is read whole;
 - Rewrite: the session's model, sampling, key and upstream;
@@ -46,6 +47,7 @@ from interceptor.addons.control import Control
 from interceptor.addons.feedback import Feedback, Refused
 from interceptor.addons.gate import Gate, guarded
 from interceptor.addons.gctuning import GcTuning
+from interceptor.addons.network import Egress
 from interceptor.addons.openproxy import OpenProxyGuard
 from interceptor.addons.reach import Reach
 from interceptor.addons.replay import Replay
@@ -70,6 +72,7 @@ addons = guarded([
     Control(registry, settings),
     OpenProxyGuard(registry),  # before TlsGuard and Claim, which read (and remove) Proxy-Authorization
     TlsGuard(registry, settings),  # before Claim, which takes the CONNECT's Proxy-Authorization
+    Egress(registry, settings),  # before Claim, which takes the CONNECT's Proxy-Authorization
     Claim(registry, settings),
     BodyCap(settings),  # right after Claim: a body over intercept_max_body is never read whole
     Rewrite(refused),

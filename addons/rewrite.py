@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,6 +24,7 @@ from mitmproxy import http
 from interceptor.addons.answers import error_response, refuse
 from interceptor.addons.exchange import Exchange, Step, exchange_of
 from interceptor.addons.feedback import Refused
+from interceptor.addons.network import answer_search_only, mediate
 from interceptor.addons.session import SessionConfig
 from interceptor.dialects.base import Dialect, Override
 from interceptor.dialects.body import parse_body
@@ -59,6 +61,7 @@ class Prepared:
     content: bytes | None = None  # the new body, when something changed
     requested_model: str | None = None  # as the harness sent it
     refusal: str | None = None
+    search_only: bool = False  # it exists only to use removed provider tools (network policy)
     stream: bool = False  # the harness asked for a stream
     source: dict[str, Any] | None = None  # the harness's body, when ``body`` is its translation
     listed: Listed | None = None  # the message list element by element (trace/prefix.py)
@@ -84,7 +87,7 @@ def _depth(text: str) -> int:
 
 def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path: str = "",
             translated: Translation | None = None, refused: Refused | None = None,
-            prefixes: Prefixes | None = None) -> Prepared:
+            prefixes: Prefixes | None = None, recorded: Callable[[str], bool] | None = None) -> Prepared:
     """Parse, understand and rewrite one request body. Pure, so that a large body can be
     handled in a worker thread while the event loop keeps serving other sessions. A changed
     body is spliced: only the top-level keys an override names are written anew, the
@@ -103,9 +106,13 @@ def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path
     upstream's rules: ``body`` and ``content`` are what the upstream gets.
 
     ``prefixes`` are the session's remembered message lists: the history a request restates
-    as the very same text is taken from them, not parsed again (trace/prefix.py)."""
+    as the very same text is taken from them, not parsed again (trace/prefix.py).
+
+    The session's network policy is applied first, in the harness's dialect (before any
+    translation): ``recorded`` says whether a provider-held answer id is one this session
+    recorded (such a chain is kept)."""
     try:
-        return _prepare(raw, dialect, kind, config, path, translated, refused, prefixes)
+        return _prepare(raw, dialect, kind, config, path, translated, refused, prefixes, recorded)
     except RecursionError:
         return Prepared(refusal="request body is nested too deeply to be read; no model API "
                                 "accepts JSON nested hundreds of levels deep")
@@ -114,7 +121,8 @@ def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path
 
 
 def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path: str,
-             translated: Translation | None, refused: Refused | None, prefixes: Prefixes | None) -> Prepared:
+             translated: Translation | None, refused: Refused | None, prefixes: Prefixes | None,
+             recorded: Callable[[str], bool] | None) -> Prepared:
     listed = dialect.message_list if kind == "model" else None
     try:
         parsed = parse_body(raw, listed, prefixes if listed else None)
@@ -138,17 +146,33 @@ def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, pat
         except Exception as e:  # a shape the dialect does not know: refuse rather than record wrong
             log.warning(f"interceptor: {dialect.name} request not understood: {type(e).__name__}: {e}")
             return Prepared(refusal=f"request not understood by the {dialect.name} dialect: {e}")
+        network = _network(out, dialect, body, config, recorded)
         if translated is not None:
-            return _translate(out, translated, config)
+            out = _translate(out, translated, config)
+            out.overrides[:0] = network
+            return out
         learned = refused.get(dialect.name, config.model or out.requested_model) if refused else frozenset()
-        out.overrides = dialect.apply_overrides(body, config.model, config.sampling, config.sampling_mode, learned,
-                                                requested=out.requested_model)
+        out.overrides = network + dialect.apply_overrides(body, config.model, config.sampling, config.sampling_mode,
+                                                          learned, requested=out.requested_model)
         out.listed = listing
     else:
-        out.overrides = dialect.side_overrides(body, config.model)
+        out.overrides = _network(out, dialect, body, config, recorded) + dialect.side_overrides(body, config.model)
     if out.overrides:
         out.content = parsed.encode({o.key.split(".", 1)[0] for o in out.overrides})
     return out
+
+
+def _network(out: Prepared, dialect: Dialect, body: dict[str, Any], config: SessionConfig,
+             recorded: Callable[[str], bool] | None) -> list[Override]:
+    """The network policy's changes (addons/network.py), and whether the request is then
+    one to answer here (model routes only: a side route's body is never answered)."""
+    if config.network is None:
+        return []
+    previous = dialect.previous_response(body)
+    mediation = mediate(dialect, body, config.network,
+                        known_previous=bool(previous and recorded is not None and recorded(previous)))
+    out.search_only = mediation.search_only and out.request is not None
+    return mediation.overrides
 
 
 def _translate(out: Prepared, translated: Translation, config: SessionConfig) -> Prepared:
@@ -203,9 +227,9 @@ class Rewrite:
     async def _rewrite_body(self, flow: http.HTTPFlow, ex: Exchange) -> bool:
         raw = flow.request.get_content(strict=False) or b""
         ex.raw_body = raw
-        prefixes = ex.session.recorder.prefixes
+        recorder = ex.session.recorder
         args = (raw, ex.dialect, ex.route.kind, ex.session.config, flow.request.path, ex.translation, self.refused,
-                prefixes)
+                recorder.prefixes, lambda rid: recorder.conversation(rid) is not None)
         prepared = await asyncio.to_thread(prepare, *args) if len(raw) > OFF_LOOP else prepare(*args)
         if prepared.refusal is not None:
             refuse(flow, error_response(ex.dialect, 400, prepared.refusal))
@@ -218,11 +242,14 @@ class Rewrite:
         ex.overrides = prepared.overrides
         ex.listed = prepared.listed
         if ex.listed is not None and touches(ex.overrides, ex.listed.key):
-            prefixes.clear()  # its elements may have been changed in place: share none
+            recorder.prefixes.clear()  # its elements may have been changed in place: share none
             ex.listed = None
         ex.body = prepared.body
         ex.stream = prepared.stream
         ex.requested_model = prepared.requested_model
+        if prepared.search_only:
+            answer_search_only(flow, ex)  # nothing goes upstream
+            return False
         if prepared.content is not None:
             flow.request.content = prepared.content
         if ex.translation is not None:

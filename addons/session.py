@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator, model_validator
 
+from interceptor.addons.network import NetworkPolicy
 from interceptor.addons.state import TaskState
 from interceptor.addons.upstream import Upstream, UpstreamRef
 from interceptor.trace import Recorder, Store
@@ -69,6 +70,8 @@ class SessionConfig(BaseModel):
     # a JSON Schema every accepted write must satisfy (the initial value too).
     state: dict[str, Any] | None = None
     state_schema: dict[str, Any] | None = None
+    # What the rollout may reach through the provider and around it (addons/network.py).
+    network: NetworkPolicy | None = None
 
     @model_validator(mode="after")
     def _state(self) -> SessionConfig:
@@ -121,6 +124,7 @@ class Session:
     oversized: int = 0  # requests refused unread for their size (BodyCap); never recorded otherwise
     # What tool servers read and write with the state secret (addons/state.py).
     task_state: TaskState = field(default_factory=lambda: TaskState.initial(None, None))
+    egress: dict[str, int] = field(default_factory=dict)  # refused connections per host (network.egress)
 
     @property
     def trace_path(self) -> Path:
@@ -202,6 +206,7 @@ class Registry:
                     **({"replay": config.replay.model_dump()} if config.replay.ignore else {}),
                     "collect_tokens": config.collect_tokens,
                     **({"state_schema": config.state_schema} if config.state_schema is not None else {}),
+                    **({"network": config.network.model_dump()} if config.network is not None else {}),
                 },
                 "task": config.task,
                 "agent": config.agent,

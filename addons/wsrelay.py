@@ -36,6 +36,7 @@ from mitmproxy import ctx, http
 
 from interceptor.addons.exchange import KEY, Exchange, exchange_of
 from interceptor.addons.feedback import Refused
+from interceptor.addons.network import mediate
 from interceptor.addons.record import commit
 from interceptor.dialects.sse import SSEEvent
 from interceptor.trace.messages import Message, Request, ResponseError, Tool
@@ -151,6 +152,12 @@ class WsRelay:
             model = config.model or ex.requested_model
             learned = self.learned.get(dialect.name, model) if self.learned else frozenset()
             ex.overrides = dialect.apply_overrides(body, config.model, config.sampling, config.sampling_mode, learned)
+            if config.network is not None:  # the frame's own chain is known when this proxy saw it
+                previous = body.get("previous_response_id")
+                known = isinstance(previous, str) and (previous in sock.warmups or
+                                                       upgrade.session.recorder.conversation(previous) is not None)
+                mediation = mediate(dialect, body, config.network, known_previous=known)
+                ex.overrides += mediation.overrides
         except Exception as e:  # never forward a frame the session's settings were not imposed on
             log.warning(f"interceptor: session {upgrade.session.id!r}: response.create frame not understood: "
                         f"{type(e).__name__}: {e}")

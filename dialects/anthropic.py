@@ -16,8 +16,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from interceptor.dialects.base import Override, RouteKind
+from interceptor.dialects.base import Mediation, Override, RouteKind
 from interceptor.dialects.common import (
+    REMOVED_PART,
+    drop_key,
+    mediate_tools,
+    narrowed,
+    notice_first_user,
     Knob,
     KnobDialect,
     models_route,
@@ -395,6 +400,46 @@ def beta_without_interleaved(value: str) -> str:
     return ",".join(b for b in (v.strip() for v in value.split(",")) if b and not b.startswith(INTERLEAVED_BETA))
 
 
+# -- network policy: what the API runs or fetches itself ------------------------------------
+
+_PROVIDER_TOOLS = ("web_search_", "web_fetch_", "code_execution_", "mcp_toolset")
+_SEARCH_TOOLS = ("web_search_", "web_fetch_")
+
+
+def _provider_tool(tool: dict[str, Any]) -> str | None:
+    kind = str(tool.get("type") or "")
+    return kind if kind.startswith(_PROVIDER_TOOLS) else None
+
+
+def _forced_tool(choice: Any) -> str | None:
+    if isinstance(choice, dict):
+        if choice.get("type") == "tool":
+            return str(choice.get("name"))
+        if choice.get("type") == "any":
+            return "*"
+    return None
+
+
+def _strip_sources(blocks: list[Any], where: str, changes: list[Override]) -> None:
+    """Image and document blocks the API would fetch (a URL source, a Files API file), and
+    container uploads, replaced by a text block saying so; tool results too."""
+    for j, block in enumerate(blocks):
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        source = block.get("source") if isinstance(block.get("source"), dict) else {}
+        if kind in ("image", "document") and source.get("type") in ("url", "file"):
+            what = f"{kind} {source['type']} source"
+        elif kind == "container_upload":
+            what = "container upload"
+        else:
+            if kind == "tool_result" and isinstance(block.get("content"), list):
+                _strip_sources(block["content"], f"{where}.{j}.content", changes)
+            continue
+        blocks[j] = {"type": "text", "text": REMOVED_PART.format(what=f"a {what}")}
+        changes.append(Override(f"{where}.{j}", what, "text"))
+
+
 class AnthropicDialect(KnobDialect):
     name = "anthropic"
     model_table = "anthropic"
@@ -558,6 +603,42 @@ class AnthropicDialect(KnobDialect):
             replace(body, "max_tokens", min(budget + max_tokens, MAX_OUTPUT_TOKENS),
                     "thinking.budget_tokens must be below max_tokens: raised to budget + answer",
                     changes)
+
+    # -- network policy ------------------------------------------------------------------
+
+    def mediate_network(self, body: dict[str, Any], domains: list[str] | None, *,
+                        keep_previous: bool = False) -> Mediation:
+        """Server tools (web search, web fetch, code execution, the MCP toolset), the MCP
+        connector's ``mcp_servers``, a code execution ``container``, and image/document
+        sources the API fetches itself (URL, Files API ``file_id``). Under ``restrict`` web
+        search and fetch keep ``allowed_domains`` narrowed and ``allowed_callers: ["direct"]``
+        (docs.claude.com: web search and web fetch tools; allowed and blocked domains cannot
+        be combined, so the harness's ``blocked_domains`` goes)."""
+        changes: list[Override] = []
+
+        def narrow(tool: dict[str, Any]) -> dict[str, Any] | None:
+            if domains is None or not str(tool.get("type", "")).startswith(_SEARCH_TOOLS):
+                return None
+            keep = narrowed(tool.get("allowed_domains"), domains)
+            if not keep:
+                return None
+            new = {k: v for k, v in tool.items() if k != "blocked_domains"}
+            new.update(allowed_domains=keep, allowed_callers=["direct"])
+            return new
+
+        search_only = mediate_tools(
+            body, changes, kind=_provider_tool, name=lambda t: str(t.get("name") or t.get("type")),
+            narrow=narrow, forced=_forced_tool,
+            search=lambda t: str(t.get("type", "")).startswith(_SEARCH_TOOLS))
+        drop_key(body, "mcp_servers", "mcp servers", changes)
+        drop_key(body, "container", "code execution container", changes)
+        for i, message in enumerate(body.get("messages") or []):
+            if isinstance(message, dict) and isinstance(message.get("content"), list):
+                _strip_sources(message["content"], f"messages.{i}.content", changes)
+        return Mediation(changes, search_only)
+
+    def append_notice(self, body: dict[str, Any], notice: str) -> Override | None:
+        return notice_first_user(body.get("messages"), "messages", notice, lambda: {"type": "text", "text": notice})
 
     def json_body(self, response: Response) -> dict[str, Any]:
         """The non-streamed Message for a canonical response."""

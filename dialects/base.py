@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -34,6 +34,15 @@ class Override:
 
     def as_dict(self) -> dict[str, Any]:
         return {"key": self.key, "old": self.old, "new": self.new, "reason": self.reason}
+
+
+@dataclass(slots=True)
+class Mediation:
+    """What a network policy changed in one request (``Dialect.mediate_network``), and whether
+    the request existed only to use what was removed (then it is answered locally)."""
+
+    overrides: list[Override] = field(default_factory=list)
+    search_only: bool = False
 
 
 class StreamAssembler(ABC):
@@ -209,6 +218,22 @@ class Dialect(ABC):
         conversation up to the previous answer)."""
         request = self.parse_request(body)
         return request.model_copy(update={"messages": prefix + request.messages})
+
+    # -- network policy (addons/network.py) ------------------------------------------------
+
+    def mediate_network(self, body: dict[str, Any], domains: list[str] | None, *,
+                        keep_previous: bool = False) -> Mediation:
+        """Remove, in place, every capability the provider executes for the model (hosted
+        search and fetch, code execution, provider-called MCP servers, remote files,
+        provider-held conversation state), each removal an ``Override`` whose ``old`` names
+        the kind, never the content. ``domains``: web search may stay, narrowed to these
+        (the ``restrict`` policy), where the API can narrow it. ``keep_previous``: the
+        request's provider-held conversation is one this session recorded."""
+        return Mediation()
+
+    def append_notice(self, body: dict[str, Any], notice: str) -> Override | None:
+        """``notice`` appended to the first user message, in place; its override, or None."""
+        return None
 
     # -- streams -----------------------------------------------------------------------------
 

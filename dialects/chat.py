@@ -17,8 +17,12 @@ from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import Any
 
-from interceptor.dialects.base import Override, RouteKind
+from interceptor.dialects.base import Mediation, Override, RouteKind
 from interceptor.dialects.common import (
+    REMOVED_PART,
+    drop_key,
+    mediate_tools,
+    notice_first_user,
     Knob,
     OpenAIDialect,
     models_route,
@@ -269,6 +273,41 @@ def _native_finish(choice: Choice) -> str | None:
 # --------------------------------------------------------------------------------------
 
 
+# -- network policy: what the provider runs or fetches itself -------------------------------
+
+def _hosted_tool(tool: dict[str, Any]) -> str | None:
+    kind = tool.get("type", "function")
+    return None if kind in ("function", "custom") else str(kind)
+
+
+def _tool_name(tool: dict[str, Any]) -> str:
+    kind = str(tool.get("type") or "function")
+    inner = tool.get(kind) if isinstance(tool.get(kind), dict) else {}
+    return str(inner.get("name") or tool.get("name") or kind)
+
+
+def _forced_tool(choice: Any) -> str | None:
+    if choice == "required":
+        return "*"
+    if isinstance(choice, dict):
+        kind = str(choice.get("type") or "")
+        inner = choice.get(kind) if isinstance(choice.get(kind), dict) else {}
+        return str(inner.get("name") or choice.get("name") or kind)
+    return None
+
+
+def _remote_part(part: Any) -> str | None:
+    if not isinstance(part, dict):
+        return None
+    if part.get("type") == "image_url":
+        url = (part.get("image_url") or {}).get("url") if isinstance(part.get("image_url"), dict) else part.get("image_url")
+        if isinstance(url, str) and not url.startswith("data:"):
+            return "image URL"
+    if part.get("type") == "file" and isinstance(part.get("file"), dict) and part["file"].get("file_id"):
+        return "uploaded file"
+    return None
+
+
 class ChatDialect(OpenAIDialect):
     name = "chat"
     model_table = "openai"
@@ -328,6 +367,33 @@ class ChatDialect(OpenAIDialect):
                 replace(body, "max_completion_tokens", value, "renamed from max_tokens", plan.changes)
         reconcile_openai(body, plan, effort=("reasoning_effort",), refused_by_reasoning=(
             "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs", "logit_bias"))
+
+    # -- network policy ------------------------------------------------------------------
+
+    def mediate_network(self, body: dict[str, Any], domains: list[str] | None, *,
+                        keep_previous: bool = False) -> Mediation:
+        """``web_search_options`` (the search models search with it; it has no domain filter,
+        so ``restrict`` strips it too), any tool that is not a function or a custom tool (the
+        harness runs those; anything else, an OpenAI-compatible provider's hosted tool, the
+        provider runs), and content parts the provider fetches: an ``image_url`` that is a
+        URL (not ``data:``) and a ``file`` by ``file_id``."""
+        changes: list[Override] = []
+        search_only = mediate_tools(
+            body, changes, kind=_hosted_tool, name=_tool_name, narrow=lambda tool: None, forced=_forced_tool,
+            search=lambda t: "search" in str(t.get("type")))
+        drop_key(body, "web_search_options", "web search options", changes)
+        for i, message in enumerate(body.get("messages") or []):
+            if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+                continue
+            for j, part in enumerate(message["content"]):
+                what = _remote_part(part)
+                if what is not None:
+                    message["content"][j] = {"type": "text", "text": REMOVED_PART.format(what=f"an {what}")}
+                    changes.append(Override(f"messages.{i}.content.{j}", what, "text"))
+        return Mediation(changes, search_only)
+
+    def append_notice(self, body: dict[str, Any], notice: str) -> Override | None:
+        return notice_first_user(body.get("messages"), "messages", notice, lambda: {"type": "text", "text": notice})
 
     def json_body(self, response: Response) -> dict[str, Any]:
         """The non-streamed ChatCompletion for a canonical response."""

@@ -333,6 +333,8 @@ class Plan:
 
 
 PROVIDER_REJECTED = "provider_rejected"
+# The network policy's removals (addons/network.py): policy, never undone for a provider's 400.
+NETWORK_POLICY = "network_policy"
 
 
 def related(key: str, param: str) -> bool:
@@ -349,7 +351,8 @@ def undo(body: dict[str, Any], param: str, changes: list[Override]) -> list[Over
     undone; headers are not the body's."""
     original: dict[str, Any] = {}
     for change in changes:
-        if change.key == "model" or change.key.startswith("header:") or not related(change.key, param):
+        if (change.key == "model" or change.key.startswith("header:") or change.reason == NETWORK_POLICY
+                or not related(change.key, param)):
             continue
         original.setdefault(change.key, change.old)
     out: list[Override] = []
@@ -482,3 +485,104 @@ class OpenAIDialect(KnobDialect):
                 "code": {401: "invalid_api_key"}.get(status),
             }
         }
+
+
+# -- network policy (addons/network.py): the provider's own capabilities --------------------
+
+def within(domain: str, base: str) -> bool:
+    """``domain`` is ``base`` or a name under it (a path after the host is ignored)."""
+    host = domain.lower().split("/", 1)[0].strip(".")
+    return host == base or host.endswith("." + base)
+
+
+def narrowed(asked: Any, allowed: list[str]) -> list[str]:
+    """The domains a hosted search may keep: what the harness asked, each within one the
+    policy allows, or the policy's own when it asked none; where the policy's is inside a
+    wider one the harness asked, the policy's. Never wider than either; [] means none."""
+    if not isinstance(asked, list) or not asked:
+        return list(allowed)
+    out: list[str] = []
+    for a in asked:
+        if not isinstance(a, str):
+            continue
+        if any(within(a, b) for b in allowed):
+            out.append(a)
+        else:
+            out.extend(b for b in allowed if within(b, a.lower().split("/", 1)[0]))
+    return list(dict.fromkeys(out))
+
+
+REMOVED_PART = "[{what} removed: this environment's network policy does not let the provider fetch it]"
+
+
+def mediate_tools(body: dict[str, Any], changes: list[Override], *,
+                  kind: Callable[[dict[str, Any]], str | None],
+                  name: Callable[[dict[str, Any]], str],
+                  narrow: Callable[[dict[str, Any]], dict[str, Any] | None],
+                  forced: Callable[[Any], str | None],
+                  search: Callable[[dict[str, Any]], bool]) -> bool:
+    """Strip (or narrow) the provider's tools in ``body["tools"]``; drop a ``tool_choice``
+    that names a removed one (``forced`` gives the tool a choice forces, ``"*"`` for any), or
+    that is left with no tool to choose (the APIs refuse a choice without tools). True when
+    the request existed only to search: every tool it had was a removed provider tool, one
+    of them a search (``search``), and its choice was not ``none``. Claude Code's WebSearch
+    call is such a request; 2.1.332 sends it with ``tool_choice: auto``, not a forced one."""
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return False
+    kept: list[Any] = []
+    removed: set[str] = set()
+    for tool in tools:
+        what = kind(tool) if isinstance(tool, dict) else None
+        if what is None:
+            kept.append(tool)
+            continue
+        new = narrow(tool)
+        if new is not None:
+            kept.append(new)
+            changes.append(Override(f"tools.{name(tool)}", what, {k: v for k, v in new.items() if tool.get(k) != v}))
+        else:
+            removed.add(name(tool))
+            changes.append(Override(f"tools.{name(tool)}", what, None))
+    if not removed and len(kept) == len(tools) and all(a is b for a, b in zip(kept, tools)):
+        return False
+    only_provider = not any(kind(t) is None for t in tools if isinstance(t, dict))
+    searched = any(isinstance(t, dict) and kind(t) and name(t) in removed and search(t) for t in tools)
+    if kept:
+        body["tools"] = kept
+    else:
+        del body["tools"]
+    choice = body.get("tool_choice")
+    target = forced(choice)
+    if "tool_choice" in body and (not kept or (target is not None and target in removed)):
+        named = target is not None and target in removed
+        changes.append(Override("tool_choice", "a removed provider tool" if named else "a choice with no tool left", None))
+        del body["tool_choice"]
+    none = choice == "none" or (isinstance(choice, dict) and choice.get("type") == "none")
+    return only_provider and not kept and searched and not none
+
+
+def drop_key(body: dict[str, Any], key: str, what: str, changes: list[Override]) -> None:
+    if key in body:
+        del body[key]
+        changes.append(Override(key, what, None))
+
+
+def notice_first_user(messages: Any, where: str, notice: str, part: Callable[[], dict[str, Any]], *,
+                      content: str = "content") -> Override | None:
+    """``notice`` appended to the first user message (its text, or a part after its parts):
+    the same place every turn, so the prompt stays a prefix of the next one."""
+    if not isinstance(messages, list):
+        return None
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role", "user") != "user":
+            continue
+        value = message.get(content)
+        if isinstance(value, str):
+            message[content] = f"{value}\n\n{notice}" if value else notice
+        elif isinstance(value, list):
+            value.append(part())
+        else:
+            return None
+        return Override(f"{where}.{i}.{content}", "first user message", notice)
+    return None

@@ -41,8 +41,10 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from interceptor.dialects.base import Override, RouteKind
+from interceptor.dialects.base import Mediation, Override, RouteKind
 from interceptor.dialects.common import (
+    REMOVED_PART,
+    notice_first_user,
     Mode,
     Knob,
     KnobDialect,
@@ -414,6 +416,20 @@ class JSONArrayFrames:
         return []
 
 
+# -- network policy: what the API runs or fetches itself ------------------------------------
+
+_GOOGLE_TOOLS = {
+    "googleSearch": "google search", "google_search": "google search",
+    "googleSearchRetrieval": "google search", "google_search_retrieval": "google search",
+    "enterpriseWebSearch": "google search", "enterprise_web_search": "google search",
+    "codeExecution": "code execution", "code_execution": "code execution",
+    "urlContext": "url context", "url_context": "url context",
+    "fileSearch": "file search", "file_search": "file search",
+    "googleMaps": "google maps", "google_maps": "google maps",
+    "retrieval": "retrieval",
+}
+
+
 class GeminiDialect(KnobDialect):
     name = "gemini"
     hosts = ("generativelanguage.googleapis.com",)
@@ -658,6 +674,48 @@ class GeminiDialect(KnobDialect):
         if content_type.startswith("application/json"):
             return JSONArrayFrames()
         return None
+
+    # -- network policy ------------------------------------------------------------------
+
+    def mediate_network(self, body: dict[str, Any], domains: list[str] | None, *,
+                        keep_previous: bool = False) -> Mediation:
+        """Google's own tools (Search grounding, code execution, URL context, file search,
+        Maps; ai.google.dev: "Grounding with Google Search", "URL context") in either JSON
+        spelling, and ``fileData`` parts (a URI the API reads). Search has no domain filter
+        in the Gemini API, so ``restrict`` strips it too. A request whose only tools were
+        Google Search exists to search (Gemini CLI's web search call; the API has no forced
+        choice of a built-in tool): it is answered locally."""
+        changes: list[Override] = []
+        tools = body.get("tools")
+        searched = False
+        if isinstance(tools, list):
+            kept = []
+            for k, tool in enumerate(tools):
+                if not isinstance(tool, dict):
+                    kept.append(tool)
+                    continue
+                removed = [key for key in tool if key in _GOOGLE_TOOLS]
+                for key in removed:
+                    changes.append(Override(f"tools.{k}.{key}", _GOOGLE_TOOLS[key], None))
+                    searched = searched or _GOOGLE_TOOLS[key] == "google search"
+                rest = {key: v for key, v in tool.items() if key not in _GOOGLE_TOOLS}
+                if rest:
+                    kept.append(rest)
+            if changes:
+                if kept:
+                    body["tools"] = kept
+                else:
+                    del body["tools"]
+        for i, content in enumerate(body.get("contents") or []):
+            parts = content.get("parts") if isinstance(content, dict) else None
+            for j, part in enumerate(parts if isinstance(parts, list) else []):
+                if isinstance(part, dict) and ("fileData" in part or "file_data" in part):
+                    parts[j] = {"text": REMOVED_PART.format(what="a file by URI")}
+                    changes.append(Override(f"contents.{i}.parts.{j}", "file by URI", "text"))
+        return Mediation(changes, searched and "tools" not in body)
+
+    def append_notice(self, body: dict[str, Any], notice: str) -> Override | None:
+        return notice_first_user(body.get("contents"), "contents", notice, lambda: {"text": notice}, content="parts")
 
     def json_body(self, response: Response) -> dict[str, Any]:
         native = response.native_finish_reason or (

@@ -19,8 +19,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from interceptor.dialects.base import Override
+from interceptor.dialects.base import Mediation, Override
 from interceptor.dialects.common import (
+    REMOVED_PART,
+    drop_key,
+    mediate_tools,
+    narrowed,
+    notice_first_user,
     Knob,
     OpenAIDialect,
     error_from,
@@ -309,6 +314,59 @@ def _native_usage(usage: Usage) -> dict[str, Any]:
     }
 
 
+# -- network policy: what the provider runs, holds or fetches itself -----------------------
+
+_HOSTED_TOOLS = ("web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11",
+                 "file_search", "code_interpreter", "image_generation", "mcp")
+_FILTERED_SEARCH = ("web_search", "web_search_2025_08_26")
+
+
+def _hosted_tool(tool: dict[str, Any]) -> str | None:
+    kind = tool.get("type")
+    return kind if kind in _HOSTED_TOOLS else None
+
+
+def _tool_name(tool: dict[str, Any]) -> str:
+    return str(tool.get("name") or tool.get("server_label") or tool.get("type"))
+
+
+def _forced_tool(choice: Any) -> str | None:
+    if choice == "required":
+        return "*"
+    if isinstance(choice, dict) and choice.get("type") != "allowed_tools":
+        return str(choice.get("name") or choice.get("server_label") or choice.get("type"))
+    return None
+
+
+def _narrow_allowed_tools(body: dict[str, Any], changes: list[Override]) -> None:
+    """``tool_choice: {"type": "allowed_tools", "tools": [...]}`` lists tools by type and
+    name: the removed ones go from it (all of them: the choice goes)."""
+    choice = body.get("tool_choice")
+    if not isinstance(choice, dict) or choice.get("type") != "allowed_tools" or not isinstance(choice.get("tools"), list):
+        return
+    keep = [t for t in choice["tools"] if not (isinstance(t, dict) and _hosted_tool(t))]
+    if len(keep) == len(choice["tools"]):
+        return
+    if keep:
+        body["tool_choice"] = {**choice, "tools": keep}
+        changes.append(Override("tool_choice.tools", "a removed provider tool", keep))
+    else:
+        del body["tool_choice"]
+        changes.append(Override("tool_choice", "a removed provider tool", None))
+
+
+def _remote_input(part: Any) -> str | None:
+    if not isinstance(part, dict):
+        return None
+    if part.get("type") == "input_image":
+        url = part.get("image_url")
+        if part.get("file_id") or (isinstance(url, str) and not url.startswith("data:")):
+            return "image URL or file"
+    if part.get("type") == "input_file" and (part.get("file_id") or part.get("file_url")):
+        return "uploaded or remote file"
+    return None
+
+
 class ResponsesDialect(OpenAIDialect):
     name = "responses"
     model_table = "openai"
@@ -393,6 +451,52 @@ class ResponsesDialect(OpenAIDialect):
     def reconcile(self, body: dict[str, Any], plan: Plan) -> None:
         # A model that does not reason refuses the whole `reasoning` object, summary included.
         reconcile_openai(body, plan, effort=("reasoning",))
+
+    # -- network policy ------------------------------------------------------------------
+
+    def mediate_network(self, body: dict[str, Any], domains: list[str] | None, *,
+                        keep_previous: bool = False) -> Mediation:
+        """Hosted tools (web search, file search, code interpreter, image generation, remote
+        MCP), conversation state the provider holds (``conversation``; a
+        ``previous_response_id`` this session did not record), and input the provider
+        fetches (an ``input_image`` URL or file, an ``input_file`` by id or URL). Under
+        ``restrict`` the ``web_search`` tool keeps ``filters.allowed_domains`` narrowed
+        (platform.openai.com: web search, domain filtering; the preview tool has no filter,
+        so it goes)."""
+        changes: list[Override] = []
+
+        def narrow(tool: dict[str, Any]) -> dict[str, Any] | None:
+            if domains is None or tool.get("type") not in _FILTERED_SEARCH:
+                return None
+            filters = tool.get("filters") if isinstance(tool.get("filters"), dict) else {}
+            keep = narrowed(filters.get("allowed_domains"), domains)
+            return {**tool, "filters": {**filters, "allowed_domains": keep}} if keep else None
+
+        search_only = mediate_tools(body, changes, kind=_hosted_tool, name=_tool_name, narrow=narrow,
+                                    forced=_forced_tool,
+            search=lambda t: str(t.get("type")).startswith("web_search"))
+        _narrow_allowed_tools(body, changes)
+        drop_key(body, "conversation", "provider-held conversation", changes)
+        if not keep_previous:
+            drop_key(body, "previous_response_id", "provider-held conversation", changes)
+        items = body.get("input")
+        for i, item in enumerate(items if isinstance(items, list) else []):
+            parts = item.get("content") if isinstance(item, dict) else None
+            for j, part in enumerate(parts if isinstance(parts, list) else []):
+                what = _remote_input(part)
+                if what is not None:
+                    parts[j] = {"type": "input_text", "text": REMOVED_PART.format(what=f"an {what}")}
+                    changes.append(Override(f"input.{i}.content.{j}", what, "input_text"))
+        return Mediation(changes, search_only)
+
+    def append_notice(self, body: dict[str, Any], notice: str) -> Override | None:
+        if body.get("previous_response_id"):
+            return None  # the first user message is in the provider's copy, noticed when it was sent
+        items = body.get("input")
+        if isinstance(items, str):
+            body["input"] = f"{items}\n\n{notice}" if items else notice
+            return Override("input", "first user message", notice)
+        return notice_first_user(items, "input", notice, lambda: {"type": "input_text", "text": notice})
 
     def json_body(self, response: Response) -> dict[str, Any]:
         """The non-streamed Response object for a canonical response."""

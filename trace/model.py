@@ -176,6 +176,17 @@ class StateWrite(_Model):
     at: float = 0.0
 
 
+class EgressRefusal(_Model):
+    """A connection the harness tried to open to a host outside the session's network allow
+    list (``network.egress``), refused by the proxy: the host, the port, and how many times
+    that host was refused so far (this one included)."""
+
+    host: str
+    port: int = 0
+    count: int = 1
+    at: float = 0.0
+
+
 # A state larger than this is recorded by size and digest only (README "Task state").
 STATE_VALUE_MAX = 64 << 10
 
@@ -277,6 +288,9 @@ class Trace(_Model):
     state_writes: list[StateWrite] = Field(default_factory=list)
     state_version: int = 0
     state_digest: str | None = None
+    # Connections refused by the network policy (``egress`` records), and per host how many.
+    egress_refusals: list[EgressRefusal] = Field(default_factory=list)
+    egress: dict[str, int] = Field(default_factory=dict)
 
     # --- graph views -------------------------------------------------------------------
 

@@ -17,7 +17,8 @@ from interceptor.trace._version import VERSION
 from interceptor.trace.graph import Graph
 from interceptor.trace.messages import Message, Request, Response, ResponseError, Tool, Usage
 from interceptor.trace.prefix import Listed, Prefixes
-from interceptor.trace.model import SCHEMA_VERSION, Header, ModelCall, Reward, Rewrite, StateWrite, Timing, Trace
+from interceptor.trace.model import (
+    SCHEMA_VERSION, EgressRefusal, Header, ModelCall, Reward, Rewrite, StateWrite, Timing, Trace)
 from interceptor.trace.records import call_record, node_record
 from interceptor.trace.store import FSYNC_POLICIES, Store
 
@@ -228,6 +229,13 @@ class Recorder:
         trace.state_version, trace.state_digest = write.version, write.digest
         self._append({"kind": "state", "state": write.model_dump(exclude_defaults=True)},
                      sync=self.fsync == "turn")
+
+    def record_egress(self, host: str, port: int, count: int) -> None:
+        """A connection the network policy refused (never anything the harness sent on it)."""
+        refusal = EgressRefusal(host=host, port=port, count=count, at=time.time())
+        self._trace.egress_refusals.append(refusal)
+        self._trace.egress[host] = count
+        self._append({"kind": "egress", "egress": refusal.model_dump(exclude_defaults=True)})
 
     def seal(self, stop_condition: str = "sealed", *, reward: float | None = None,
              rewards: dict[str, Reward] | None = None, metrics: dict | None = None,

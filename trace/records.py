@@ -12,6 +12,7 @@ A trace file is a plain concatenation of msgpack maps, each with a ``kind``:
 - ``rewrite`` rewrite: what a boundary hook changed (``direction`` request or response)
 - ``state``   state: one accepted write of the task state (version, by, op, size, digest,
               the value when small); the session's initial state is version 0
+- ``egress``  egress: a connection the network policy refused (host, port, count so far)
 - ``footer``  stop_condition, stopped_by, truncated, ended_at, totals, timing, the task
               state's final state_version and state_digest, and what the evaluator sent at
               the seal (reward, rewards, metrics, info); written when the session is sealed
@@ -39,6 +40,7 @@ from interceptor.trace.model import (
     ModelCall,
     Rewrite,
     Reward,
+    EgressRefusal,
     StateWrite,
     Timing,
     Trace,
@@ -90,7 +92,7 @@ class HoleWarning(TornRecordWarning):
     the middle of the file (a write failure that was not rolled back). ``verify`` fails on it."""
 
 
-KINDS = frozenset({"header", "turn", "call", "replay", "rewrite", "state", "footer"})
+KINDS = frozenset({"header", "turn", "call", "replay", "rewrite", "state", "egress", "footer"})
 _KIND_KEY = b"\xa4kind"  # every record is a map whose first key is "kind"
 
 
@@ -244,6 +246,10 @@ def fold(records: Iterator[tuple[int, dict[str, Any]]], source: str = "trace") -
             write = StateWrite.model_validate(rec["state"])
             trace.state_writes.append(write)
             trace.state_version, trace.state_digest = write.version, write.digest
+        elif kind == "egress":
+            refusal = EgressRefusal.model_validate(rec["egress"])
+            trace.egress_refusals.append(refusal)
+            trace.egress[refusal.host] = refusal.count
         elif kind == "footer":
             trace.sealed = True
             if "state_version" in rec:
@@ -274,8 +280,9 @@ def record_schema() -> dict[str, Any]:
     defines it. tests/data/schema-v<N>.json keeps it as of each schema version, and a test
     fails when it changes under the same version (a reader of that version would misread it)."""
     parts = {"header": Header, "node": MessageNode, "call": ModelCall, "tool": Tool,
-             "rewrite": Rewrite, "reward": Reward, "timing": Timing, "state": StateWrite}
-    return {"kinds": ["header", "turn", "call", "replay", "rewrite", "state", "footer"],
+             "rewrite": Rewrite, "reward": Reward, "timing": Timing, "state": StateWrite,
+             "egress": EgressRefusal}
+    return {"kinds": ["header", "turn", "call", "replay", "rewrite", "state", "egress", "footer"],
             **{name: model.model_json_schema() for name, model in parts.items()}}
 
 
