@@ -111,6 +111,12 @@ class AsyncSession:
     async def trace(self) -> Trace:
         return await asyncio.to_thread(self.sync.trace)
 
+    async def state(self) -> dict[str, Any]:
+        return await asyncio.to_thread(self.sync.state)
+
+    async def update_state(self, patch: dict[str, Any]) -> int:
+        return await asyncio.to_thread(self.sync.update_state, patch)
+
     async def __aenter__(self) -> AsyncSession:
         return self
 

@@ -329,6 +329,15 @@ class Session:
         """The proxy's live summary: turns, calls, errors, tokens, sealed."""
         return self.proxy.request("GET", f"sessions/{quote(self.id, safe='')}")
 
+    def state(self) -> dict[str, Any]:
+        """The task state the rollout's tool servers keep (README "Tool servers: task and
+        state"), read with the admin token: what a grader scores before ``close``."""
+        return self.proxy.request("GET", f"sessions/{quote(self.id, safe='')}/state")
+
+    def update_state(self, patch: dict[str, Any]) -> int:
+        """Merge ``patch`` into the task state (RFC 7396: null removes a key); the new version."""
+        return self.proxy.request("PATCH", f"sessions/{quote(self.id, safe='')}/state", patch)["version"]
+
     def close(self, reward: float | None = None, metrics: dict[str, Any] | None = None,
               stop_condition: str | None = None, *, rewards: dict[str, Any] | None = None,
               info: dict[str, Any] | None = None) -> dict[str, Any]:

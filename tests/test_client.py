@@ -109,6 +109,17 @@ def test_attach_to_a_running_proxy_by_url_and_token(sim, proxy):
     assert sim.model_requests()[0].json["model"] == "attached-model"
 
 
+def test_the_evaluator_reads_and_scores_the_task_state(proxy):
+    client = Proxy.attach(proxy.url, proxy.admin_token)
+    with client.session(state={"answer": None}, state_schema={"type": "object"}) as session:
+        assert session.state() == {"answer": None}
+        assert session.update_state({"answer": "42", "score": 1}) == 1
+        assert session.state() == {"answer": "42", "score": 1}
+        with pytest.raises(BadRequest, match="must be a JSON object"):
+            session.proxy.request("PUT", f"sessions/{session.id}/state", [1])
+    assert session.trace().state_version == 1
+
+
 def test_a_refused_config_raises_with_the_servers_message(proxy):
     client = Proxy.attach(proxy.url, proxy.admin_token)
     before = len(client.sessions())
