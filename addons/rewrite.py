@@ -28,7 +28,7 @@ from interceptor.addons.network import answer_search_only, mediate
 from interceptor.addons.session import SessionConfig
 from interceptor.dialects.base import Dialect, Override
 from interceptor.dialects.body import parse_body
-from interceptor.dialects.translate import Translation, translation
+from interceptor.dialects.translate import TRANSLATION, Translation, translation
 from interceptor.trace.messages import Request
 from interceptor.trace.prefix import Listed, Prefixes, touches
 
@@ -204,10 +204,11 @@ class Rewrite:
         upstream = ex.session.upstream
         if upstream and upstream.dialect and upstream.dialect != ex.dialect.name:
             ex.translation = translation(ex.dialect.name, upstream.dialect)
-            if ex.translation is None or ex.route.kind != "model":
-                # Forwarding would send a body the upstream cannot read, with the key.
+            if ex.translation is None or ex.route.kind != "model" or flow.request.method != "POST":
+                # Forwarding would send a body the upstream cannot read, with the key. (Codex's
+                # WebSocket upgrade too: it falls back to POST, which is translated.)
                 what = ("the proxy does not translate between them" if ex.translation is None
-                        else "only model calls are translated")
+                        else "only model calls over HTTP POST are translated")
                 refuse(flow, error_response(ex.dialect, 400 if ex.translation is None else 404,
                                             f"the session's upstream {upstream.name!r} speaks {upstream.dialect}, "
                                             f"this request is {ex.dialect.name} and {what}; nothing was forwarded"))
@@ -267,6 +268,13 @@ class Rewrite:
     def _translated(self, flow: http.HTTPFlow, ex: Exchange) -> None:
         """The translated body goes to the upstream's own route, with its headers."""
         tr = ex.translation
+        if ex.previous_response_id is not None:
+            # Chat has no stored answers: the proxy sends the conversation the id ends.
+            known = None if ex.previous_response_unknown else ex.session.recorder.conversation(ex.previous_response_id)
+            if known is not None and tr.prefix(ex.body, known):
+                flow.request.content = json.dumps(ex.body, ensure_ascii=False, separators=(",", ":")).encode()
+            else:
+                ex.overrides.append(Override("previous_response_id", ex.previous_response_id, None, TRANSLATION))
         ex.translated_digest = hashlib.sha256(flow.request.content or b"").hexdigest()
         flow.request.path = tr.path
         for name in tr.source_headers:

@@ -16,13 +16,15 @@ from types import SimpleNamespace
 from hypothesis import given, settings, strategies as st
 
 from interceptor.addons.translate import TranslateStream
-from interceptor.dialects import ANTHROPIC, CHAT
+from interceptor.dialects import ANTHROPIC, CHAT, RESPONSES
 from interceptor.dialects.sse import SSEDecoder
 from interceptor.dialects.translate import TRANSLATION, pairs, translation
 from interceptor.trace.messages import Message, Reasoning, Response, ToolCall, Usage, message_hash
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TR = translation("anthropic", "chat")
+RTR = translation("responses", "chat")
+BOTH = [TR, RTR]
 CAPTURED = [json.loads(p.read_text())["body"] for p in sorted((FIXTURES / "claude-code-requests").glob("*.json"))] + [
     exchange["request"]["body"] for p in sorted((FIXTURES / "anthropic-exchanges").glob("*.json"))
     for exchange in json.loads(p.read_text()) if isinstance(exchange["request"].get("body"), dict)]
@@ -30,7 +32,7 @@ CHAT_STREAMS = sorted((FIXTURES / "openai-chat-sse").glob("*.sse"))
 
 
 def test_the_pairs():
-    assert ("anthropic", "chat") in pairs()
+    assert {("anthropic", "chat"), ("responses", "chat")} <= set(pairs())
     assert translation("chat", "klingon") is None
 
 
@@ -41,7 +43,7 @@ def test_the_pairs():
 def _as_sent(message: Message, lost_signature: bool = True) -> Message:
     """A harness message as Chat can carry it: reasoning as one text (a Chat upstream signs
     nothing), no interleaving order, no error flag on a tool result."""
-    update = {"order": None, "is_error": False}
+    update = {"order": None, "is_error": False, "name": None if message.name == "developer" else message.name}
     if message.reasoning:
         update["reasoning"] = [Reasoning(text="".join(r.text for r in message.reasoning))]
     if message.tool_calls:
@@ -195,9 +197,9 @@ def _decode(data: bytes) -> list:
     return d.feed(data) + d.flush()
 
 
-def translated(data: bytes, cuts: list[int]) -> bytes:
+def translated(data: bytes, cuts: list[int], tr=TR) -> bytes:
     """``data`` (Chat SSE) through the pipeline's translate stage, cut at ``cuts``."""
-    stream = TranslateStream(None, SimpleNamespace(), TR.events(), None)
+    stream = TranslateStream(None, SimpleNamespace(), tr.events(), None)
     out, last = [], 0
     for cut in sorted(set(c for c in cuts if 0 < c < len(data))) + [len(data)]:
         out += stream(data[last:cut])
@@ -213,14 +215,14 @@ def assembled(asm, data: bytes) -> Response:
     return asm.result()
 
 
-def harness_sees(data: bytes) -> Response:
+def harness_sees(data: bytes, tr=TR) -> Response:
     """The reply the harness's own dialect reads from the translated bytes."""
-    return assembled(ANTHROPIC.assembler(), data)
+    return assembled(tr.source.assembler(), data)
 
 
-def upstream_record(chat: bytes) -> Response:
+def upstream_record(chat: bytes, tr=TR) -> Response:
     """The reply the trace records from the upstream's bytes."""
-    return assembled(TR.assembler(), chat)
+    return assembled(tr.assembler(), chat)
 
 
 def _without_tokens(r: Response) -> Response:
@@ -228,17 +230,17 @@ def _without_tokens(r: Response) -> Response:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(CHAT_STREAMS), st.lists(st.integers(0, 4000), max_size=10))
-def test_any_split_of_a_captured_stream_gives_the_recorded_reply(path, cuts):
+@given(st.sampled_from(BOTH), st.sampled_from(CHAT_STREAMS), st.lists(st.integers(0, 4000), max_size=10))
+def test_any_split_of_a_captured_stream_gives_the_recorded_reply(tr, path, cuts):
     chat = path.read_bytes()
-    seen = harness_sees(translated(chat, cuts))
-    record = upstream_record(chat)
+    seen = harness_sees(translated(chat, cuts, tr), tr)
+    record = upstream_record(chat, tr)
     assert seen == _without_tokens(record)
     # ... which is the JSON translation of the same answer
     asm = CHAT.assembler()
     for event in _decode(chat):
         asm.feed(event)
-    assert ANTHROPIC.parse_response(TR.response(asm.native())) == seen
+    assert tr.source.parse_response(tr.response(asm.native())) == seen
 
 
 calls = st.lists(st.builds(lambda n, a, i: ToolCall(id=f"call_{i}", name=n, arguments=json.dumps(a)),
@@ -259,12 +261,12 @@ def chat_answers(draw) -> Response:
 
 
 @settings(max_examples=150, deadline=None)
-@given(chat_answers(), st.lists(st.integers(0, 3000), max_size=12))
-def test_any_split_of_a_generated_stream_gives_the_json_reply(answer, cuts):
+@given(st.sampled_from(BOTH), chat_answers(), st.lists(st.integers(0, 3000), max_size=12))
+def test_any_split_of_a_generated_stream_gives_the_json_reply(tr, answer, cuts):
     chat = b"".join(e.encode() for e in CHAT.stream_events(answer))
-    seen = harness_sees(translated(chat, cuts))
-    assert seen == ANTHROPIC.parse_response(TR.response(CHAT.json_body(answer)))
-    assert seen == _without_tokens(upstream_record(chat))
+    seen = harness_sees(translated(chat, cuts, tr), tr)
+    assert seen == tr.source.parse_response(tr.response(CHAT.json_body(answer)))
+    assert seen == _without_tokens(upstream_record(chat, tr))
     # what the model said, said to the harness
     assert seen.message.text() == answer.message.text()
     assert [(c.id, c.name, json.loads(c.arguments)) for c in seen.message.tool_calls] == \
@@ -274,6 +276,65 @@ def test_any_split_of_a_generated_stream_gives_the_json_reply(answer, cuts):
     assert seen.usage.input_tokens == answer.usage.input_tokens  # the whole prompt, as canonical
     assert seen.usage.cached_input_tokens == answer.usage.cached_input_tokens
     assert seen.usage.output_tokens == answer.usage.output_tokens
+
+
+@st.composite
+def responses_inputs(draw) -> dict:
+    """A Responses request in what Chat can express: user text and images, one reasoning
+    summary, output text and function calls per assistant turn, each call answered."""
+    items: list = [{"role": "user", "content": draw(st.one_of(text, st.lists(st.one_of(
+        st.builds(lambda t: {"type": "input_text", "text": t}, text),
+        st.builds(lambda d: {"type": "input_image", "image_url": f"data:image/png;base64,{d}"},
+                  st.text("ABCDEFGHabcdef0123456789+/", min_size=4, max_size=12))), min_size=1, max_size=3)))}]
+    for turn in range(draw(st.integers(0, 3))):
+        if draw(st.booleans()):
+            items.append({"type": "reasoning", "id": f"rs_{turn}", "summary": [{"type": "summary_text", "text": draw(text)}]})
+        if draw(st.booleans()):
+            items.append({"type": "message", "role": "assistant", "id": f"msg_{turn}",
+                          "content": [{"type": "output_text", "text": draw(text), "annotations": []}]})
+        calls = [{"type": "function_call", "id": f"fc_{turn}_{k}", "call_id": f"call_{turn}_{k}", "name": draw(ident),
+                  "arguments": json.dumps(draw(st.dictionaries(ident, st.integers(), max_size=2)))}
+                 for k in range(draw(st.integers(0, 2)))]
+        items += calls
+        items += [{"type": "function_call_output", "call_id": c["call_id"], "output": draw(text)} for c in calls]
+        items.append({"role": draw(st.sampled_from(["user", "system"])), "content": draw(text)})
+    body = {"model": "m", "input": items, "instructions": draw(text), "max_output_tokens": draw(st.integers(1, 999))}
+    if draw(st.booleans()):
+        body["tools"] = [{"type": "function", "name": draw(ident), "description": draw(text),
+                          "parameters": {"type": "object", "properties": {}}}]
+        body["tool_choice"] = draw(st.sampled_from(["auto", "required", "none"]))
+    return body
+
+
+@settings(max_examples=150, deadline=None)
+@given(responses_inputs())
+def test_generated_responses_requests_translate_without_loss(body):
+    chat, lost = RTR.request(body)
+    assert lost == []
+    harness = RESPONSES.parse_request(body)
+    upstream = CHAT.parse_request(chat)
+    assert [message_hash(_as_sent(m)) for m in harness.messages] == [message_hash(m) for m in upstream.messages]
+    assert [(t.name, t.parameters) for t in harness.tools] == [(t.name, t.parameters) for t in upstream.tools]
+    assert upstream.sampling.max_tokens == body["max_output_tokens"]
+    assert upstream.sampling.tool_choice == body.get("tool_choice")
+
+
+def test_a_responses_chain_is_the_recorded_conversation_plus_the_new_input():
+    first = {"model": "m", "instructions": "be brief", "input": "list files"}
+    answer = RTR.response({"id": "chatcmpl-1", "model": "m", "choices": [{"index": 0, "finish_reason": "tool_calls",
+        "message": {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]}}]})
+    assert answer["id"] == "resp_1" and answer["output"][0]["call_id"] == "call_1"
+    conversation = RESPONSES.parse_request(first).messages + [RESPONSES.parse_response(answer).message]
+    chained = {"model": "m", "instructions": "be brief", "previous_response_id": "resp_1",
+               "input": [{"type": "function_call_output", "call_id": "call_1", "output": "a.txt"}]}
+    chat, lost = RTR.request(chained)
+    assert lost == [] and RTR.prefix(chat, conversation)
+    assert [m["role"] for m in chat["messages"]] == ["system", "user", "assistant", "tool"]
+    assert chat["messages"][2]["tool_calls"][0]["id"] == chat["messages"][3]["tool_call_id"] == "call_1"
+    # what the Chat upstream reads is what the proxy records for the chained turn
+    whole = RESPONSES.chained_request({k: v for k, v in chained.items() if k != "instructions"}, conversation)
+    assert [message_hash(m) for m in whole.messages] == [message_hash(m) for m in CHAT.parse_request(chat).messages]
 
 
 def test_vllm_stop_string_is_a_stop_sequence_and_errors_keep_their_kind():

@@ -155,3 +155,50 @@ def test_token_ids_of_a_translated_session_are_the_upstreams(chat_session, sim, 
     trace = sealed_trace(proxy, s)
     assert trace.num_turns == len(sim.model_requests())
     check_branch_tokens(trace, vllm)
+
+
+RESPONSES_TOOLS = [{"type": "function", "name": "bash", "description": "Run a command",
+                    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}]
+
+
+def test_responses_harness_on_a_chat_upstream_json_stream_and_chain(chat_session, sim):
+    """The openai SDK's Responses client on a Chat upstream: a tool call as JSON, the answer
+    to it chained on previous_response_id (the proxy sends the whole conversation: Chat has
+    no stored answers), then a stream; the SDK parses each, the upstream saw only Chat."""
+    import openai
+
+    proxy, s = chat_session(model="policy")
+    oai, _ = session_clients(s)
+    sim.script(Reply(reasoning="Look first.", tool_calls=[ToolCall(name="bash", arguments={"cmd": "ls"})]),
+               Reply(text="Two files."), Reply(reasoning="Sure.", text=["All ", "done."]))
+    first = oai.responses.create(model="gpt-x", instructions="Be brief.", input="What is here?", tools=RESPONSES_TOOLS,
+                                 max_output_tokens=300)
+    assert [i.type for i in first.output] == ["reasoning", "function_call"] and first.status == "completed"
+    call = first.output[1]
+    assert (call.name, json.loads(call.arguments)) == ("bash", {"cmd": "ls"})
+    assert first.output[0].summary[0].text == "Look first."
+    second = oai.responses.create(model="gpt-x", instructions="Be brief.", previous_response_id=first.id,
+                                  input=[{"type": "function_call_output", "call_id": call.call_id, "output": "a b"}])
+    assert second.output_text == "Two files." and second.usage.output_tokens > 0
+    with oai.responses.stream(model="gpt-x", input="Anything else?", tools=RESPONSES_TOOLS) as stream:
+        kinds = [e.type for e in stream]
+        third = stream.get_final_response()
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert "response.output_text.delta" in kinds and "response.reasoning_summary_text.delta" in kinds
+    assert third.output_text == "All done." and third.output[0].summary[0].text == "Sure."
+    only_chat(sim)
+    chained = sim.requests[1].json["messages"]
+    assert [m["role"] for m in chained] == ["system", "user", "assistant", "tool"]
+    assert chained[2]["tool_calls"][0]["id"] == chained[3]["tool_call_id"] == call.call_id
+    assert chained[2]["reasoning_content"] == "Look first."
+    assert sim.requests[0].json["max_completion_tokens"] == 300
+    sim.script(Reply(status=429, retry_after=3, error_message="slow down"))
+    with pytest.raises(openai.RateLimitError) as e:
+        oai.responses.create(model="gpt-x", input="again")
+    assert e.value.response.headers["retry-after"] == "3" and e.value.body["message"] == "slow down"
+    trace = sealed_trace(proxy, s)
+    assert trace.num_turns == 3 and trace.calls[3].status == 429
+    assert all((c.dialect, c.upstream_dialect) == ("responses", "chat") for c in trace.calls)
+    assert trace.calls[1].previous_response_id == first.id and not trace.calls[1].previous_response_unknown
+    chain = next(b for b in trace.branches if len(b.messages) > 3).messages  # the chained turn extends the first
+    assert [m.role for m in chain] == ["system", "user", "assistant", "tool", "assistant"]

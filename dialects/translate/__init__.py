@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from interceptor.dialects.base import Dialect, Override, StreamAssembler
@@ -31,12 +32,133 @@ from interceptor.trace.messages import Response
 TRANSLATION = "translation"
 
 
+class Lost:
+    """What a translation could not carry, as overrides (reason ``translation``): call it
+    with the key (dotted, with indices: ``messages[2].content[0]``) and the value dropped."""
+
+    def __init__(self) -> None:
+        self.overrides: list[Override] = []
+
+    def __call__(self, key: str, old: Any) -> None:
+        self.overrides.append(Override(key, old, None, TRANSLATION))
+
+
+Part = Callable[[dict[str, Any], str, Lost], "dict[str, Any] | None"]
+
+
+def chat_content(content: Any, where: str, lost: Lost, part: Part, *,
+                 text_only: frozenset[str] | None = None) -> str | list[dict[str, Any]]:
+    """A harness's content (a string or blocks) as Chat content: each block through ``part``
+    (None: not expressible, recorded by ``part``); with ``text_only`` (the block types that
+    are text), any other block is recorded as lost (Chat's tool messages take text only)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for j, block in enumerate(content):
+        if text_only is not None and block.get("type") not in text_only:
+            lost(f"{where}[{j}]", block)
+            continue
+        out = part(block, f"{where}[{j}]", lost)
+        if out is not None:
+            parts.append(out)
+    return parts
+
+
+def chat_request(body: dict[str, Any], out: dict[str, Any], lost: Lost,
+                 handled: set[str]) -> tuple[dict[str, Any], list[Override]]:
+    """The end of every translation into Chat: a stream asks for the usage chunk (what the
+    other dialects' final events carry), every key of the harness's body not ``handled`` is
+    recorded as lost."""
+    if body.get("stream"):
+        out["stream"] = True
+        out["stream_options"] = {"include_usage": True}
+    for key, value in body.items():
+        if key not in handled:
+            lost(key, value)
+    return out, lost.overrides
+
+
+def sse(name: str, data: dict[str, Any]) -> SSEEvent:
+    """One named SSE event with compact JSON data, as Anthropic and Responses frame theirs."""
+    return SSEEvent(event=name, data=json.dumps(data, separators=(",", ":"), ensure_ascii=False))
+
+
+def chat_usage(raw: dict[str, Any] | None) -> tuple[int, int, int, int]:
+    """A Chat usage object as ``(prompt, cached, completion, reasoning)`` token counts."""
+    raw = raw or {}
+    return (raw.get("prompt_tokens") or 0, (raw.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
+            raw.get("completion_tokens") or 0, (raw.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0)
+
+
 class EventTranslator(ABC):
     """One answer's stream, translated event by event. ``feed`` returns the source dialect's
     events for one target event (often none, sometimes several), O(event)."""
 
     @abstractmethod
     def feed(self, event: SSEEvent) -> list[SSEEvent]: ...
+
+
+class ChatEvents(EventTranslator):
+    """Reads a Chat Completions stream for a translator into another dialect: ``start`` on
+    the first chunk, ``delta`` for each delta of choice 0 (the other dialects have no ``n``),
+    ``finish`` at its finish reason, ``fail`` for an error chunk, ``end`` at ``[DONE]``; the
+    usage chunk is kept in ``usage``. Each hook appends the events it makes to ``out``."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.ended = False
+        self.usage: dict[str, Any] | None = None
+        self.finish_reason: str | None = None
+
+    def feed(self, event: SSEEvent) -> list[SSEEvent]:
+        if self.ended:
+            return []
+        out: list[SSEEvent] = []
+        if event.data.strip() == "[DONE]":
+            self.ended = True
+            self.end(out)
+            return out
+        try:
+            obj = json.loads(event.data)
+        except ValueError:
+            return out
+        if not isinstance(obj, dict):
+            return out
+        if obj.get("error"):
+            self.ended = True
+            err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
+            self.fail(err, out)
+            return out
+        if not self.started:
+            self.started = True
+            self.start(obj, out)
+        if obj.get("usage"):
+            self.usage = obj["usage"]
+        for choice in obj.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            self.delta(choice.get("delta") or {}, out)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+                self.finish(choice, out)
+        return out
+
+    @abstractmethod
+    def start(self, chunk: dict[str, Any], out: list[SSEEvent]) -> None: ...
+
+    @abstractmethod
+    def delta(self, delta: dict[str, Any], out: list[SSEEvent]) -> None: ...
+
+    @abstractmethod
+    def finish(self, choice: dict[str, Any], out: list[SSEEvent]) -> None: ...
+
+    @abstractmethod
+    def fail(self, error: dict[str, Any], out: list[SSEEvent]) -> None: ...
+
+    @abstractmethod
+    def end(self, out: list[SSEEvent]) -> None: ...
 
 
 class Translation(ABC):
@@ -50,6 +172,12 @@ class Translation(ABC):
     @abstractmethod
     def request(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[Override]]:
         """The harness's body as a target body, and what could not be carried over."""
+
+    def prefix(self, target: dict[str, Any], conversation: list[Any]) -> bool:
+        """Put the recorded ``conversation`` (canonical messages) a chained request continues
+        (Responses' ``previous_response_id``) in front of the translated body ``target``, in
+        place; False when this translation has no chains."""
+        return False
 
     @abstractmethod
     def response(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -105,8 +233,9 @@ class TranslatedAssembler(StreamAssembler):
 
 def _pairs() -> dict[tuple[str, str], Translation]:
     from interceptor.dialects.translate.anthropic_chat import ANTHROPIC_CHAT
+    from interceptor.dialects.translate.responses_chat import RESPONSES_CHAT
 
-    return {(t.source.name, t.target.name): t for t in (ANTHROPIC_CHAT,)}
+    return {(t.source.name, t.target.name): t for t in (ANTHROPIC_CHAT, RESPONSES_CHAT)}
 
 
 _PAIRS: dict[tuple[str, str], Translation] | None = None

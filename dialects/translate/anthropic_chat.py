@@ -34,15 +34,14 @@ recorded as an override with reason ``translation``; the README lists them.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from interceptor.dialects.anthropic import ANTHROPIC, _without_billing_header
 from interceptor.dialects.base import Override
 from interceptor.dialects.chat import CHAT
-from interceptor.dialects.common import dumps_arguments, first, json_data, loads_or_raw
+from interceptor.dialects.common import dumps_arguments, first, loads_or_raw
 from interceptor.dialects.sse import SSEEvent
-from interceptor.dialects.translate import TRANSLATION, EventTranslator, Translation
+from interceptor.dialects.translate import ChatEvents, Lost, Translation, chat_content, chat_request, chat_usage, sse
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use",
          "content_filter": "refusal"}
@@ -54,16 +53,6 @@ _HANDLED = {"messages", "system", "tools", "tool_choice", "max_tokens", "stop_se
 
 
 _TOOL_KEYS = {"type", "name", "description", "input_schema", "strict", "cache_control"}
-
-
-class _Lost:
-    """What the translation could not carry, as overrides (reason ``translation``)."""
-
-    def __init__(self) -> None:
-        self.overrides: list[Override] = []
-
-    def __call__(self, key: str, old: Any) -> None:
-        self.overrides.append(Override(key, old, None, TRANSLATION))
 
 
 # --------------------------------------------------------------------------------------
@@ -79,7 +68,7 @@ def _source_url(block: dict[str, Any]) -> str | None:
     return None
 
 
-def _part(block: dict[str, Any], where: str, lost: _Lost) -> dict[str, Any] | None:
+def _part(block: dict[str, Any], where: str, lost: Lost) -> dict[str, Any] | None:
     """One user/system content block as a Chat content part, or None (recorded)."""
     kind = block.get("type")
     if kind == "text":
@@ -96,23 +85,14 @@ def _part(block: dict[str, Any], where: str, lost: _Lost) -> dict[str, Any] | No
     return None
 
 
-def _content(content: Any, where: str, lost: _Lost, *, text_only: bool = False) -> str | list[dict[str, Any]]:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    parts = []
-    for j, block in enumerate(content):
-        if text_only and block.get("type") != "text":
-            lost(f"{where}[{j}]", block)
-            continue
-        part = _part(block, f"{where}[{j}]", lost)
-        if part is not None:
-            parts.append(part)
-    return parts
+_TEXT = frozenset({"text"})
 
 
-def _user(content: Any, i: int, lost: _Lost) -> list[dict[str, Any]]:
+def _content(content: Any, where: str, lost: Lost, *, text_only: bool = False) -> str | list[dict[str, Any]]:
+    return chat_content(content, where, lost, _part, text_only=_TEXT if text_only else None)
+
+
+def _user(content: Any, i: int, lost: Lost) -> list[dict[str, Any]]:
     """A user turn: its tool results as ``tool`` messages, in place, the rest a user message."""
     if content is None or isinstance(content, str):
         return [{"role": "user", "content": content or ""}]
@@ -136,7 +116,7 @@ def _user(content: Any, i: int, lost: _Lost) -> list[dict[str, Any]]:
     return out or [{"role": "user", "content": ""}]
 
 
-def _assistant(content: Any, i: int, lost: _Lost) -> dict[str, Any]:
+def _assistant(content: Any, i: int, lost: Lost) -> dict[str, Any]:
     if content is None or isinstance(content, str):
         return {"role": "assistant", "content": content or ""}
     texts: list[dict[str, Any]] = []
@@ -178,7 +158,7 @@ def _assistant(content: Any, i: int, lost: _Lost) -> dict[str, Any]:
     return message
 
 
-def _messages(body: dict[str, Any], lost: _Lost) -> list[dict[str, Any]]:
+def _messages(body: dict[str, Any], lost: Lost) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     system = body.get("system")
     kept = _without_billing_header(system)
@@ -197,7 +177,7 @@ def _messages(body: dict[str, Any], lost: _Lost) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(tools: list[dict[str, Any]], lost: _Lost) -> list[dict[str, Any]]:
+def _tools(tools: list[dict[str, Any]], lost: Lost) -> list[dict[str, Any]]:
     out = []
     for i, tool in enumerate(tools):
         if (tool.get("type") or "custom") == "custom" or "input_schema" in tool:
@@ -214,7 +194,7 @@ def _tools(tools: list[dict[str, Any]], lost: _Lost) -> list[dict[str, Any]]:
     return out
 
 
-def _tool_choice(choice: Any, out: dict[str, Any], lost: _Lost) -> None:
+def _tool_choice(choice: Any, out: dict[str, Any], lost: Lost) -> None:
     if not isinstance(choice, dict):
         lost("tool_choice", choice)
         return
@@ -239,15 +219,9 @@ def _tool_choice(choice: Any, out: dict[str, Any], lost: _Lost) -> None:
 
 
 def _usage(raw: dict[str, Any] | None) -> dict[str, Any]:
-    raw = raw or {}
-    cached = (raw.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    usage: dict[str, Any] = {
-        "input_tokens": max(0, (raw.get("prompt_tokens") or 0) - cached),
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached,
-        "output_tokens": raw.get("completion_tokens") or 0,
-    }
-    thinking = (raw.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+    prompt, cached, completion, thinking = chat_usage(raw)
+    usage: dict[str, Any] = {"input_tokens": max(0, prompt - cached), "cache_creation_input_tokens": 0,
+                             "cache_read_input_tokens": cached, "output_tokens": completion}
     if thinking:
         usage["output_tokens_details"] = {"thinking_tokens": thinking}
     return usage
@@ -278,57 +252,35 @@ def _text_of(content: Any) -> str:
     return content or ""
 
 
-class ChatToMessages(EventTranslator):
+class ChatToMessages(ChatEvents):
     """Chat chunks -> Messages events, as they arrive. One block is open at a time: reasoning
     deltas open a ``thinking`` block, content a ``text`` block, each tool-call index a
     ``tool_use`` block; a change of kind closes the open one. ``[DONE]`` sends the final
-    ``message_delta`` (stop reason, the usage chunk's counts) and ``message_stop``. Only
-    choice 0 is translated (Messages has no ``n``). Each event costs O(event)."""
+    ``message_delta`` (stop reason, the usage chunk's counts) and ``message_stop``. Each event
+    costs O(event)."""
 
     def __init__(self) -> None:
-        self.started = False
+        super().__init__()
         self.index = -1  # the open block's index
         self.open: str | tuple[str, int] | None = None  # "thinking" | "text" | ("tool", call index)
-        self.finish: str | None = None
         self.stop_reason: Any = None
-        self.usage: dict[str, Any] | None = None
         self.refused = False
-        self.ended = False
 
-    def feed(self, event: SSEEvent) -> list[SSEEvent]:
-        if self.ended:
-            return []
-        if event.data.strip() == "[DONE]":
-            return self._end()
-        obj = json_data(event.data)
-        if obj is None:
-            return []
-        out: list[SSEEvent] = []
-        if obj.get("error"):
-            self.ended = True
-            err = obj["error"] if isinstance(obj["error"], dict) else {"message": str(obj["error"])}
-            body = ANTHROPIC.error_body(500, str(err.get("message") or ""), "api_error")
-            return [_event("error", body)]
-        if not self.started:
-            self.started = True
-            out.append(_event("message_start", {"type": "message_start", "message": {
-                "id": obj.get("id") or "msg_interceptor", "type": "message", "role": "assistant",
-                "model": obj.get("model") or "", "content": [], "stop_reason": None, "stop_sequence": None,
-                "usage": {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
-                          "output_tokens": 0}}}))
-        if obj.get("usage"):
-            self.usage = obj["usage"]
-        for choice in obj.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            self._delta(choice.get("delta") or {}, out)
-            if choice.get("finish_reason"):
-                self.finish = choice["finish_reason"]
-                self.stop_reason = choice.get("stop_reason")
-                self._close(out)
-        return out
+    def start(self, chunk: dict[str, Any], out: list[SSEEvent]) -> None:
+        out.append(sse("message_start", {"type": "message_start", "message": {
+            "id": chunk.get("id") or "msg_interceptor", "type": "message", "role": "assistant",
+            "model": chunk.get("model") or "", "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                      "output_tokens": 0}}}))
 
-    def _delta(self, delta: dict[str, Any], out: list[SSEEvent]) -> None:
+    def fail(self, error: dict[str, Any], out: list[SSEEvent]) -> None:
+        out.append(sse("error", ANTHROPIC.error_body(500, str(error.get("message") or ""), "api_error")))
+
+    def finish(self, choice: dict[str, Any], out: list[SSEEvent]) -> None:
+        self.stop_reason = choice.get("stop_reason")
+        self._close(out)
+
+    def delta(self, delta: dict[str, Any], out: list[SSEEvent]) -> None:
         thought = first(delta.get("reasoning_content"), delta.get("reasoning"))
         if isinstance(thought, str) and thought:
             self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""}, out)
@@ -353,34 +305,27 @@ class ChatToMessages(EventTranslator):
         self._close(out)
         self.index += 1
         self.open = kind
-        out.append(_event("content_block_start", {"type": "content_block_start", "index": self.index,
+        out.append(sse("content_block_start", {"type": "content_block_start", "index": self.index,
                                                   "content_block": block}))
 
     def _block_delta(self, delta: dict[str, Any]) -> SSEEvent:
-        return _event("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
+        return sse("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
 
     def _close(self, out: list[SSEEvent]) -> None:
         if self.open is None:
             return
         if self.open == "thinking":
             out.append(self._block_delta({"type": "signature_delta", "signature": ""}))
-        out.append(_event("content_block_stop", {"type": "content_block_stop", "index": self.index}))
+        out.append(sse("content_block_stop", {"type": "content_block_stop", "index": self.index}))
         self.open = None
 
-    def _end(self) -> list[SSEEvent]:
-        self.ended = True
-        out: list[SSEEvent] = []
+    def end(self, out: list[SSEEvent]) -> None:
         self._close(out)
-        stop_reason, stop_sequence = _stop(self.finish, self.stop_reason, self.refused)
-        out.append(_event("message_delta", {"type": "message_delta",
-                                            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                                            "usage": _usage(self.usage)}))
-        out.append(_event("message_stop", {"type": "message_stop"}))
-        return out
-
-
-def _event(name: str, data: dict[str, Any]) -> SSEEvent:
-    return SSEEvent(event=name, data=json.dumps(data, separators=(",", ":"), ensure_ascii=False))
+        stop_reason, stop_sequence = _stop(self.finish_reason, self.stop_reason, self.refused)
+        out.append(sse("message_delta", {"type": "message_delta",
+                                         "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                                         "usage": _usage(self.usage)}))
+        out.append(sse("message_stop", {"type": "message_stop"}))
 
 
 class MessagesOnChat(Translation):
@@ -390,7 +335,7 @@ class MessagesOnChat(Translation):
     source_headers = ("anthropic-version", "anthropic-beta", "anthropic-dangerous-direct-browser-access")
 
     def request(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[Override]]:
-        lost = _Lost()
+        lost = Lost()
         out: dict[str, Any] = {k: body[k] for k in _SAME if k in body}
         out["messages"] = _messages(body, lost)
         if body.get("tools"):
@@ -412,13 +357,7 @@ class MessagesOnChat(Translation):
                     lost(f"output_config.{key}", value)
         elif config is not None:
             lost("output_config", config)
-        if body.get("stream"):
-            out["stream"] = True
-            out["stream_options"] = {"include_usage": True}
-        for key, value in body.items():
-            if key not in _HANDLED:
-                lost(key, value)
-        return out, lost.overrides
+        return chat_request(body, out, lost, _HANDLED)
 
     def response(self, body: dict[str, Any]) -> dict[str, Any]:
         choices = [c for c in body.get("choices") or () if isinstance(c, dict)]
