@@ -267,7 +267,7 @@ class Rewrite:
 
     def _translated(self, flow: http.HTTPFlow, ex: Exchange) -> None:
         """The translated body goes to the upstream's own route, with its headers."""
-        tr = ex.translation
+        tr = ex.translation = ex.translation.bind(ex.request)
         if ex.previous_response_id is not None:
             # Chat has no stored answers: the proxy sends the conversation the id ends.
             known = None if ex.previous_response_unknown else ex.session.recorder.conversation(ex.previous_response_id)

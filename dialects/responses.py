@@ -200,6 +200,13 @@ def _items(items: list[dict[str, Any]]) -> tuple[list[Message], list[Tool], list
                 messages.append(Message(role="user", content=_content(item.get("content"))))
         elif kind == "additional_tools":
             tools.extend(t for tool in item.get("tools") or [] for t in _tools(tool))
+        elif kind == "configuration_update":
+            # Codex's note of a setting it changed (it sends one after falling back from its
+            # WebSocket): the harness's, not the model's, so it never joins the reply that
+            # follows it, or that reply's restatement would not be the recorded one.
+            flush()
+            turn.add(item, kind)
+            flush()
         elif kind.endswith("_output") and "call_id" in item:
             flush()
             messages.append(Message(role="tool", tool_call_id=item.get("call_id"),

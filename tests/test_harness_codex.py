@@ -144,3 +144,36 @@ def test_codex_against_strict_mode(hproxy, sim, tmp_path, transport, name):
     elif name == "exact":
         assert all("temperature" not in b and "top_p" not in b for b in bodies)
         assert all("effort" not in (b.get("reasoning") or {}) for b in bodies)
+
+
+@pytest.mark.parametrize("transport", ["websocket", "sse"])
+def test_codex_on_a_chat_upstream_in_vllm_mode(sim, tmp_path, transport):
+    """Issue 15: Codex on an OpenAI-compatible server that serves Chat Completions only. Its
+    Responses requests are translated, its freeform ``exec`` tool goes as a function of one
+    string (vLLM serves no other) and its call comes back freeform; over its default
+    transport the WebSocket upgrade is answered by the proxy and Codex falls back to POST.
+    The branch is the upstream's token ids."""
+    import json
+
+    from harness import KEY_ENV, REAL_KEY, HOSTS, MitmProcess
+    from test_trace_proxy import FakeVLLM, check_branch_tokens
+
+    sim.strict = False  # vLLM's return_token_ids and logprobs are no OpenAI parameters
+    upstreams = json.dumps({"vllm": {"base_url": sim.url("/v1"), "api_key_env": KEY_ENV, "dialect": "chat"}})
+    vllm = sim.default = FakeVLLM([
+        Reply(reasoning="Run it with exec.", tool_calls=[ToolCall(name="exec", arguments=json.dumps({"input": SCRIPT}))]),
+        Reply(text=["The answer is ", FINAL])])
+    session = {**SESSION, "collect_tokens": True}
+    with MitmProcess(options={"intercept_upstreams": upstreams, "intercept_hosts": HOSTS},
+                     env={KEY_ENV: REAL_KEY}) as proxy:
+        result, sid = _run(proxy, sim, tmp_path, transport, "vllm", session)
+        check_ran(result)
+        trace = trace_of(proxy, sid)
+    assert {(r.method, r.route, r.transport) for r in sim.requests} == {("POST", "chat", "http")}  # only Chat
+    check_task_trace(trace, turns=2, tool="exec")
+    assert all((c.dialect, c.upstream_dialect) == ("responses", "chat") for c in trace.calls)
+    call = trace.branches[0].messages[-3].tool_calls[0]
+    assert (call.type, call.arguments) == ("custom", SCRIPT)  # as Codex got it and restated it
+    tools = {t["function"]["name"]: t for t in sim.model_requests()[0].json["tools"]}
+    assert set(tools["exec"]["function"]["parameters"]["properties"]) == {"input"}
+    check_branch_tokens(trace, vllm)

@@ -351,3 +351,29 @@ def test_vllm_stop_string_is_a_stop_sequence_and_errors_keep_their_kind():
     events.feed(_decode(b'data: {"id":"c","model":"m","choices":[{"index":0,"delta":{"content":"a"}}]}\n\n')[0])
     [error] = events.feed(_decode(b'data: {"error":{"message":"overloaded"}}\n\n')[0])
     assert error.event == "error" and json.loads(error.data)["error"]["message"] == "overloaded"
+
+
+def test_a_freeform_tool_is_a_function_of_one_string_and_its_calls_come_back_freeform():
+    """vLLM serves function tools only: Codex's freeform ``exec`` goes as a function taking
+    ``{"input": string}``, and a call of it comes back as the custom_tool_call it was, JSON
+    and streamed, whatever the split."""
+    script = 'const r = await tools.exec_command({cmd: "ls"});\ntext(r.output);'
+    body = {"model": "m", "tools": [{"type": "custom", "name": "exec", "description": "run JS",
+                                     "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}],
+            "input": [{"role": "user", "content": "go"},
+                      {"type": "custom_tool_call", "call_id": "c0", "name": "exec", "input": script},
+                      {"type": "custom_tool_call_output", "call_id": "c0", "output": "a b"}]}
+    chat, lost = RTR.request(body)
+    assert [o.key for o in lost] == ["tools[0].format"]
+    assert chat["tools"][0]["function"]["parameters"]["properties"] == {
+        "input": {"type": "string", "description": "the tool's input, as text"}}
+    assert json.loads(chat["messages"][1]["tool_calls"][0]["function"]["arguments"]) == {"input": script}
+    tr = RTR.bind(RESPONSES.parse_request(body))
+    answer = Response(id="chatcmpl-9", model="m", finish_reason="tool_calls", message=Message(
+        role="assistant", tool_calls=[ToolCall(id="c1", name="exec", arguments=json.dumps({"input": script}))]))
+    expected = RESPONSES.parse_response(tr.response(CHAT.json_body(answer)))
+    assert [(c.type, c.name, c.arguments) for c in expected.message.tool_calls] == [("custom", "exec", script)]
+    chat_stream = b"".join(e.encode() for e in CHAT.stream_events(answer))
+    for cuts in ([], [5, 40, 41, 200], list(range(0, len(chat_stream), 7))):
+        assert harness_sees(translated(chat_stream, cuts, tr), tr) == expected
+    assert RTR.custom == frozenset()  # bound per exchange, the shared one untouched

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from interceptor.dialects.base import Dialect, Override, StreamAssembler
 from interceptor.dialects.common import NativeAssembler
 from interceptor.dialects.sse import SSEEvent
-from interceptor.trace.messages import Response
+from interceptor.trace.messages import Request, Response
 
 #: The reason every override of a translation carries.
 TRANSLATION = "translation"
@@ -172,6 +172,11 @@ class Translation(ABC):
     @abstractmethod
     def request(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[Override]]:
         """The harness's body as a target body, and what could not be carried over."""
+
+    def bind(self, request: Request) -> Translation:
+        """This translation for one exchange, when its answer depends on the request (the
+        canonical one, as the harness sent it); stateless translations are their own."""
+        return self
 
     def prefix(self, target: dict[str, Any], conversation: list[Any]) -> bool:
         """Put the recorded ``conversation`` (canonical messages) a chained request continues

@@ -11,7 +11,10 @@ Requests go Responses -> Chat, answers Chat -> Responses:
   joined as ``reasoning_content``, output text as content, calls as ``tool_calls`` with
   ``call_id`` as their id; ``function_call_output`` / ``custom_tool_call_output`` -> ``tool``
   messages with the same id; Codex's ``additional_tools`` item -> tools.
-- tools: ``function`` -> functions, ``custom`` -> Chat custom tools; ``tool_choice``,
+- tools: ``function`` -> functions; ``custom`` (freeform, Codex's ``exec`` and ``apply_patch``)
+  -> a function taking ``{"input": string}`` (vLLM and SGLang serve function tools only), its
+  calls back as ``custom_tool_call`` items (the input, decoded, sent whole when the call
+  ends: a JSON string cannot be decoded while it streams); ``tool_choice``,
   ``parallel_tool_calls`` as they are (a named function in Chat's shape);
   ``max_output_tokens`` -> ``max_completion_tokens``; ``reasoning.effort`` ->
   ``reasoning_effort``; ``text.format`` -> ``response_format``; ``text.verbosity`` ->
@@ -25,14 +28,17 @@ Requests go Responses -> Chat, answers Chat -> Responses:
   ``content_filter`` for Chat's ``length`` / ``content_filter``); usage with cached and
   reasoning tokens; errors keep OpenAI's shape, which both APIs share.
 
-Not expressible in Chat, dropped and recorded (reason ``translation``): ``encrypted_content``
-of reasoning items, built-in tools (``web_search``, ``file_search``, ``computer_use``, MCP,
-namespaces) and their call items, ``include``, ``store``, ``truncation``, ``metadata``,
+Namespaces (Codex's ``functions``, ``clock``, ...) are flattened: ``functions``' tools keep
+their names, another's are ``<namespace>__<name>``, and a call of one comes back with its
+namespace. Not expressible in Chat, dropped and recorded (reason ``translation``):
+``encrypted_content`` of reasoning items, built-in tools (``web_search``, ``file_search``,
+``computer_use``, MCP) and their call items, ``include``, ``store``, ``truncation``, ``metadata``,
 ``prompt_cache_key``, ``reasoning.summary``, ``top_logprobs`` and any other key not listed.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -43,7 +49,7 @@ from interceptor.dialects.responses import RESPONSES
 from interceptor.dialects.sse import SSEEvent
 from interceptor.dialects.translate import ChatEvents, Lost, Translation, chat_content, chat_request, chat_usage, sse
 from interceptor.trace import export
-from interceptor.trace.messages import Message
+from interceptor.trace.messages import Message, Request
 
 _SAME = ("model", "temperature", "top_p", "parallel_tool_calls")
 _HANDLED = {"input", "instructions", "tools", "tool_choice", "max_output_tokens", "reasoning", "text", "stream",
@@ -98,10 +104,12 @@ class _Assistant:
                 lost(f"{where}.encrypted_content", item["encrypted_content"])
         elif kind == "function_call":
             self.calls.append({"id": item.get("call_id") or "", "type": "function",
-                               "function": {"name": item.get("name", ""), "arguments": item.get("arguments", "")}})
-        elif kind == "custom_tool_call":
-            self.calls.append({"id": item.get("call_id") or "", "type": "custom",
-                               "custom": {"name": item.get("name", ""), "input": item.get("input", "")}})
+                               "function": {"name": chat_name(item.get("namespace"), item.get("name", "")),
+                                            "arguments": item.get("arguments", "")}})
+        elif kind == "custom_tool_call":  # a freeform tool is a function of one string here (``_tool``)
+            self.calls.append({"id": item.get("call_id") or "", "type": "function",
+                               "function": {"name": chat_name(item.get("namespace"), item.get("name", "")),
+                                            "arguments": json.dumps({"input": item.get("input", "")})}})
         else:  # an assistant message
             content = item.get("content")
             if isinstance(content, str):
@@ -127,6 +135,23 @@ class _Assistant:
         return message
 
 
+def chat_name(namespace: str | None, name: str) -> str:
+    """A namespaced tool's function name in Chat, which has no namespaces: Codex's default
+    namespace ``functions`` is left out (its tools are called by their own names)."""
+    return name if namespace in (None, "functions") else f"{namespace}__{name}"
+
+
+def _tools(tool: dict[str, Any], where: str, lost: Lost, namespace: str | None = None) -> list[dict[str, Any]]:
+    """One Responses tool as Chat tools: a namespace's tools flattened (``chat_name``)."""
+    if tool.get("type") == "namespace" and namespace is None:
+        return [t for j, inner in enumerate(tool.get("tools") or [])
+                for t in _tools(inner, f"{where}.tools[{j}]", lost, tool.get("name") or "")]
+    one = _tool(tool, where, lost)
+    if one is not None and namespace is not None:
+        one["function"]["name"] = chat_name(namespace, one["function"]["name"])
+    return [one] if one is not None else []
+
+
 def _tool(tool: dict[str, Any], where: str, lost: Lost) -> dict[str, Any] | None:
     kind = tool.get("type", "function")
     if kind == "function":
@@ -136,7 +161,17 @@ def _tool(tool: dict[str, Any], where: str, lost: Lost) -> dict[str, Any] | None
                 fn[key] = tool[key]
         return {"type": "function", "function": fn}
     if kind == "custom":
-        return {"type": "custom", "custom": {k: tool[k] for k in ("name", "description", "format") if k in tool}}
+        # vLLM and SGLang serve function tools only: a freeform tool is a function taking its
+        # input as one string, and its calls come back as the freeform calls they were.
+        fmt = tool.get("format")
+        if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+            lost(f"{where}.format", fmt)  # a grammar: Chat functions take a JSON schema only
+        fn = {"name": tool.get("name", ""), "parameters": {
+            "type": "object", "properties": {"input": {"type": "string", "description": "the tool's input, as text"}},
+            "required": ["input"], "additionalProperties": False}}
+        if tool.get("description") is not None:
+            fn["description"] = tool["description"]
+        return {"type": "function", "function": fn}
     lost(where, tool)
     return None
 
@@ -170,9 +205,7 @@ def _input(body: dict[str, Any], lost: Lost, tools: list[dict[str, Any]]) -> lis
                         "content": _content(item.get("output"), f"{where}.output", lost, text_only=True)})
         elif kind == "additional_tools":
             for j, tool in enumerate(item.get("tools") or []):
-                translated = _tool(tool, f"{where}.tools[{j}]", lost)
-                if translated is not None:
-                    tools.append(translated)
+                tools += _tools(tool, f"{where}.tools[{j}]", lost)
         elif kind == "message" or kind in _ASSISTANT_SIDE:
             turn = turn or _Assistant()
             turn.add(item, kind, where, lost)
@@ -188,7 +221,7 @@ def _tool_choice(choice: Any, out: dict[str, Any], lost: Lost) -> None:
     elif isinstance(choice, dict) and choice.get("type") == "function":
         out["tool_choice"] = {"type": "function", "function": {"name": choice.get("name", "")}}
     elif isinstance(choice, dict) and choice.get("type") == "custom":
-        out["tool_choice"] = {"type": "custom", "custom": {"name": choice.get("name", "")}}
+        out["tool_choice"] = {"type": "function", "function": {"name": choice.get("name", "")}}
     else:
         lost("tool_choice", choice)
 
@@ -253,12 +286,32 @@ def _envelope(rid: str, model: str, created: int, status: str, output: list[dict
             "tools": [], "temperature": None, "top_p": None}
 
 
-def _call_item(rid: str, k: int, call: dict[str, Any], arguments: str, status: str) -> dict[str, Any]:
-    if call.get("type") == "custom":
-        return {"id": f"ctc_{rid}_{k}", "type": "custom_tool_call", "call_id": call.get("id") or "",
-                "name": (call.get("custom") or {}).get("name") or "", "input": arguments, "status": status}
-    return {"id": f"fc_{rid}_{k}", "type": "function_call", "call_id": call.get("id") or "",
-            "name": (call.get("function") or {}).get("name") or "", "arguments": arguments, "status": status}
+def custom_input(arguments: str) -> str:
+    """A freeform tool's input from the function call it was sent as: ``{"input": ...}``
+    (anything else the model wrote stays as it came)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return value["input"] if isinstance(value, dict) and isinstance(value.get("input"), str) else arguments
+
+
+def _call_item(rid: str, k: int, call: dict[str, Any], arguments: str, status: str,
+               names: dict[str, tuple[str, str]] | None = None) -> dict[str, Any]:
+    """A Chat call as a Responses call item; ``names`` maps a flattened name back to its
+    namespace and own name."""
+    custom = call.get("type") == "custom"
+    name = (call.get("custom" if custom else "function") or {}).get("name") or ""
+    namespace, name = (names or {}).get(name, (None, name))
+    if custom:
+        item = {"id": f"ctc_{rid}_{k}", "type": "custom_tool_call", "call_id": call.get("id") or "",
+                "name": name, "input": arguments, "status": status}
+    else:
+        item = {"id": f"fc_{rid}_{k}", "type": "function_call", "call_id": call.get("id") or "",
+                "name": name, "arguments": arguments, "status": status}
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
 
 
 def _message_item(rid: str, k: int, text: str | None, refusal: str | None, status: str) -> dict[str, Any]:
@@ -284,8 +337,10 @@ class ChatToResponses(ChatEvents):
     its ``done`` events when another kind starts; ``[DONE]`` sends the terminal event with the
     whole response (Responses restates every item there, so the items are kept)."""
 
-    def __init__(self) -> None:
+    def __init__(self, custom: frozenset[str] = frozenset(), names: dict[str, tuple[str, str]] | None = None) -> None:
         super().__init__()
+        self.custom = custom  # the request's freeform tools, sent as functions
+        self.names = names or {}  # flattened namespaced names
         self.seq = 0
         self.rid = response_id(None)
         self.model = ""
@@ -349,16 +404,16 @@ class ChatToResponses(ChatEvents):
             key = ("call", frag.get("index", 0))
             if self.open != key:
                 self._close(out)  # before self.call names the next one
-                kind = "custom" if frag.get("type") == "custom" else "function"
-                self.call = {"id": frag.get("id") or "", "type": kind, kind: {"name": (frag.get(kind) or {}).get("name") or ""}}
-                self._open(key, _call_item(self.rid, len(self.items), self.call, "", "in_progress"), out)
-            inner = frag.get("custom") if self.call.get("type") == "custom" else frag.get("function")
-            piece = (inner or {}).get("input" if self.call.get("type") == "custom" else "arguments")
+                name = (frag.get("function") or {}).get("name") or ""
+                kind = "custom" if name in self.custom else "function"
+                self.call = {"id": frag.get("id") or "", "type": kind, kind: {"name": name}}
+                self._open(key, _call_item(self.rid, len(self.items), self.call, "", "in_progress", self.names), out)
+            piece = (frag.get("function") or {}).get("arguments")
             if piece:
                 self.text.append(piece)
-                kind = ("response.custom_tool_call_input.delta" if self.call.get("type") == "custom"
-                        else "response.function_call_arguments.delta")
-                out.append(self._event(kind, {**self._at, "delta": piece}))
+                if self.call.get("type") != "custom":
+                    out.append(self._event("response.function_call_arguments.delta", {**self._at, "delta": piece}))
+                # a freeform call's input is the decoded {"input": ...}: sent whole when it closes
 
     def _open(self, kind: str | tuple[str, int], item: dict[str, Any], out: list[SSEEvent]) -> bool:
         """Open an item of ``kind`` unless it is the open one; True when it was opened."""
@@ -396,9 +451,11 @@ class ChatToResponses(ChatEvents):
                 out.append(self._event("response.content_part.done",
                                        {**at, "content_index": ci, "part": item["content"][ci]}))
         else:
-            item = _call_item(self.rid, k, self.call, text, "completed")
-            if item["type"] == "custom_tool_call":
-                out.append(self._event("response.custom_tool_call_input.done", {**at, "input": text}))
+            custom = self.call.get("type") == "custom"
+            item = _call_item(self.rid, k, self.call, custom_input(text) if custom else text, "completed", self.names)
+            if custom:
+                out.append(self._event("response.custom_tool_call_input.delta", {**at, "delta": item["input"]}))
+                out.append(self._event("response.custom_tool_call_input.done", {**at, "input": item["input"]}))
             else:
                 out.append(self._event("response.function_call_arguments.done",
                                        {**at, "arguments": text, "name": item["name"]}))
@@ -419,6 +476,8 @@ class ResponsesOnChat(Translation):
     target = CHAT
     path = "/v1/chat/completions"
     source_headers = ("openai-beta",)
+    custom: frozenset[str] = frozenset()  # the request's freeform tools (``bind``)
+    names: dict[str, tuple[str, str]] = {}  # flattened namespaced tool -> (namespace, name) (``bind``)
 
     def request(self, body: dict[str, Any]) -> tuple[dict[str, Any], list[Override]]:
         lost = Lost()
@@ -426,9 +485,7 @@ class ResponsesOnChat(Translation):
         tools: list[dict[str, Any]] = []
         out["messages"] = _input(body, lost, tools)
         for i, tool in enumerate(body.get("tools") or []):
-            translated = _tool(tool, f"tools[{i}]", lost)
-            if translated is not None:
-                tools.append(translated)
+            tools += _tools(tool, f"tools[{i}]", lost)
         if tools:
             out["tools"] = tools
         if "tool_choice" in body:
@@ -468,15 +525,28 @@ class ResponsesOnChat(Translation):
         if text or msg.get("refusal"):
             output.append(_message_item(rid, len(output), text or None, msg.get("refusal") or None, "completed"))
         for call in msg.get("tool_calls") or ():
-            arguments = ((call.get("custom") or {}).get("input") if call.get("type") == "custom"
-                         else (call.get("function") or {}).get("arguments")) or ""
-            output.append(_call_item(rid, len(output), call, arguments, "completed"))
+            fn = call.get("function") or {}
+            arguments = fn.get("arguments") or ""
+            if fn.get("name") in self.custom:
+                call = {"id": call.get("id"), "type": "custom", "custom": {"name": fn["name"]}}
+                arguments = custom_input(arguments)
+            output.append(_call_item(rid, len(output), call, arguments, "completed", self.names))
         finish = choice.get("finish_reason")
         return _envelope(rid, body.get("model") or "", body.get("created") or 0, _status(finish), output,
                          _usage(body.get("usage")), finish)
 
     def events(self) -> ChatToResponses:
-        return ChatToResponses()
+        return ChatToResponses(self.custom, self.names)
+
+    def bind(self, request: Request) -> ResponsesOnChat:
+        custom = frozenset(chat_name(t.namespace, t.name) for t in request.tools if t.type == "custom")
+        names = {chat_name(t.namespace, t.name): (t.namespace, t.name) for t in request.tools
+                 if t.namespace not in (None, "functions")}
+        if not custom and not names:
+            return self
+        bound = copy.copy(self)
+        bound.custom, bound.names = custom, names
+        return bound
 
     def error(self, status: int, body: Any) -> dict[str, Any]:
         err = body.get("error") if isinstance(body, dict) else None
