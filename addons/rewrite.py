@@ -182,6 +182,11 @@ def _translate(out: Prepared, translated: Translation, config: SessionConfig) ->
     except Exception as e:  # a shape the translation does not know: refuse, forward nothing
         log.warning(f"interceptor: {translated.source.name} request not translatable: {type(e).__name__}: {e}")
         return Prepared(refusal=f"request could not be translated into {translated.target.name}: {e}")
+    if "model" not in target and out.requested_model:  # a dialect with the model in its path
+        target["model"] = out.requested_model
+    if out.stream and not target.get("stream"):  # ... and its stream too
+        target["stream"] = True
+        target["stream_options"] = {"include_usage": True}
     out.source, out.body = source, target
     out.overrides = lost + translated.target.apply_overrides(target, config.model, config.sampling,
                                                               config.sampling_mode)
@@ -216,7 +221,7 @@ class Rewrite:
         path, override = ex.dialect.path_with_model(flow.request.path, ex.session.config.model)
         if flow.request.method == "POST" and not await self._rewrite_body(flow, ex):
             return
-        if override is not None:
+        if override is not None and ex.translation is None:  # translated: the model is in the body
             flow.request.path = path
             ex.overrides.insert(0, override)
         self._swap_credential(flow, ex)

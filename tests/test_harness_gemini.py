@@ -76,3 +76,36 @@ def test_gemini_cli_retries_a_429_and_the_graph_has_one_turn(hproxy, sim, gemini
 def test_gemini_cli_with_an_unknown_secret_fails_and_nothing_is_recorded(hproxy, sim, gemini, tmp_path):
     check_unknown_secret_fails(hproxy, sim, gemini, tmp_path, SESSION, GEMINI_API_KEY="sk-ic-m-unknown-secret",
                                GEMINI_CLI_TRUST_WORKSPACE="true", GEMINI_TELEMETRY_ENABLED="false")
+
+
+def test_gemini_cli_on_a_chat_upstream_in_vllm_mode(sim, gemini, tmp_path):
+    """Issue 15: Gemini CLI on an OpenAI-compatible server: its streamGenerateContent requests
+    go as Chat Completions (the model from the path into the body), the answers come back as
+    Gemini's chunks, the trace's branch is the upstream's token ids."""
+    import json
+
+    from harness import KEY_ENV, HOSTS, MitmProcess
+    from test_trace_proxy import FakeVLLM, check_branch_tokens
+
+    sim.strict = False  # vLLM's return_token_ids and logprobs are no OpenAI parameters
+    upstreams = json.dumps({"vllm": {"base_url": sim.url("/v1"), "api_key_env": KEY_ENV, "dialect": "chat"}})
+    arguments = json.dumps({"command": f"echo {TOOL_OUTPUT}"})  # as vLLM's tool parsers write it
+    # Reasoning on the last turn only: Gemini CLI does not send thoughts back, so a template
+    # renders a restated turn without them and the tokens would rightly branch there.
+    vllm = sim.default = FakeVLLM([
+        Reply(tool_calls=[ToolCall(name="run_shell_command", arguments=arguments)]),
+        Reply(reasoning="It printed.", text=["The answer is ", FINAL])])
+    sid = f"gemini-vllm-{uuid.uuid4().hex[:8]}"
+    with MitmProcess(options={"intercept_upstreams": upstreams, "intercept_hosts": HOSTS},
+                     env={KEY_ENV: REAL_KEY}) as proxy:
+        result = run_harness(proxy, sim, gemini, sid=sid, cwd=tmp_path / "work",
+                             session={**SESSION, "collect_tokens": True})
+        check_ran(result)
+        trace = trace_of(proxy, sid)
+    assert {(r.method, r.route) for r in sim.requests} == {("POST", "chat")}  # only Chat reached it
+    bodies = [r.json for r in sim.model_requests()]
+    assert all(b["model"] == SESSION["model"] and b["stream"] and b["temperature"] == 0.2 for b in bodies)
+    check_task_trace(trace, turns=2, tool="run_shell_command")
+    assert all((c.dialect, c.upstream_dialect) == ("gemini", "chat") for c in trace.calls)
+    check_branch_tokens(trace, vllm)
+    assert trace.branches[0].messages[-1].reasoning[0].text == "It printed."  # thought parts, as streamed

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from hypothesis import given, settings, strategies as st
 
 from interceptor.addons.translate import TranslateStream
-from interceptor.dialects import ANTHROPIC, CHAT, RESPONSES
+from interceptor.dialects import ANTHROPIC, CHAT, GEMINI, RESPONSES
 from interceptor.dialects.sse import SSEDecoder
 from interceptor.dialects.translate import TRANSLATION, pairs, translation
 from interceptor.trace.messages import Message, Reasoning, Response, ToolCall, Usage, message_hash
@@ -24,7 +24,8 @@ from interceptor.trace.messages import Message, Reasoning, Response, ToolCall, U
 FIXTURES = Path(__file__).parent / "fixtures"
 TR = translation("anthropic", "chat")
 RTR = translation("responses", "chat")
-BOTH = [TR, RTR]
+GTR = translation("gemini", "chat")
+BOTH = [TR, RTR, GTR]
 CAPTURED = [json.loads(p.read_text())["body"] for p in sorted((FIXTURES / "claude-code-requests").glob("*.json"))] + [
     exchange["request"]["body"] for p in sorted((FIXTURES / "anthropic-exchanges").glob("*.json"))
     for exchange in json.loads(p.read_text()) if isinstance(exchange["request"].get("body"), dict)]
@@ -32,7 +33,7 @@ CHAT_STREAMS = sorted((FIXTURES / "openai-chat-sse").glob("*.sse"))
 
 
 def test_the_pairs():
-    assert {("anthropic", "chat"), ("responses", "chat")} <= set(pairs())
+    assert {("anthropic", "chat"), ("responses", "chat"), ("gemini", "chat")} <= set(pairs())
     assert translation("chat", "klingon") is None
 
 
@@ -269,8 +270,10 @@ def test_any_split_of_a_generated_stream_gives_the_json_reply(tr, answer, cuts):
     assert seen == _without_tokens(upstream_record(chat, tr))
     # what the model said, said to the harness
     assert seen.message.text() == answer.message.text()
-    assert [(c.id, c.name, json.loads(c.arguments)) for c in seen.message.tool_calls] == \
-        [(c.id, c.name, json.loads(c.arguments)) for c in answer.message.tool_calls]
+    assert [(c.name, json.loads(c.arguments)) for c in seen.message.tool_calls] == \
+        [(c.name, json.loads(c.arguments)) for c in answer.message.tool_calls]
+    if tr is not GTR:  # Gemini has no call ids: its dialect derives them from the call
+        assert [c.id for c in seen.message.tool_calls] == [c.id for c in answer.message.tool_calls]
     assert [r.text for r in seen.message.reasoning] == [r.text for r in answer.message.reasoning]
     assert seen.finish_reason == answer.finish_reason
     assert seen.usage.input_tokens == answer.usage.input_tokens  # the whole prompt, as canonical
@@ -377,3 +380,37 @@ def test_a_freeform_tool_is_a_function_of_one_string_and_its_calls_come_back_fre
     for cuts in ([], [5, 40, 41, 200], list(range(0, len(chat_stream), 7))):
         assert harness_sees(translated(chat_stream, cuts, tr), tr) == expected
     assert RTR.custom == frozenset()  # bound per exchange, the shared one untouched
+
+
+def test_a_gemini_request_is_its_canonical_conversation_in_chat():
+    """Gemini's calls have no ids: the dialect's derived ones pair each call with its
+    response in Chat, the same ids the record uses, every turn."""
+    body = {"systemInstruction": {"parts": [{"text": "Be brief."}]},
+            "contents": [{"role": "user", "parts": [{"text": "list"}, {"inlineData": {"mimeType": "image/png", "data": "AAAA"}}]},
+                         {"role": "model", "parts": [{"text": "Let me see.", "thought": True},
+                                                     {"functionCall": {"name": "ls", "args": {"d": "."}},
+                                                      "thoughtSignature": "sig"}]},
+                         {"role": "user", "parts": [{"functionResponse": {"name": "ls", "response": {"out": "a"}}}]}],
+            "tools": [{"functionDeclarations": [{"name": "ls", "description": "list", "parametersJsonSchema": {"type": "object"}}]},
+                      {"googleSearch": {}}],
+            "toolConfig": {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["ls"]}},
+            "generationConfig": {"temperature": 0.2, "topK": 5, "maxOutputTokens": 100, "stopSequences": ["END"],
+                                 "thinkingConfig": {"includeThoughts": True}}}
+    chat, lost = GTR.request(body)
+    assert sorted(o.key for o in lost) == ["contents[0].parts[1]", "contents[1].parts[1].thoughtSignature",
+                                           "generationConfig.thinkingConfig", "tools[1].googleSearch"]
+    canonical = GEMINI.parse_request(body)
+    call_id = canonical.messages[2].tool_calls[0].id
+    assert [m["role"] for m in chat["messages"]] == ["system", "user", "assistant", "tool"]
+    assert chat["messages"][2]["tool_calls"][0]["id"] == chat["messages"][3]["tool_call_id"] == call_id
+    assert chat["messages"][2]["reasoning_content"] == "Let me see."
+    assert (chat["temperature"], chat["top_k"], chat["max_completion_tokens"], chat["stop"]) == (0.2, 5, 100, ["END"])
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "ls"}}
+    assert chat["tools"] == [{"type": "function", "function": {"name": "ls", "description": "list",
+                                                               "parameters": {"type": "object"}}}]
+    # the answer's call, restated by the harness next turn, has the id the record gave it
+    answer = GTR.response({"id": "c", "model": "m", "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": None, "tool_calls": [{"id": "x", "type": "function",
+                                                              "function": {"name": "ls", "arguments": '{"d": "."}'}}]}}]})
+    assert answer["candidates"][0]["content"]["parts"] == [{"functionCall": {"name": "ls", "args": {"d": "."}}}]
+    assert GEMINI.parse_response(answer).message.tool_calls[0].id == call_id

@@ -26,7 +26,8 @@ from typing import Any, ClassVar
 from interceptor.dialects.base import Dialect, Override, StreamAssembler
 from interceptor.dialects.common import NativeAssembler
 from interceptor.dialects.sse import SSEEvent
-from interceptor.trace.messages import Request, Response
+from interceptor.trace import export
+from interceptor.trace.messages import Message, Request, Response
 
 #: The reason every override of a translation carries.
 TRANSLATION = "translation"
@@ -78,6 +79,42 @@ def chat_request(body: dict[str, Any], out: dict[str, Any], lost: Lost,
         if key not in handled:
             lost(key, value)
     return out, lost.overrides
+
+
+def chat_messages(conversation: list[Message]) -> list[dict[str, Any]]:
+    """Canonical messages as Chat messages (the trace's own export), for a conversation the
+    proxy sends from the record (a chain it resolves) or from a canonical parse. Inline
+    images and files are canonical as hashes, not bytes: those parts cannot be sent and are
+    left out (an image by URL goes as its URL); the caller records what that loses."""
+    kept = [m.model_copy(update={"content": [p for p in m.content if p.type == "text" or (
+        p.type == "image" and p.ref and not p.ref.startswith("sha256:"))]}) if isinstance(m.content, list) else m
+        for m in conversation]
+    return export.chat_messages(kept)
+
+
+def upstream_message(status: int, body: Any) -> str:
+    """The message of an upstream's error body: OpenAI's ``{"error": {...}}``, vLLM's older
+    flat ``{"message": ...}``, else the status."""
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, dict):
+        return str(err.get("message") or "")
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return body["message"]
+    return f"the upstream answered HTTP {status}"
+
+
+def content_text(content: Any) -> str:
+    """Chat content (a string, text parts or None) as its text."""
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    return content or ""
+
+
+def first_choice(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A Chat answer's choice 0 (the other dialects have no ``n``) and its message."""
+    choices = [c for c in body.get("choices") or () if isinstance(c, dict)]
+    choice = next((c for c in choices if c.get("index", 0) == 0), choices[0] if choices else {})
+    return choice, choice.get("message") or {}
 
 
 def sse(name: str, data: dict[str, Any]) -> SSEEvent:
@@ -192,9 +229,9 @@ class Translation(ABC):
     def events(self) -> EventTranslator:
         """A fresh translator for one streamed answer."""
 
-    @abstractmethod
     def error(self, status: int, body: Any) -> dict[str, Any]:
         """The target's error body as the source's, for the same status."""
+        return self.source.error_body(status, upstream_message(status, body))
 
     def stream_error(self, message: str) -> bytes:
         """The bytes that end a stream the proxy could not translate, in the source's shape."""
@@ -238,9 +275,10 @@ class TranslatedAssembler(StreamAssembler):
 
 def _pairs() -> dict[tuple[str, str], Translation]:
     from interceptor.dialects.translate.anthropic_chat import ANTHROPIC_CHAT
+    from interceptor.dialects.translate.gemini_chat import GEMINI_CHAT
     from interceptor.dialects.translate.responses_chat import RESPONSES_CHAT
 
-    return {(t.source.name, t.target.name): t for t in (ANTHROPIC_CHAT, RESPONSES_CHAT)}
+    return {(t.source.name, t.target.name): t for t in (ANTHROPIC_CHAT, RESPONSES_CHAT, GEMINI_CHAT)}
 
 
 _PAIRS: dict[tuple[str, str], Translation] | None = None

@@ -41,7 +41,9 @@ from interceptor.dialects.base import Override
 from interceptor.dialects.chat import CHAT
 from interceptor.dialects.common import dumps_arguments, first, loads_or_raw
 from interceptor.dialects.sse import SSEEvent
-from interceptor.dialects.translate import ChatEvents, Lost, Translation, chat_content, chat_request, chat_usage, sse
+from interceptor.dialects.translate import (
+    ChatEvents, Lost, Translation, chat_content, chat_request, chat_usage, content_text, first_choice, sse,
+)
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use",
          "content_filter": "refusal"}
@@ -246,12 +248,6 @@ def _input(arguments: str) -> Any:
     return loads_or_raw(arguments or "")
 
 
-def _text_of(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
-    return content or ""
-
-
 class ChatToMessages(ChatEvents):
     """Chat chunks -> Messages events, as they arrive. One block is open at a time: reasoning
     deltas open a ``thinking`` block, content a ``text`` block, each tool-call index a
@@ -285,7 +281,7 @@ class ChatToMessages(ChatEvents):
         if isinstance(thought, str) and thought:
             self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""}, out)
             out.append(self._block_delta({"type": "thinking_delta", "thinking": thought}))
-        text = _text_of(delta.get("content")) + (delta.get("refusal") or "")
+        text = content_text(delta.get("content")) + (delta.get("refusal") or "")
         self.refused = self.refused or bool(delta.get("refusal"))
         if text:
             self._open("text", {"type": "text", "text": ""}, out)
@@ -360,14 +356,12 @@ class MessagesOnChat(Translation):
         return chat_request(body, out, lost, _HANDLED)
 
     def response(self, body: dict[str, Any]) -> dict[str, Any]:
-        choices = [c for c in body.get("choices") or () if isinstance(c, dict)]
-        choice = next((c for c in choices if c.get("index", 0) == 0), choices[0] if choices else {})
-        msg = choice.get("message") or {}
+        choice, msg = first_choice(body)
         content: list[dict[str, Any]] = []
         thought = first(msg.get("reasoning_content"), msg.get("reasoning"))
         if isinstance(thought, str) and thought:
             content.append({"type": "thinking", "thinking": thought, "signature": ""})
-        text = _text_of(msg.get("content")) + (msg.get("refusal") or "")
+        text = content_text(msg.get("content")) + (msg.get("refusal") or "")
         if text:
             content.append({"type": "text", "text": text})
         for call in msg.get("tool_calls") or ():
@@ -383,15 +377,6 @@ class MessagesOnChat(Translation):
     def events(self) -> ChatToMessages:
         return ChatToMessages()
 
-    def error(self, status: int, body: Any) -> dict[str, Any]:
-        err = body.get("error") if isinstance(body, dict) else None
-        if isinstance(err, dict):
-            message = str(err.get("message") or "")
-        elif isinstance(body, dict) and isinstance(body.get("message"), str):  # vLLM's older shape
-            message = body["message"]
-        else:
-            message = f"the upstream answered HTTP {status}"
-        return ANTHROPIC.error_body(status, message)
 
 
 ANTHROPIC_CHAT = MessagesOnChat()

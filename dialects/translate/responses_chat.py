@@ -47,8 +47,10 @@ from interceptor.dialects.chat import CHAT
 from interceptor.dialects.common import first
 from interceptor.dialects.responses import RESPONSES
 from interceptor.dialects.sse import SSEEvent
-from interceptor.dialects.translate import ChatEvents, Lost, Translation, chat_content, chat_request, chat_usage, sse
-from interceptor.trace import export
+from interceptor.dialects.translate import (
+    ChatEvents, Lost, Translation, chat_content, chat_messages, chat_request, chat_usage, content_text, first_choice,
+    sse,
+)
 from interceptor.trace.messages import Message, Request
 
 _SAME = ("model", "temperature", "top_p", "parallel_tool_calls")
@@ -243,18 +245,6 @@ def _text_config(config: Any, out: dict[str, Any], lost: Lost) -> None:
             lost(f"text.{key}", value)
 
 
-def chat_messages(conversation: list[Message]) -> list[dict[str, Any]]:
-    """Recorded canonical messages as Chat messages (the trace's own export), for a chain the
-    proxy resolves. Inline images are on the record as hashes, not bytes: those parts cannot
-    be sent again and are left out (an image by URL goes as its URL)."""
-    out = export.chat_messages(conversation)
-    for message in out:
-        if isinstance(message.get("content"), list):
-            message["content"] = [p for p in message["content"] if not (
-                p.get("type") == "image_url" and str(p["image_url"].get("url", "")).startswith("sha256:"))]
-    return out
-
-
 # --------------------------------------------------------------------------------------
 # answers: Chat -> Responses
 
@@ -384,9 +374,7 @@ class ChatToResponses(ChatEvents):
             self.text.append(thought)
             out.append(self._event("response.reasoning_summary_text.delta",
                                    {**self._at, "summary_index": 0, "delta": thought}))
-        text, refusal = delta.get("content"), delta.get("refusal")
-        if isinstance(text, list):
-            text = "".join(p.get("text") or "" for p in text if isinstance(p, dict))
+        text, refusal = content_text(delta.get("content")), delta.get("refusal")
         if text or refusal:
             if self._open("message", {**_message_item(self.rid, len(self.items), None, None, "in_progress")}, out):
                 self.refusal = []
@@ -511,17 +499,13 @@ class ResponsesOnChat(Translation):
         return True
 
     def response(self, body: dict[str, Any]) -> dict[str, Any]:
-        choices = [c for c in body.get("choices") or () if isinstance(c, dict)]
-        choice = next((c for c in choices if c.get("index", 0) == 0), choices[0] if choices else {})
-        msg = choice.get("message") or {}
+        choice, msg = first_choice(body)
         rid = response_id(body.get("id"))
         output: list[dict[str, Any]] = []
         thought = first(msg.get("reasoning_content"), msg.get("reasoning"))
         if isinstance(thought, str) and thought:
             output.append(_reasoning_item(rid, len(output), thought))
-        text = msg.get("content")
-        if isinstance(text, list):
-            text = "".join(p.get("text") or "" for p in text if isinstance(p, dict))
+        text = content_text(msg.get("content"))
         if text or msg.get("refusal"):
             output.append(_message_item(rid, len(output), text or None, msg.get("refusal") or None, "completed"))
         for call in msg.get("tool_calls") or ():
@@ -553,9 +537,7 @@ class ResponsesOnChat(Translation):
         if isinstance(err, dict):  # OpenAI's shape: the same in both APIs
             return {"error": {"message": str(err.get("message") or ""), "type": err.get("type"),
                               "param": err.get("param"), "code": err.get("code")}}
-        message = body["message"] if isinstance(body, dict) and isinstance(body.get("message"), str) else \
-            f"the upstream answered HTTP {status}"
-        return RESPONSES.error_body(status, message)
+        return super().error(status, body)
 
     def stream_error(self, message: str) -> bytes:
         return sse("error", {"type": "error", "code": "server_error", "message": message, "param": None}).encode()
