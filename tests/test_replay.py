@@ -209,6 +209,26 @@ def test_a_replay_source_must_exist_when_declared(tmp_path):
         parse_upstreams(json.dumps({"r": {"replay": str(tmp_path / "none.msgpack")}}))
 
 
+def test_pace_answers_after_the_recorded_duration(proxy, start_proxy, sim, harness_env):
+    import time
+
+    sim.script(Reply(text="slowly", first_byte_delay=1.5))
+    session = proxy.create_session(id="slow")
+    harness_env(session["env"])
+    ask = [{"role": "user", "content": "take your time"}]
+    session_clients(session)[0].chat.completions.create(model="m", messages=ask)
+    proxy.api("DELETE", "sessions/slow")
+    source = proxy.trace_dir / "slow.msgpack"
+    assert _read(source).calls[0].duration >= 1.5
+    replayer = _replayer(start_proxy, source, pace=True)
+    again = replayer.create_session(upstream="yesterday")
+    harness_env(again["env"])
+    started = time.monotonic()
+    answer = session_clients(again)[0].chat.completions.create(model="m", messages=ask)
+    assert answer.choices[0].message.content == "slowly"
+    assert time.monotonic() - started >= 1.5  # the recorded call's duration, waited out
+
+
 # -- the matcher, in process (interceptor.trace.match) ---------------------------------------
 
 def _rollout(tmp_path, turns: int = 3):
