@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from mitmproxy import http
 
     from interceptor.addons.collect import Plan
+    from interceptor.addons.relay import Drain
     from interceptor.addons.retry import Recorded
     from interceptor.addons.session import Session
     from interceptor.addons.tee import StreamTee
@@ -62,6 +63,8 @@ class Exchange:
     recorded: Recorded | None = None  # the answer as the harness receives it, kept for replay (Retry)
     collect: Plan | None = None  # the token fields the proxy asked for, to strip (Collect)
     tee: StreamTee | None = None  # the streamed answer's assembler (Tee)
+    drain: Drain | None = None  # the proxy's own read of the upstream answer (Relay)
+    delivered: bool = True  # False once the harness went away before the answer's end (Relay)
     # Responses' previous_response_id, and whether this session had it (else a new root).
     previous_response_id: str | None = None
     previous_response_unknown: bool = False

@@ -18,6 +18,8 @@ calls each hook in list order):
 - Feedback: a 400 blaming a parameter the proxy set: that change undone, sent once more,
   remembered for the model;
 - Replay: a session whose upstream is a trace gets its recorded answers (HTTP and frames);
+- Relay: a model POST goes out on the proxy's own upstream connection, so an answer the
+  harness stops reading is still read to its end, recorded, and replayed to its retry;
 - Tee: the answer on its way back, one pipeline built in one place (``pipeline.py``): the
   turn assembled and committed, Collect's token fields stripped, Retry's capture of what
   the harness received, in that order whatever the order of this list;
@@ -52,6 +54,7 @@ from interceptor.addons.openproxy import OpenProxyGuard
 from interceptor.addons.reach import Reach
 from interceptor.addons.replay import Replay
 from interceptor.addons.redact import Redact
+from interceptor.addons.relay import Relay
 from interceptor.addons.retry import Retry
 from interceptor.addons.rewrite import Rewrite
 from interceptor.addons.session import Registry
@@ -66,6 +69,7 @@ settings = Settings(registry)
 collect = Collect()
 retry = Retry()
 refused = Refused()  # what providers refused per model: Feedback learns it, Rewrite and WsRelay apply it
+tee = Tee(strip=collect, capture=retry)  # the answer's pipeline: its stages' order is its own
 
 addons = guarded([
     settings,
@@ -82,7 +86,8 @@ addons = guarded([
     WsRelay(refused),  # before Tee: a WebSocket's frames are its exchanges, not the upgrade
     Feedback(refused),  # before Tee: a 400 for a parameter the proxy set is undone and sent once more
     Replay(),  # after Retry and WsRelay: answers from a replay source's trace
-    Tee(strip=collect, capture=retry),  # the answer's pipeline: its stages' order is its own
+    Relay(tee.pipeline),  # the last request step: after it the flow leaves (or the Gate refuses it)
+    tee,
 ]) + [
     Gate(settings),  # after every step, and never guarded: it is what answers their faults
     Annotate(), Status(registry),  # observers after the Gate (they see its answers too); never raise

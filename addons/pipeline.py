@@ -22,6 +22,13 @@ list: the one addon that runs it is the Tee (``tee.Tee``); Collect and Retry are
 the script for their request hooks only, and their answer-side work is ``on_headers`` /
 ``on_response`` / ``on_error``, names mitmproxy never calls.
 
+When the relay carries the exchange (``addons/relay.py``), its meter is the outermost
+callable, and an ``error`` that means the client went away is handed to the relay's Drain,
+which finishes the answer through this same pipeline (``responseheaders`` if need be, the
+chain, ``response``), so the stages see an abandoned answer whole, as if it had been read.
+An answer whose turn was committed before the client went away is marked undelivered on
+the record.
+
 Each stage runs even when an earlier one raised (Retry must still settle what it has in
 flight); the first exception is put on the flow as a ``Fault`` naming the stage, exactly as
 the Guard would for an addon of its own, and the Gate answers it (``addons/gate.py``).
@@ -36,7 +43,9 @@ from typing import Any, Protocol
 
 from mitmproxy import http
 
+from interceptor.addons.exchange import exchange_of
 from interceptor.addons.gate import FAULT_KEY, Fault
+from interceptor.addons.record import mark_undelivered
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +73,40 @@ class Pipeline:
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         if flow.response is None:
             return
+        ex = exchange_of(flow)
+        drain = ex.drain if ex is not None else None
+        if drain is not None:
+            drain.restore(flow)
         stream: Stream = flow.response.stream
         for stage in self.stages:
             try:
                 stream = stage.on_headers(flow, stream)
             except Exception as e:  # noqa: BLE001 - see the module docstring
                 self._fault(flow, stage, "on_headers", e)
+        if drain is not None:
+            stream = drain.meter(stream)
         flow.response.stream = stream or False
 
     def response(self, flow: http.HTTPFlow) -> None:
+        ex = exchange_of(flow)
+        if ex is not None and ex.drain is not None:
+            ex.drain.ended(flow)
         self._each(flow, "on_response")
 
     def error(self, flow: http.HTTPFlow) -> None:
+        ex = exchange_of(flow)
+        if ex is not None and ex.drain is not None and ex.drain.take_over(flow):
+            for stage in self.stages:  # the client is gone: the stages may note it now
+                gone = getattr(stage, "on_client_gone", None)
+                if gone is not None:
+                    try:
+                        gone(flow)
+                    except Exception as e:  # noqa: BLE001 - see the module docstring
+                        self._fault(flow, stage, "on_client_gone", e)
+            return  # the Drain finishes the answer through this pipeline
+        if ex is not None and ex.turn and not ex.replayed:
+            # The turn was committed at its terminal event; the rest never reached the harness.
+            mark_undelivered(ex)
         self._each(flow, "on_error")
 
     def _each(self, flow: http.HTTPFlow, hook: str) -> None:

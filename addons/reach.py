@@ -5,8 +5,9 @@ provider error, and no hook can change that page. So before forwarding to an add
 has not accepted a connection recently, this addon tries one itself; a failure becomes a
 retryable 502 in the dialect's shape and an exchange with an error on the record. An address
 that answered within ``FRESH`` seconds is not probed again: the steady state costs nothing.
-If the upstream dies between the probe and the request, mitmproxy's own 502 still reaches
-the harness and the Tee's ``error`` hook still records the exchange.
+If the upstream dies between the probe and the request, the Relay (``addons/relay.py``)
+answers the same 502 in the dialect's shape (with ``intercept_drain_timeout=0``, mitmproxy's
+own HTML 502 reaches the harness and the Tee's ``error`` hook records the exchange).
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ def make_call(ex: Exchange, flow: http.HTTPFlow, response: Response | None, erro
         upstream_dialect=ex.wire.name if ex.translation is not None else None,
         translated_digest=ex.translated_digest,
         replayed_from=ex.replayed_from,
+        delivered=ex.delivered,
     )
 
 
@@ -109,3 +110,17 @@ def commit_replay(ex: Exchange, flow: http.HTTPFlow, status: int, replay_of: str
         ex.session.recorder.record_call(call)
     except Exception:
         log.exception(f"interceptor: session {ex.session.id!r}: could not record replay")
+
+
+def mark_undelivered(ex: Exchange) -> None:
+    """The exchange's call is on the record, and its answer did not reach the harness whole
+    (the client went away after the terminal event was committed): one ``undelivered`` record
+    amends it, so the trace says per call whether the harness received all of it."""
+    call_id = ex.turn or ex.call_id
+    if not ex.delivered or not call_id:
+        return
+    ex.delivered = False
+    try:
+        ex.session.recorder.record_undelivered(call_id)
+    except Exception:
+        log.exception(f"interceptor: session {ex.session.id!r}: could not mark call {call_id} undelivered")

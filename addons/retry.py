@@ -97,6 +97,13 @@ class _Capture:
         return out or []  # never b"": mitmproxy would send it as a chunked body's last chunk
 
 
+def _captured(stream) -> bool:
+    """Whether the capture stage is in the chain (the Relay's meter wraps it)."""
+    while stream is not None and not isinstance(stream, _Capture):
+        stream = getattr(stream, "inner", None)
+    return stream is not None
+
+
 def retry_count(flow: http.HTTPFlow) -> int:
     try:
         return int(flow.request.headers.get("x-stainless-retry-count", "0"))
@@ -160,12 +167,15 @@ class Retry:
                 new_key = new_key or key not in book.seen_keys
                 book.seen_keys.add(key)
         last = book.last
-        if (not flagged and not new_key and self.undelivered and last and last.digest == digest
-                and last.replayable and not last.delivered):
+        pending = book.inflight.get(digest)
+        if not flagged and not new_key and self.undelivered and (
+                (last and last.digest == digest and last.replayable and not last.delivered)
+                or (pending is not None and pending.conn_closed and not pending.done.is_set())):
+            # After an answer the harness cannot have read whole, or while the proxy still reads
+            # one whose harness went away (addons/relay.py): the same body is its retry.
             flagged = True
             ex.retry_reason = "undelivered"
         if flagged:
-            pending = book.inflight.get(digest)
             if pending is not None and not pending.done.is_set():
                 await pending.done.wait()
                 if not flow.live:
@@ -216,29 +226,46 @@ class Retry:
         if rec is None or flow.response is None:
             return
         ex = exchange_of(flow)
-        if not isinstance(flow.response.stream, _Capture):
-            rec.status = flow.response.status_code
-            rec.headers = list(flow.response.headers.fields)
-            rec.body = bytearray(flow.response.raw_content or b"")
-        rec.committed = bool(ex and ex.turn)
-        rec.completed = True
-        if "close" in (flow.request.headers.get("connection", "") + flow.response.headers.get("connection", "")).lower():
-            rec.followed = True  # the connection was meant to close: closing it proves nothing
-        self._settle(flow, rec)
+        try:
+            if not _captured(flow.response.stream):
+                rec.status = flow.response.status_code
+                rec.headers = list(flow.response.headers.fields)
+                rec.body = bytearray(flow.response.raw_content or b"")
+            rec.committed = bool(ex and ex.turn)
+            rec.completed = True
+            if ex is not None and not ex.delivered:
+                rec.conn_closed = True  # the Relay read the rest after the harness went away
+            elif "close" in (flow.request.headers.get("connection", "") + flow.response.headers.get("connection", "")).lower():
+                rec.followed = True  # the connection was meant to close: closing it proves nothing
+        except Exception:
+            rec.failed = True  # never replayed; but settled, or its retries would wait forever
+            raise
+        finally:
+            self._settle(flow, rec)
 
     def on_error(self, flow: http.HTTPFlow) -> None:
         rec = self._recorded(flow)
         if rec is None:
             return
         ex = exchange_of(flow)
-        if ex is not None and ex.turn:
-            # Committed, then the client went away: the turn's bytes up to and including its
-            # terminal event were captured when the Tee let them through, so the retry that
-            # follows gets them whole. The client cannot have read them: undelivered.
-            rec.committed = rec.completed = rec.conn_closed = True
-        else:
-            rec.failed = True
-        self._settle(flow, rec)
+        try:
+            if ex is not None and ex.turn:
+                # Committed, then the client went away (no Relay to read the rest): the turn's
+                # bytes up to and including its terminal event were captured when the Tee let
+                # them through, so the retry that follows gets them whole. The client cannot
+                # have read them: undelivered.
+                rec.committed = rec.completed = rec.conn_closed = True
+            else:
+                rec.failed = True
+        finally:
+            self._settle(flow, rec)
+
+    def on_client_gone(self, flow: http.HTTPFlow) -> None:
+        """The harness went away and the Relay reads the answer on: the same body from it
+        now is a retry, to coalesce on this exchange (see ``request``)."""
+        rec = self._recorded(flow)
+        if rec is not None:
+            rec.conn_closed = True
 
     def client_disconnected(self, client: connection.Client) -> None:
         for rec in self._conn_last.pop(client.id, ()):

@@ -31,7 +31,7 @@ from interceptor.trace.records import fold, iter_records, node_record
 
 # Record kinds the reader folds into the Trace; anything else (a newer producer's stop
 # records, say) is shown as an event as it was written.
-_FOLDED = {"header", "turn", "call", "replay", "rewrite", "footer"}
+_FOLDED = {"header", "turn", "call", "replay", "rewrite", "undelivered", "footer"}
 _MARK = "/*__TRACE_DATA__*/"
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from mitmproxy import flow as mflow
 from mitmproxy import http
 from mitmproxy.test import taddons, tflow
 
@@ -328,6 +329,32 @@ def test_an_identical_unflagged_body_after_an_undelivered_answer_is_a_retry(worl
         assert again.response.content == ANSWER and exchange_of(again).retry_reason == "undelivered"
 
 
+def test_a_retry_waiting_on_an_attempt_whose_capture_raised_is_settled_not_left_waiting(world, monkeypatch):
+    """Retry's answer stage raising (a bug) must still settle the exchange in flight: a retry
+    coalesced on it gets the retryable 503, instead of waiting forever."""
+    import asyncio
+
+    from interceptor.addons import retry as retry_module
+    session = world.session()
+    first = _turn(world, session, retry_count=0)
+    headers = {"authorization": f"Bearer {session.model_secret}", "x-stainless-retry-count": "1"}
+    again = flow_for("POST", CHAT_URL, CHAT_BODY, headers)
+    for hook in (world.claim.requestheaders, world.retry.requestheaders, world.rewrite.request, world.collect.request):
+        world.run(hook(again))
+    loop = world.tctx.master.event_loop
+    waiting = loop.create_task(world.retry.request(again))
+    loop.run_until_complete(asyncio.sleep(0.05))
+    assert not waiting.done()  # coalesced on the first attempt
+
+    def broken(stream):
+        raise RuntimeError("a bug in the capture")
+    monkeypatch.setattr(retry_module, "_captured", broken)
+    world.answer(first, body=ANSWER)
+    loop.run_until_complete(asyncio.wait_for(waiting, 5))
+    assert again.response is not None and again.response.status_code == 503
+    assert again.response.headers["x-should-retry"] == "true"
+
+
 def test_the_undelivered_rule_can_be_switched_off(world):
     world.tctx.configure(world.retry, intercept_retry_undelivered=False)
     session = world.session()
@@ -361,6 +388,29 @@ def _chat_stream(token_ids: bool) -> list[bytes]:
             {"index": 0, "delta": {}, "finish_reason": "stop"}]},
     ]
     return [SSEEvent(data=json.dumps(c)).encode() for c in chunks] + [b"data: [DONE]\n\n"]
+
+
+def test_a_turn_committed_before_the_client_went_away_is_marked_undelivered(world):
+    """The harness closed after the terminal event was committed, before the rest of the
+    answer was sent (no relay reading on here): the call on the record is amended to
+    ``delivered: false``, and the same body again is its retry, replayed."""
+    from interceptor.trace import read_trace
+    session = world.session()
+    first = _turn(world, session)
+    first.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
+    world.tee.responseheaders(first)
+    for chunk in _chat_stream(token_ids=False):
+        first.response.stream(chunk)
+    assert exchange_of(first).turn  # committed at [DONE]
+    first.error = mflow.Error("Client disconnected.")
+    world.tee.error(first)
+    again = _turn(world, session)
+    assert again.response is not None and exchange_of(again).retry_reason == "undelivered"
+    world.registry.seal_all("test")
+    world.registry.store.flush(timeout=10)
+    trace = read_trace(session.recorder.path)
+    assert trace.num_turns == 1 and [c.delivered for c in trace.calls] == [False, True]
+    assert trace.calls[1].replay_of == trace.calls[0].id
 
 
 def _load_script():

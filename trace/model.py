@@ -150,6 +150,11 @@ class ModelCall(_Model):
     # the translation could not carry (reason ``translation``).
     upstream_dialect: str | None = None
     translated_digest: str | None = None
+    # Whether the harness received the whole answer. False: its connection closed first (an
+    # SDK timeout, a client that stops reading after the content it needs); the proxy read the
+    # rest from the upstream itself, so the turn is whole on the record (an ``undelivered``
+    # record says so when the turn was committed before the harness went away).
+    delivered: bool = True
 
     @property
     def duration(self) -> float | None:

@@ -210,6 +210,14 @@ class Recorder:
             self._append({"kind": kind, "call": {"id": call.id, "status": call.status, "error": error}},
                          sync=self.fsync == "turn")
 
+    def record_undelivered(self, call_id: str) -> None:
+        """The answer of call ``call_id`` (already recorded) did not reach the harness whole."""
+        for call in reversed(self._trace.calls):
+            if call.id == call_id:
+                call.delivered = False
+                break
+        self._append({"kind": "undelivered", "call": call_id}, sync=self.fsync == "turn")
+
     def record_rewrite(self, rewrite: Rewrite | dict[str, Any]) -> None:
         """What the proxy changed in what passed through (``Rewrite``; a dict of its fields is
         validated, unknown keys refused)."""

@@ -13,6 +13,9 @@ A trace file is a plain concatenation of msgpack maps, each with a ``kind``:
 - ``state``   state: one accepted write of the task state (version, by, op, size, digest,
               the value when small); the session's initial state is version 0
 - ``egress``  egress: a connection the network policy refused (host, port, count so far)
+- ``undelivered`` call (an id): that call's answer did not reach the harness whole; written
+              when the harness went away after the call was recorded (its ``delivered``
+              becomes false)
 - ``footer``  stop_condition, stopped_by, truncated, ended_at, totals, timing, the task
               state's final state_version and state_digest, and what the evaluator sent at
               the seal (reward, rewards, metrics, info); written when the session is sealed
@@ -92,7 +95,7 @@ class HoleWarning(TornRecordWarning):
     the middle of the file (a write failure that was not rolled back). ``verify`` fails on it."""
 
 
-KINDS = frozenset({"header", "turn", "call", "replay", "rewrite", "state", "egress", "footer"})
+KINDS = frozenset({"header", "turn", "call", "replay", "rewrite", "state", "egress", "undelivered", "footer"})
 _KIND_KEY = b"\xa4kind"  # every record is a map whose first key is "kind"
 
 
@@ -236,6 +239,11 @@ def fold(records: Iterator[tuple[int, dict[str, Any]]], source: str = "trace") -
             trace.calls.append(call)
         elif kind in ("call", "replay"):
             trace.calls.append(ModelCall.model_validate(rec["call"]))
+        elif kind == "undelivered":
+            for call in reversed(trace.calls):
+                if call.id == rec.get("call"):
+                    call.delivered = False
+                    break
         elif kind == "rewrite":
             rewrite = Rewrite.model_validate(rec.get("rewrite") or {})
             if rewrite.direction == "response":
@@ -282,7 +290,7 @@ def record_schema() -> dict[str, Any]:
     parts = {"header": Header, "node": MessageNode, "call": ModelCall, "tool": Tool,
              "rewrite": Rewrite, "reward": Reward, "timing": Timing, "state": StateWrite,
              "egress": EgressRefusal}
-    return {"kinds": ["header", "turn", "call", "replay", "rewrite", "state", "egress", "footer"],
+    return {"kinds": ["header", "turn", "call", "replay", "rewrite", "state", "egress", "undelivered", "footer"],
             **{name: model.model_json_schema() for name, model in parts.items()}}
 
 

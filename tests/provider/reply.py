@@ -99,6 +99,8 @@ class Reply:
                       drop the connection without the terminal chunk.
       error_after     after this many SSE events send the dialect's `error` event and
                       end the stream.
+      hang_up         close the connection without answering (after first_byte_delay), as
+                      an upstream that dies mid-request or a load balancer that drops it does.
     Bytes on the wire:
       headers         extra response headers.
       raw             bytes/str sent verbatim as the body, or a pathlib.Path (any
@@ -144,6 +146,7 @@ class Reply:
     should_retry: bool | None = None
     cut_after: int | None = None
     error_after: int | None = None
+    hang_up: bool = False
 
     headers: Mapping[str, str] = field(default_factory=dict)
     raw: bytes | str | os.PathLike | None = None

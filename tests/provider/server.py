@@ -445,6 +445,8 @@ class _Handler(BaseHTTPRequestHandler):
         record.reply = reply
         if reply.first_byte_delay:
             time.sleep(reply.first_byte_delay)
+        if reply.hang_up:
+            raise _Cut
         if reply.raw is not None:
             self._send_raw(reply, family, request_id)
             return

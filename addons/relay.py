@@ -1,0 +1,503 @@
+"""Relay: the proxy reads a model's answer to its end on a connection of its own, so an answer
+the harness stopped reading is still recorded, and the harness's retry is answered from it.
+
+Why mitmproxy's own upstream connection cannot do it: when the client closes mid-answer (an
+SDK timeout while the model is still generating, litellm's sync Anthropic stream closing after
+``message_delta``, a caller that stops iterating), mitmproxy 12 passes the client's
+``RequestProtocolError`` to the server side before any hook runs
+(``HttpStream.handle_protocol_error``), where ``Http1Client`` answers it by closing the
+upstream connection; then the client's handler cancels every server connection it owns
+(``ConnectionHandler.handle_client``). The ``error`` hook comes after both: what the model was
+still generating is gone, and each SDK retry makes it generate again. No hook can keep that
+connection, and patching mitmproxy's layers would tie the proxy to their private internals.
+
+So for a model POST the proxy owns the upstream connection, and mitmproxy stays what it is:
+
+- ``request`` (the last request step before the Gate) points the flow at this relay: a plain
+  HTTP/1.1 server on 127.0.0.1 in the proxy's own event loop, with a one-use ticket header
+  (random, removed before anything leaves). The relay sends the request to the real upstream
+  (TLS verified as mitmproxy would: ``ssl_insecure``, ``ssl_verify_upstream_trusted_ca``,
+  ``ssl_verify_upstream_trusted_confdir``, else certifi; idle connections pooled) and passes
+  the answer back byte for byte as it arrives. mitmproxy runs the answer's pipeline
+  (``addons/pipeline.py``) on it exactly as before; observers see the real upstream (the
+  flow's address is restored at the answer's headers).
+- Each ``Drain`` (one exchange) keeps the body bytes mitmproxy has not yet passed through the
+  pipeline: the pipeline's outermost callable meters what it consumed, so for a stream this is
+  what sits in socket buffers, not the answer.
+- When mitmproxy reports the flow's ``error`` and the upstream did not break, the client went
+  away: the Drain takes over. It feeds the bytes mitmproxy never consumed and the rest of the
+  answer through the same pipeline itself (building it from the answer's headers if they came
+  after the client left), then runs its ``response`` stage: the turn commits (or the error is
+  recorded), the call says ``delivered: false``, and Retry settles it as undelivered, so the
+  SDK's retry, which coalesces on the exchange in flight meanwhile, gets the recorded answer.
+  The upstream is read for at most ``intercept_drain_timeout`` seconds after the client left.
+- An upstream that cannot be reached or closes without answering gets a 502 in the dialect's
+  shape (mitmproxy's own is an HTML page no SDK reads as a provider error), retryable.
+
+The cost is one loopback hop and h11 framing per model exchange (``docs/benchmarks.md``).
+``intercept_drain_timeout=0`` turns the relay off: mitmproxy talks to the upstream itself, and
+an answer the client abandons is lost as before. Upstream-proxy modes and client certificates
+are left to mitmproxy (the relay would bypass them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import certifi
+import h11
+from mitmproxy import ctx, exceptions, http
+from mitmproxy import flow as mflow
+
+from interceptor.addons.answers import error_response
+from interceptor.addons.exchange import KEY, Exchange, exchange_of
+from interceptor.addons.record import mark_undelivered
+
+if TYPE_CHECKING:
+    from interceptor.addons.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+TICKET = "x-interceptor-relay"
+CONNECT_TIMEOUT = 30.0
+IDLE = 60.0  # seconds an idle upstream connection is kept for reuse
+POOL = 16  # idle upstream connections kept per address
+READ = 1 << 16
+TRIM = 1 << 16  # consumed bytes kept before the buffer is cut
+MAX_HEAD = 1 << 20  # request/response head size accepted (h11's default is 16 KiB)
+
+
+class UpstreamBroke(Exception):
+    """The upstream connection failed before the answer ended."""
+
+
+@dataclass(eq=False)
+class Target:
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.scheme, self.host, self.port)
+
+    def where(self) -> str:
+        return f"{self.scheme}://{self.host}:{self.port}"
+
+
+@dataclass(eq=False)
+class Upstream:
+    """One connection to an upstream, with its h11 state; pooled between exchanges."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    conn: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD))
+    idle_since: float = 0.0
+    reused: bool = False
+
+    def usable(self) -> bool:
+        return (not self.writer.is_closing() and not self.reader.at_eof()
+                and time.monotonic() - self.idle_since < IDLE)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def _next(conn: h11.Connection, reader: asyncio.StreamReader):
+    while True:
+        event = conn.next_event()
+        if event is not h11.NEED_DATA:
+            return event
+        conn.receive_data(await reader.read(READ))
+
+
+class _Meter:
+    """The pipeline's outermost stream callable: counts what mitmproxy passed through it."""
+
+    def __init__(self, inner: Any, drain: Drain) -> None:
+        self.inner = inner
+        self.drain = drain
+
+    def __call__(self, chunk: bytes):
+        self.drain.consumed(len(chunk))
+        return self.inner(chunk) if callable(self.inner) else chunk
+
+
+class Drain:
+    """One model exchange through the relay; ``Exchange.drain``. See the module docstring."""
+
+    def __init__(self, relay: Relay, flow: http.HTTPFlow, ex: Exchange, target: Target) -> None:
+        self.relay = relay
+        self.flow = flow
+        self.ex = ex
+        self.target = target
+        self.ticket = secrets.token_hex(16)
+        self.started = False  # the relay has the request
+        self.head: tuple[int, bytes, list[tuple[bytes, bytes]]] | None = None
+        self.buf = bytearray()  # body bytes from offset `base` on
+        self.base = 0
+        self.fed = 0  # body bytes mitmproxy (or the takeover) passed through the pipeline
+        self.upstream_done = False
+        self.broken = False
+        self.taken = False  # the client went away; this drain finishes the answer
+        self.finished = False
+        self.expired = False  # intercept_drain_timeout ran out after the client left
+        self.down_alive = True
+        self.up: Upstream | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    # -- the flow's side --------------------------------------------------------------------
+
+    def restore(self, flow: http.HTTPFlow) -> None:
+        """Observers (mitmweb, flow files, the log) see the upstream, not the relay."""
+        t = self.target
+        flow.request.data.host, flow.request.data.port, flow.request.scheme = t.host, t.port, t.scheme
+
+    def meter(self, stream: Any) -> Any:
+        return _Meter(stream, self) if stream else stream
+
+    def consumed(self, n: int) -> None:
+        self.fed += n
+        cut = self.fed - self.base
+        if cut >= TRIM and cut <= len(self.buf):
+            del self.buf[:cut]
+            self.base = self.fed
+
+    def ended(self, flow: http.HTTPFlow) -> None:
+        """The flow's answer is complete (or was given by the proxy: the relay never saw it)."""
+        self.relay.forget(self)
+        self.restore(flow)
+
+    def take_over(self, flow: http.HTTPFlow) -> bool:
+        """mitmproxy ended the flow with an error. True if this drain finishes the answer (the
+        client went away while the upstream answered, or after it had answered in full)."""
+        self.relay.forget(self)
+        if not self.started or self.broken or self.taken or self.finished:
+            return False
+        self.taken = True
+        if self.ex.committed:
+            mark_undelivered(self.ex)  # committed at its terminal event, before the rest was sent
+        self.ex.delivered = False
+        self.restore(flow)
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self.relay.timeout, self._expire)
+        log.info(f"interceptor: session {self.ex.session.id!r}: the client left before the answer's end; "
+                 f"reading it from the upstream to record it")
+        if self.upstream_done:
+            loop.call_soon(self._guarded, self._finish)
+        return True
+
+    # -- the relay's side -------------------------------------------------------------------
+
+    async def run(self, down: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request, body: bytes) -> bool:
+        """Serve the request mitmproxy sent to the relay; True if the connection to mitmproxy
+        may carry another request."""
+        self.started = True
+        headers = [(k, v) for k, v in request.headers if k.lower() != TICKET.encode()]
+        if not any(k.lower() == b"host" for k, _ in headers):
+            headers.insert(0, (b"host", self.target.host.encode()))
+        out = h11.Request(method=request.method, target=request.target, headers=headers)
+        for attempt in (0, 1):
+            try:
+                self.up = up = await self.relay.checkout(self.target)
+            except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
+                reason = type(e).__name__ if isinstance(e, asyncio.TimeoutError) else (getattr(e, "strerror", None) or str(e))
+                return await self._refuse(down, writer, f"the session's upstream {self.target.where()} is unreachable ({reason})")
+            try:
+                up.writer.write(up.conn.send(out) + up.conn.send(h11.Data(data=body)) + up.conn.send(h11.EndOfMessage()))
+                await up.writer.drain()
+                event = await _next(up.conn, up.reader)
+                while isinstance(event, h11.InformationalResponse):
+                    event = await _next(up.conn, up.reader)
+                if not isinstance(event, h11.Response):
+                    raise UpstreamBroke(type(event).__name__)
+                break
+            except (OSError, h11.ProtocolError, UpstreamBroke) as e:
+                up.close()
+                if self.expired:
+                    self._give_up(self._expiry())
+                    return False
+                if up.reused and attempt == 0:
+                    continue  # an idle connection the upstream had closed meanwhile: once more, fresh
+                return await self._refuse(down, writer, f"the session's upstream {self.target.where()} closed the "
+                                                        f"connection without answering ({type(e).__name__})")
+        self.head = (event.status_code, event.reason, list(event.headers))
+        if self.taken:
+            self._guarded(self._headers)
+        else:
+            self._down(writer, down.send(h11.Response(status_code=event.status_code, reason=event.reason,
+                                                      headers=list(event.headers))))
+        try:
+            while True:
+                event = await _next(up.conn, up.reader)
+                if isinstance(event, h11.Data):
+                    data = bytes(event.data)
+                    self.buf += data
+                    if self.taken:
+                        self._guarded(self._feed)
+                    elif self.down_alive:
+                        self._down(writer, down.send(h11.Data(data=data)))
+                        try:
+                            await writer.drain()
+                        except OSError:
+                            self.down_alive = False
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+                else:
+                    raise UpstreamBroke(type(event).__name__)
+        except (OSError, h11.ProtocolError, UpstreamBroke) as e:
+            up.close()
+            self.broken = True
+            self._give_up(self._expiry() if self.expired else f"the upstream connection broke ({type(e).__name__})")
+            return False  # not taken over: mitmproxy sees the body cut, as it would have from the upstream
+        self.upstream_done = True
+        self.relay.checkin(self.target, up)
+        if self.taken:
+            self._guarded(self._finish)
+            return False
+        self._down(writer, down.send(h11.EndOfMessage()))
+        return self.down_alive
+
+    def _expiry(self) -> str:
+        return f"the upstream did not finish within intercept_drain_timeout ({self.relay.timeout:g} s)"
+
+    def _expire(self) -> None:
+        if self.finished:
+            return
+        self.expired = True
+        if self.up is not None:
+            self.up.close()  # the read in flight ends, and run() gives up
+        else:
+            self._give_up(self._expiry())
+
+    def _down(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        if self.down_alive and not writer.is_closing():
+            writer.write(data)
+        else:
+            self.down_alive = False
+
+    async def _refuse(self, down: h11.Connection, writer: asyncio.StreamWriter, message: str) -> bool:
+        self.broken = True  # nothing to drain: the error reaches the harness and the record as any 502
+        if self.taken:
+            self._give_up(message)
+            return False
+        response = error_response(self.ex.dialect, 502, message, retry=True)
+        writer.write(down.send(h11.Response(status_code=502, headers=list(response.headers.fields)))
+                     + down.send(h11.Data(data=response.raw_content or b"")) + down.send(h11.EndOfMessage()))
+        try:
+            await writer.drain()
+        except OSError:
+            return False
+        return True
+
+    # -- the takeover (the client went away) ------------------------------------------------
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        with self._exchange():
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - the record must still end, and Retry settle
+                log.exception(f"interceptor: session {self.ex.session.id!r}: finishing the abandoned answer failed")
+                self._give_up(f"finishing it failed ({type(e).__name__})")
+
+    @contextlib.contextmanager
+    def _exchange(self):
+        """The flow's typed state, for the pipeline's stages, while the Drain works on it.
+        Redact made the flow's metadata plain at mitmproxy's ``error`` (a saved or displayed
+        flow must not hold the session): it is made plain again after."""
+        before = self.flow.metadata.get(KEY)
+        self.flow.metadata[KEY] = self.ex
+        try:
+            yield
+        finally:
+            if before is not self.ex:
+                self.flow.metadata[KEY] = before
+
+    def _headers(self) -> None:
+        """The answer's headers came after the client left: the pipeline is built here."""
+        flow = self.flow
+        if flow.response is None:
+            status, reason, headers = self.head
+            flow.response = http.Response(http_version=b"HTTP/1.1", status_code=status, reason=reason,
+                                          headers=http.Headers(headers), content=None, trailers=None,
+                                          timestamp_start=time.time(), timestamp_end=None)
+            self.relay.pipeline.responseheaders(flow)
+
+    def _feed(self) -> None:
+        stream = self.flow.response.stream if self.flow.response is not None else None
+        if callable(stream):
+            start = self.fed - self.base
+            if start < len(self.buf):
+                stream(bytes(self.buf[start:]))
+
+    def _finish(self) -> None:
+        if self.finished:
+            return
+        self._headers()
+        flow = self.flow
+        stream = flow.response.stream
+        if callable(stream):
+            self._feed()
+            stream(b"")
+        else:  # read whole: mitmproxy consumed nothing, so the buffer is the body
+            flow.response.raw_content = bytes(self.buf)
+        flow.response.timestamp_end = time.time()
+        self._end()
+        self.relay.pipeline.response(flow)
+
+    def _give_up(self, reason: str) -> None:
+        """Taken over, and the answer cannot be finished: the flow's error, on the record."""
+        if not self.taken or self.finished:
+            return
+        self._end()
+        self.flow.error = mflow.Error(f"the client went away and {reason}")
+        with self._exchange():
+            self.relay.pipeline.error(self.flow)
+
+    def _end(self) -> None:
+        self.finished = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+class Relay:
+    """The addon: options, the relay server, the tickets, the upstream connection pool."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.timeout = 300.0
+        self.server: asyncio.Server | None = None
+        self.port = 0
+        self._tickets: dict[str, Drain] = {}
+        self._idle: dict[tuple[str, str, int], list[Upstream]] = {}
+        self._tls: ssl.SSLContext | None = None
+
+    def load(self, loader) -> None:
+        loader.add_option(
+            "intercept_drain_timeout", int, 300,
+            "Seconds the proxy keeps reading a model's answer after the harness went away, to "
+            "record it (the retry is answered from the record); 0: no relay, such an answer is lost.",
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        if "intercept_drain_timeout" in updated:
+            if ctx.options.intercept_drain_timeout < 0:
+                raise exceptions.OptionsError("intercept_drain_timeout: seconds, 0 or more")
+            self.timeout = float(ctx.options.intercept_drain_timeout)
+        if updated & {"ssl_insecure", "ssl_verify_upstream_trusted_ca", "ssl_verify_upstream_trusted_confdir"}:
+            self._tls = None  # made again at the next https connection
+
+    async def running(self) -> None:
+        if self.server is None:
+            self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+            self.port = self.server.sockets[0].getsockname()[1]
+
+    async def done(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        for conns in self._idle.values():
+            for c in conns:
+                c.close()
+        self._idle.clear()
+
+    # -- request: point the flow at the relay -----------------------------------------------
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.error or not flow.live:
+            return
+        ex = exchange_of(flow)
+        if (ex is None or ex.route.kind != "model" or flow.request.method != "POST" or ex.drain is not None
+                or not self.port or self.timeout <= 0 or list(ctx.options.mode) != ["regular"]
+                or ctx.options.client_certs or flow.request.scheme not in ("http", "https")):
+            return
+        drain = Drain(self, flow, ex, Target(flow.request.scheme, flow.request.host, flow.request.port))
+        self._tickets[drain.ticket] = drain
+        ex.drain = drain
+        flow.request.headers[TICKET] = drain.ticket
+        flow.request.scheme = "http"
+        flow.request.data.host = "127.0.0.1"
+        flow.request.data.port = self.port
+
+    def forget(self, drain: Drain) -> None:
+        self._tickets.pop(drain.ticket, None)
+
+    # -- the relay server -------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        down = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+        try:
+            while True:
+                request = await _next(down, reader)
+                if not isinstance(request, h11.Request):
+                    return
+                body = bytearray()
+                while not isinstance(event := await _next(down, reader), h11.EndOfMessage):
+                    if not isinstance(event, h11.Data):
+                        return
+                    body += event.data
+                ticket = next((v.decode() for k, v in request.headers if k == TICKET.encode()), None)
+                drain = self._tickets.pop(ticket, None) if ticket else None
+                if drain is None:  # not a flow of ours: nothing is forwarded
+                    writer.write(down.send(h11.Response(status_code=404, headers=[(b"content-length", b"0")]))
+                                 + down.send(h11.EndOfMessage()))
+                    return
+                if not await drain.run(down, writer, request, bytes(body)):
+                    return
+                if down.our_state is not h11.DONE or down.their_state is not h11.DONE:
+                    return
+                down.start_next_cycle()
+        except (OSError, h11.ProtocolError, asyncio.IncompleteReadError):
+            return
+        except Exception:  # noqa: BLE001 - one exchange's bug must not end the proxy's loop
+            log.exception("interceptor: relay connection failed")
+        finally:
+            writer.close()
+
+    # -- upstream connections ---------------------------------------------------------------
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            o = ctx.options
+            tls = ssl.create_default_context(cafile=o.ssl_verify_upstream_trusted_ca or certifi.where())
+            if o.ssl_verify_upstream_trusted_confdir:
+                tls.load_verify_locations(capath=o.ssl_verify_upstream_trusted_confdir)
+            if o.ssl_insecure:
+                tls.check_hostname = False
+                tls.verify_mode = ssl.CERT_NONE
+            tls.set_alpn_protocols(["http/1.1"])
+            self._tls = tls
+        return self._tls
+
+    async def checkout(self, target: Target) -> Upstream:
+        idle = self._idle.get(target.key, [])
+        while idle:
+            up = idle.pop()
+            if up.usable():
+                up.reused = True
+                return up
+            up.close()
+        tls = self._tls_context() if target.scheme == "https" else None
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(target.host, target.port, ssl=tls, server_hostname=target.host if tls else None,
+                                    limit=MAX_HEAD),
+            CONNECT_TIMEOUT)
+        return Upstream(reader, writer)
+
+    def checkin(self, target: Target, up: Upstream) -> None:
+        if up.conn.our_state is h11.DONE and up.conn.their_state is h11.DONE:
+            up.conn.start_next_cycle()
+            up.idle_since = time.monotonic()
+            idle = self._idle.setdefault(target.key, [])
+            if len(idle) < POOL:
+                idle.append(up)
+                return
+        up.close()
