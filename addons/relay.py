@@ -289,7 +289,8 @@ class Drain:
         if self.taken:
             self._give_up(message)
             return False
-        response = error_response(self.ex.dialect, 502, message, retry=True)
+        # In the upstream's dialect: a translated session's answer is re-shaped by the pipeline.
+        response = error_response(self.ex.wire, 502, message, retry=True)
         writer.write(down.send(h11.Response(status_code=502, headers=list(response.headers.fields)))
                      + down.send(h11.Data(data=response.raw_content or b"")) + down.send(h11.EndOfMessage()))
         try:
