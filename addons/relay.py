@@ -101,7 +101,6 @@ class Upstream:
     writer: asyncio.StreamWriter
     conn: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD))
     idle_since: float = 0.0
-    reused: bool = False
 
     def usable(self) -> bool:
         return (not self.writer.is_closing() and not self.reader.at_eof()
@@ -205,30 +204,29 @@ class Drain:
         if not any(k.lower() == b"host" for k, _ in headers):
             headers.insert(0, (b"host", self.target.host.encode()))
         out = h11.Request(method=request.method, target=request.target, headers=headers)
-        for attempt in (0, 1):
-            try:
-                self.up = up = await self.relay.checkout(self.target)
-            except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
-                reason = type(e).__name__ if isinstance(e, asyncio.TimeoutError) else (getattr(e, "strerror", None) or str(e))
-                return await self._refuse(down, writer, f"the session's upstream {self.target.where()} is unreachable ({reason})")
-            try:
-                up.writer.write(up.conn.send(out) + up.conn.send(h11.Data(data=body)) + up.conn.send(h11.EndOfMessage()))
-                await up.writer.drain()
+        # Never sent twice: a model POST sent again may be sampled again. A pooled connection
+        # the upstream closed meanwhile (checked before use, ``Upstream.usable``) that fails
+        # anyway is the retryable 502 below, which the harness's SDK retries itself.
+        try:
+            self.up = up = await self.relay.checkout(self.target)
+        except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
+            reason = type(e).__name__ if isinstance(e, asyncio.TimeoutError) else (getattr(e, "strerror", None) or str(e))
+            return await self._refuse(down, writer, f"the session's upstream {self.target.where()} is unreachable ({reason})")
+        try:
+            up.writer.write(up.conn.send(out) + up.conn.send(h11.Data(data=body)) + up.conn.send(h11.EndOfMessage()))
+            await up.writer.drain()
+            event = await _next(up.conn, up.reader)
+            while isinstance(event, h11.InformationalResponse):
                 event = await _next(up.conn, up.reader)
-                while isinstance(event, h11.InformationalResponse):
-                    event = await _next(up.conn, up.reader)
-                if not isinstance(event, h11.Response):
-                    raise UpstreamBroke(type(event).__name__)
-                break
-            except (OSError, h11.ProtocolError, UpstreamBroke) as e:
-                up.close()
-                if self.expired:
-                    self._give_up(self._expiry())
-                    return False
-                if up.reused and attempt == 0:
-                    continue  # an idle connection the upstream had closed meanwhile: once more, fresh
-                return await self._refuse(down, writer, f"the session's upstream {self.target.where()} closed the "
-                                                        f"connection without answering ({type(e).__name__})")
+            if not isinstance(event, h11.Response):
+                raise UpstreamBroke(type(event).__name__)
+        except (OSError, h11.ProtocolError, UpstreamBroke) as e:
+            up.close()
+            if self.expired:
+                self._give_up(self._expiry())
+                return False
+            return await self._refuse(down, writer, f"the session's upstream {self.target.where()} closed the "
+                                                    f"connection without answering ({type(e).__name__})")
         self.head = (event.status_code, event.reason, list(event.headers))
         if self.taken:
             self._guarded(self._headers)
@@ -483,7 +481,6 @@ class Relay:
         while idle:
             up = idle.pop()
             if up.usable():
-                up.reused = True
                 return up
             up.close()
         tls = self._tls_context() if target.scheme == "https" else None

@@ -74,6 +74,35 @@ def fmt(xs: list[float]) -> str:
     return f"{statistics.median(xs) * 1000:.2f} ({q[0] * 1000:.2f}-{q[-1] * 1000:.2f})"
 
 
+def compare(procs: dict[str, MitmProcess], sessions: dict[str, dict], requests: int, rounds: int) -> None:
+    """Sequential JSON and SSE chat turns (20 KB bodies) through two proxies, ``before`` and
+    ``after``, in interleaved rounds so drift hits both alike; a markdown table of the
+    latencies (ms) and the ratio of the medians with its spread over rounds."""
+    print("| mode | before: median (p10-p90) | after: median (p10-p90) | after/before: median | p10 | per-round median ratios: median (min-max) |")
+    print("|---|---|---|---|---|---|")
+    for stream in (False, True):
+        payload = body(20_000, stream)
+        lat: dict[str, list[float]] = {k: [] for k in procs}
+        ratios = []
+        for _ in range(rounds):
+            medians = {}
+            for name, p in procs.items():
+                ctx = ssl.create_default_context(cafile=str(p.ca_bundle))
+                with httpx.Client(proxy=p.url, verify=ctx, timeout=60) as client:
+                    url = "https://api.openai.com/v1/chat/completions"
+                    one(client, url, payload, stream, sessions[name]["model_secret"])
+                    xs = [one(client, url, payload, stream, sessions[name]["model_secret"])[0]
+                          for _ in range(requests // rounds)]
+                lat[name] += xs
+                medians[name] = statistics.median(xs)
+            ratios.append(medians["after"] / medians["before"])
+        ratio = statistics.median(lat["after"]) / statistics.median(lat["before"])
+        p10 = statistics.quantiles(lat["after"], n=10)[0] / statistics.quantiles(lat["before"], n=10)[0]
+        print(f"| {'SSE' if stream else 'JSON'} | {fmt(lat['before'])} | {fmt(lat['after'])} | "
+              f"{ratio:.3f} | {p10:.3f} | {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}) |",
+              flush=True)
+
+
 def intrinsic() -> None:
     """The two costs in isolation, in process (no network noise): one guarded hook call
     against the bare call, and packing a typical turn record, which the atomic commit moved
@@ -113,7 +142,7 @@ def intrinsic() -> None:
 # The guarded hook calls one plain JSON exchange makes (addons/interception.py's list).
 REQUEST_HOOK_CALLS = ["Control.requestheaders", "Claim.requestheaders", "BodyCap.requestheaders",
                       "Retry.requestheaders", "Control.request", "BodyCap.request", "Rewrite.request",
-                      "Reach.request", "Collect.request", "Retry.request", "Collect.responseheaders",
+                      "Reach.request", "Collect.request", "Retry.request", "Relay.request", "Collect.responseheaders",
                       "Tee.responseheaders", "Retry.responseheaders", "WsRelay.response", "Tee.response",
                       "Collect.response", "Retry.response"]
 
@@ -139,29 +168,7 @@ def main() -> int:
         print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
               f"{platform.platform()}; before = {subprocess.run(['git', 'rev-parse', '--short', rev], cwd=ROOT, capture_output=True, text=True).stdout.strip()}")
         print(f"{args.requests} sequential requests per side and mode, {args.rounds} interleaved rounds; ms\n")
-        print("| mode | before: median (p10-p90) | after: median (p10-p90) | after/before: median | p10 | per-round median ratios: median (min-max) |")
-        print("|---|---|---|---|---|---|")
-        for stream in (False, True):
-            payload = body(20_000, stream)
-            lat = {k: [] for k in procs}
-            ratios = []
-            for _ in range(args.rounds):
-                medians = {}
-                for name, p in procs.items():
-                    ctx = ssl.create_default_context(cafile=str(p.ca_bundle))
-                    with httpx.Client(proxy=p.url, verify=ctx, timeout=60) as client:
-                        url = "https://api.openai.com/v1/chat/completions"
-                        one(client, url, payload, stream, sessions[name]["model_secret"])
-                        xs = [one(client, url, payload, stream, sessions[name]["model_secret"])[0]
-                              for _ in range(args.requests // args.rounds)]
-                    lat[name] += xs
-                    medians[name] = statistics.median(xs)
-                ratios.append(medians["after"] / medians["before"])
-            ratio = statistics.median(lat["after"]) / statistics.median(lat["before"])
-            p10 = statistics.quantiles(lat["after"], n=10)[0] / statistics.quantiles(lat["before"], n=10)[0]
-            print(f"| {'SSE' if stream else 'JSON'} | {fmt(lat['before'])} | {fmt(lat['after'])} | "
-                  f"{ratio:.3f} | {p10:.3f} | {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}) |",
-                  flush=True)
+        compare(procs, sessions, args.requests, args.rounds)
         intrinsic()
 
         print("\n| 200 MB request | answer | VmRSS before | VmRSS after | VmHWM (peak) after |")

@@ -85,9 +85,11 @@ class Proxy:
         settings_ = Settings(self.registry)
         self.tctx = taddons.context()
         self.loop = self.tctx.master.event_loop
+        retry = Retry()  # its capture is the pipeline's last stage, as in the script: it settles
+        # what it has in flight there (without it a flagged retry of an earlier body would wait forever)
         self.tctx.master.addons.add(Loaded(guarded([
             settings_, Control(self.registry, settings_), Claim(self.registry, settings_), BodyCap(settings_),
-            Rewrite(), Tee(), Retry()]) + [Gate(settings_)]))
+            Rewrite(), retry, Tee(capture=retry)]) + [Gate(settings_)]))
         self.tctx.options.update(intercept_trace_dir=str(trace_dir), intercept_max_body="1m")
         config = SessionConfig(model=IMPOSED, sampling={"temperature": 0.5})
         upstream = Upstream(base_url=f"http://{UPSTREAM[0]}:{UPSTREAM[1]}/v1", api_key_env=KEY_ENV)
