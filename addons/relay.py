@@ -159,6 +159,7 @@ class Drain:
         """Observers (mitmweb, flow files, the log) see the upstream, not the relay."""
         t = self.target
         flow.request.data.host, flow.request.data.port, flow.request.scheme = t.host, t.port, t.scheme
+        flow.request.headers.pop(TICKET, None)  # used (or never used): never sent anywhere again
 
     def meter(self, stream: Any) -> Any:
         return _Meter(stream, self) if stream else stream
