@@ -185,10 +185,12 @@ class Control:
             return _error(400, f"session config is not JSON: {e}")
         try:
             upstream = self.settings.pick_upstream(config)
+            hooks, hooks_config = self.settings.pick_hooks(config)  # HookError: hooks: <module>:<function>: <reason>
         except ValueError as e:  # the message names the field
             return _error(400, f"bad session config: {e}")
         try:
-            session = self.registry.create(config, self.settings.trace_dir, self.settings.fsync, upstream)
+            session = self.registry.create(config, self.settings.trace_dir, self.settings.fsync, upstream,
+                                           hooks=hooks, hooks_config=hooks_config)
         except ValueError as e:
             return _error(409, str(e))
         log.info(f"interceptor: session {session.id!r} created")

@@ -39,6 +39,7 @@ class Step(enum.Flag):
 
     REWRITTEN = enum.auto()  # model, sampling, credential and route imposed (Rewrite)
     DECIDED = enum.auto()  # a fresh turn, not a retry to answer from the record (Retry)
+    ADMITTED = enum.auto()  # the rollout is not stopped and its limits let it through (Stops)
 
 
 @dataclass(eq=False)

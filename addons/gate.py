@@ -51,7 +51,7 @@ FLOW_HOOKS = frozenset({
 })
 # Before the flow is forwarded: after a fault here, later addons' hooks are not run on it.
 REQUEST_HOOKS = frozenset({"http_connect", "requestheaders", "request"})
-STEP_OWNERS = {Step.REWRITTEN: "Rewrite", Step.DECIDED: "Retry"}
+STEP_OWNERS = {Step.REWRITTEN: "Rewrite", Step.DECIDED: "Retry", Step.ADMITTED: "Stops"}
 REFUSED = "x-interceptor-fault"  # on the Gate's own answers: the step that failed
 
 
@@ -128,10 +128,11 @@ def guarded(addons: list[Any]) -> list[Any]:
 
 def required(ex: Exchange, flow: http.HTTPFlow) -> Step:
     """What must have happened to a claimed flow before it may leave: always the rewrite
-    (model, sampling, credential, route); for a model POST also the retry decision."""
+    (model, sampling, credential, route); for a model POST also the retry decision and the
+    admission (a stopped rollout or a limit reached is answered by Stops itself)."""
     steps = Step.REWRITTEN
     if ex.route.kind == "model" and flow.request.method == "POST":
-        steps |= Step.DECIDED
+        steps |= Step.DECIDED | Step.ADMITTED
     return steps
 
 

@@ -23,6 +23,7 @@ calls each hook in list order):
 - Tee: the answer on its way back, one pipeline built in one place (``pipeline.py``): the
   turn assembled and committed, Collect's token fields stripped, Retry's capture of what
   the harness received, in that order whatever the order of this list;
+- Stops: a stopped rollout's requests (limits, stop hooks) are refused in the dialect's shape;
 - Gate: a claimed flow leaves only when every step completed; any addon's exception on it
   answers in the dialect's shape and forwards nothing (each addon above is ``guarded``);
 - Annotate, Status: what the proxy did, on each flow (mitmweb) and in a status line;
@@ -60,6 +61,7 @@ from interceptor.addons.rewrite import Rewrite
 from interceptor.addons.session import Registry
 from interceptor.addons.settings import Settings
 from interceptor.addons.status import Status
+from interceptor.addons.stops import Stops
 from interceptor.addons.tee import Tee
 from interceptor.addons.tlsguard import TlsGuard
 from interceptor.addons.wsrelay import WsRelay
@@ -86,6 +88,7 @@ addons = guarded([
     WsRelay(refused),  # before Tee: a WebSocket's frames are its exchanges, not the upgrade
     Feedback(refused),  # before Tee: a 400 for a parameter the proxy set is undone and sent once more
     Replay(),  # after Retry and WsRelay: answers from a replay source's trace
+    Stops(),  # after retry's decision: a replayed or coalesced retry is never refused
     Relay(tee.pipeline),  # the last request step: after it the flow leaves (or the Gate refuses it)
     tee,
 ]) + [

@@ -25,6 +25,7 @@ from interceptor.addons.answers import error_response, refuse
 from interceptor.addons.exchange import Exchange, Step, exchange_of
 from interceptor.addons.feedback import Refused
 from interceptor.addons.network import answer_search_only, mediate
+from interceptor.addons.limits import output_cap
 from interceptor.addons.session import SessionConfig
 from interceptor.dialects.base import Dialect, Override
 from interceptor.dialects.body import parse_body
@@ -87,7 +88,8 @@ def _depth(text: str) -> int:
 
 def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path: str = "",
             translated: Translation | None = None, refused: Refused | None = None,
-            prefixes: Prefixes | None = None, recorded: Callable[[str], bool] | None = None) -> Prepared:
+            prefixes: Prefixes | None = None, recorded: Callable[[str], bool] | None = None,
+            cap: int | None = None) -> Prepared:
     """Parse, understand and rewrite one request body. Pure, so that a large body can be
     handled in a worker thread while the event loop keeps serving other sessions. A changed
     body is spliced: only the top-level keys an override names are written anew, the
@@ -112,7 +114,7 @@ def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path
     translation): ``recorded`` says whether a provider-held answer id is one this session
     recorded (such a chain is kept)."""
     try:
-        return _prepare(raw, dialect, kind, config, path, translated, refused, prefixes, recorded)
+        return _prepare(raw, dialect, kind, config, path, translated, refused, prefixes, recorded, cap)
     except RecursionError:
         return Prepared(refusal="request body is nested too deeply to be read; no model API "
                                 "accepts JSON nested hundreds of levels deep")
@@ -122,7 +124,7 @@ def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path
 
 def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path: str,
              translated: Translation | None, refused: Refused | None, prefixes: Prefixes | None,
-             recorded: Callable[[str], bool] | None) -> Prepared:
+             recorded: Callable[[str], bool] | None, cap: int | None) -> Prepared:
     listed = dialect.message_list if kind == "model" else None
     try:
         parsed = parse_body(raw, listed, prefixes if listed else None)
@@ -155,6 +157,8 @@ def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, pat
         out.overrides = network + dialect.apply_overrides(body, config.model, config.sampling, config.sampling_mode,
                                                           learned, requested=out.requested_model)
         out.listed = listing
+        if cap is not None:  # the rollout's output budget left (limits.clamp_max_tokens)
+            out.overrides += dialect.clamp_max_tokens(body, cap)
     else:
         out.overrides = _network(out, dialect, body, config, recorded) + dialect.side_overrides(body, config.model)
     if out.overrides:
@@ -234,8 +238,10 @@ class Rewrite:
         raw = flow.request.get_content(strict=False) or b""
         ex.raw_body = raw
         recorder = ex.session.recorder
-        args = (raw, ex.dialect, ex.route.kind, ex.session.config, flow.request.path, ex.translation, self.refused,
-                recorder.prefixes, lambda rid: recorder.conversation(rid) is not None)
+        config = ex.session.config
+        args = (raw, ex.dialect, ex.route.kind, config, flow.request.path, ex.translation, self.refused,
+                recorder.prefixes, lambda rid: recorder.conversation(rid) is not None,
+                output_cap(config.limits, recorder.trace))
         prepared = await asyncio.to_thread(prepare, *args) if len(raw) > OFF_LOOP else prepare(*args)
         if prepared.refusal is not None:
             refuse(flow, error_response(ex.dialect, 400, prepared.refusal))

@@ -8,6 +8,7 @@ fields are an error so a typo like ``temprature`` never silently samples at the 
 from __future__ import annotations
 
 import hmac
+import logging
 import re
 import secrets
 import threading
@@ -16,18 +17,23 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator, model_validator
 
 from interceptor.addons.network import NetworkPolicy
 from interceptor.addons.state import TaskState
 from interceptor.addons.upstream import Upstream, UpstreamRef
+from interceptor.addons.limits import Limits, Stop, StopBy
 from interceptor.trace import Recorder, Store
 from interceptor.trace.match import Ignore
 from interceptor.trace.messages import Sampling
 from interceptor.trace.model import Reward
 
+if TYPE_CHECKING:
+    from interceptor.addons.hookload import HookSet
+
+log = logging.getLogger(__name__)
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -63,6 +69,10 @@ class SessionConfig(BaseModel):
     upstream: UpstreamRef | None = None
     collect_tokens: bool = False
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    limits: Limits | None = None
+    # Absent: the proxy's intercept_hooks; null: none. Loaded once, when the session is made.
+    hooks: HooksConfig | None = None
+    on_hook_error: Literal["stop", "pass"] = "stop"
     task: dict[str, Any] = Field(default_factory=dict)
     agent: dict[str, Any] = Field(default_factory=dict)
     info: dict[str, Any] = Field(default_factory=dict)
@@ -89,6 +99,17 @@ class SessionConfig(BaseModel):
                 f"starting with a letter or digit; got {v!r}"
             )
         return v
+
+
+class HooksConfig(BaseModel):
+    """``"hooks": {"module": "pkg.module" | "path/to/file.py", "config": {...}}``: the
+    evaluator's code at the model boundary (``interceptor.hooks``); ``config`` is handed to
+    every hook as ``ctx.config``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    module: str = Field(min_length=1)
+    config: dict[str, Any] = Field(default_factory=dict)
 
 
 class SealConfig(BaseModel):
@@ -125,6 +146,10 @@ class Session:
     # What tool servers read and write with the state secret (addons/state.py).
     task_state: TaskState = field(default_factory=lambda: TaskState.initial(None, None))
     egress: dict[str, int] = field(default_factory=dict)  # refused connections per host (network.egress)
+    stop: Stop | None = None  # why the rollout ended early; final, the first one wins
+    admitted: list[Any] = field(default_factory=list)  # model requests let through, not yet recorded
+    hooks: HookSet | None = None  # the loaded hooks module, if any
+    hooks_config: dict[str, Any] = field(default_factory=dict)  # handed to hooks as ctx.config
 
     @property
     def trace_path(self) -> Path:
@@ -139,23 +164,44 @@ class Session:
         into the session config or a record."""
         return self.upstream.key() if self.upstream else None
 
+    def record_metrics(self, metrics: dict[str, Any]) -> None:
+        """What hooks measured (``ctx.record_metric``): on the record now, in the footer later."""
+        for name, value in metrics.items():
+            self.recorder.record_metric(name, value)
+
+    def stop_with(self, condition: str, by: StopBy, call: str | None = None) -> Stop:
+        """Stop the rollout (the first stop is final: a later one returns it unchanged);
+        every later model request is refused with its condition. On the record at once."""
+        if self.stop is None:
+            self.stop = Stop(condition, by, call, time.time())
+            self.recorder.record_stop(self.stop.record())
+            log.info(f"interceptor: session {self.id!r}: rollout stopped: {condition} (by {by})")
+        return self.stop
+
     def seal(self, seal: SealConfig | None = None, *, condition: str = "deleted",
-             by: str = "control") -> None:
-        """End the rollout: the footer gets the stop condition (the evaluator's own, else
-        ``condition``), who ended it, and the evaluator's reward, metrics and info."""
+             by: StopBy = "control") -> None:
+        """End the rollout: the footer gets the stop condition (a stop the proxy made
+        first wins; else the evaluator's own, else ``condition``), who ended it, and the
+        evaluator's reward, metrics and info."""
         seal = seal or SealConfig()
-        self.recorder.seal(seal.stop_condition or condition, reward=seal.reward,
-                           rewards=seal.rewards, metrics=seal.metrics, info=seal.info,
-                           stopped_by=by)
+        if self.recorder.sealed:
+            return
+        # A rollout that ran to its end needs no stop record: the footer says who ended it.
+        stop = self.stop or Stop(seal.stop_condition or condition, by)
+        self.recorder.seal(stop.condition, reward=seal.reward, rewards=seal.rewards, metrics=seal.metrics,
+                           info=seal.info, stopped_by=stop.by, truncated=stop.truncated)
 
     def release(self) -> None:
         """After the seal: keep the summary, drop the graph and every addon's state."""
         self.recorder.release()
         self.state.clear()
         self.task_state = TaskState.initial(None, None)  # its history is on the record
+        self.admitted.clear()
 
     def summary(self) -> dict[str, Any]:
         s = self.recorder.summary()
+        if self.stop is not None and not self.sealed:  # stopped, not yet sealed by the evaluator
+            s.update(stop_condition=self.stop.condition, stopped_by=self.stop.by)
         s["id"] = self.id
         s["trace_path"] = str(self.trace_path)
         s["tls_rejections"] = self.tls_rejections
@@ -185,7 +231,8 @@ class Registry:
         self._dropped: dict[str, Path] = {}
 
     def create(self, config: SessionConfig, trace_dir: Path, fsync: str,
-               upstream: Upstream | None = None, file_stem: str | None = None) -> Session:
+               upstream: Upstream | None = None, file_stem: str | None = None,
+               hooks: HookSet | None = None, hooks_config: dict[str, Any] | None = None) -> Session:
         sid = config.id or uuid.uuid4().hex[:16]
         with self._lock:
             if sid in self._by_id:
@@ -207,6 +254,9 @@ class Registry:
                     "collect_tokens": config.collect_tokens,
                     **({"state_schema": config.state_schema} if config.state_schema is not None else {}),
                     **({"network": config.network.model_dump()} if config.network is not None else {}),
+                    "limits": config.limits.model_dump(exclude_defaults=True) if config.limits else None,
+                    "hooks": {"module": hooks.module, "hooks": list(hooks.names)} if hooks else None,
+                    "on_hook_error": config.on_hook_error,
                 },
                 "task": config.task,
                 "agent": config.agent,
@@ -217,6 +267,7 @@ class Registry:
                               task_state=TaskState.initial(config.state, config.state_schema))
             if config.state:
                 recorder.record_state(session.task_state.record("config", "init"))
+            session.hooks, session.hooks_config = hooks, dict(hooks_config or {})
             self._by_id[sid] = session
             self._by_model_secret[session.model_secret] = session
             self._by_state_secret[session.state_secret] = session

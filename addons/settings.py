@@ -42,10 +42,12 @@ from mitmproxy.proxy import mode_specs
 from mitmproxy.utils import human
 from pydantic import TypeAdapter, ValidationError
 
-from interceptor.addons.session import Registry, Session, SessionConfig
+from interceptor.addons.hookload import HookSet, load_hooks
+from interceptor.addons.session import HooksConfig, Registry, Session, SessionConfig
 from interceptor.addons.state import DEFAULT_MAX_BYTES as DEFAULT_STATE_MAX
 from interceptor.addons.upstream import DEFAULT, KNOWN, Upstream, format_validation_error, parse_upstreams, pick
 from interceptor.dialects import default_hosts, key_variables
+from interceptor.trace.hooks import HookError
 from interceptor.trace.messages import Sampling
 from interceptor.trace.store import FSYNC_POLICIES
 from interceptor.trace.tokens import warm as warm_estimator
@@ -96,6 +98,7 @@ class Settings:
         self.admin_token: str | None = None
         self.token_path: Path | None = None  # None: the token came from the environment
         self.file_configs: list[SessionConfig] | None = None
+        self.default_hooks: HooksConfig | None = None  # intercept_hooks
         self.default_config = SessionConfig(id="default")
         self.upstreams: dict[str, Upstream] = {}
         self._declared: dict[str, Upstream] = {}  # from intercept_upstreams
@@ -150,6 +153,9 @@ class Settings:
         loader.add_option("intercept_keep_sealed", int, 1000,
                           "Sealed sessions kept in memory (summaries); older ones are dropped and their "
                           "summaries read from their trace files.")
+        loader.add_option("intercept_hooks", Optional[str], None,
+                          'Hooks for sessions whose config has no "hooks": a module (pkg.mod), a file (path/hooks.py), '
+                          'or a JSON object {"module": ..., "config": {...}}.')
         loader.add_option("intercept_fsync", str, "turn", "When trace files are fsynced: after each turn's records, at the seal, or never.",
                           choices=FSYNC_POLICIES)
 
@@ -220,6 +226,8 @@ class Settings:
             self.upstreams = dict(self._declared)
             if self._default_upstream is not None:
                 self.upstreams[DEFAULT] = self._default_upstream
+        if "intercept_hooks" in updated:
+            self.default_hooks = self._default_hooks(o.intercept_hooks)
         if "intercept_sessions" in updated and o.intercept_sessions:
             self.file_configs = self._load_sessions_file(o.intercept_sessions)
         self._impose_proxy_settings(updated)
@@ -265,8 +273,32 @@ class Settings:
         """The declared upstream a session config names; ValueError naming the field if none."""
         return pick(config.upstream, self.upstreams)
 
+    def pick_hooks(self, config: SessionConfig) -> tuple[HookSet | None, dict[str, Any]]:
+        """The hooks a session runs (its own, else ``intercept_hooks``; ``null`` is none),
+        loaded; HookError (a ValueError) naming ``hooks: <module>:<function>`` if unusable."""
+        chosen = config.hooks if "hooks" in config.model_fields_set else self.default_hooks
+        if chosen is None:
+            return None, {}
+        return load_hooks(chosen.module), chosen.config
+
+    def _default_hooks(self, value: str | None) -> HooksConfig | None:
+        if not value:
+            return None
+        try:
+            chosen = HooksConfig.model_validate_json(value) if value.lstrip().startswith("{") \
+                else HooksConfig(module=value)
+        except ValidationError as e:
+            raise exceptions.OptionsError(f"intercept_hooks: {format_validation_error(e)}") from e
+        try:
+            load_hooks(chosen.module)  # a broken module stops the proxy at start, not a rollout later
+        except HookError as e:
+            raise exceptions.OptionsError(f"intercept_hooks: {e}") from e
+        return chosen
+
     def create_session(self, config: SessionConfig, file_stem: str | None = None) -> Session:
-        return self.registry.create(config, self.trace_dir, self.fsync, self.pick_upstream(config), file_stem)
+        hooks, hooks_config = self.pick_hooks(config)
+        return self.registry.create(config, self.trace_dir, self.fsync, self.pick_upstream(config), file_stem,
+                                    hooks=hooks, hooks_config=hooks_config)
 
     def _load_sessions_file(self, name: str) -> list[SessionConfig]:
         path = Path(os.path.expanduser(name))
@@ -287,6 +319,7 @@ class Settings:
         for i, c in enumerate(configs):
             try:
                 self.pick_upstream(c)
+                self.pick_hooks(c)
             except ValueError as e:
                 raise exceptions.OptionsError(f"intercept_sessions: {path}: [{i}].{e}") from e
         return configs

@@ -38,6 +38,8 @@ from interceptor.addons.exchange import KEY, Exchange, exchange_of
 from interceptor.addons.feedback import Refused
 from interceptor.addons.network import mediate
 from interceptor.addons.record import commit
+from interceptor.addons.limits import output_cap
+from interceptor.addons.stops import STOPPED, decide, record_refusal, stop_message, upstream_error
 from interceptor.dialects.sse import SSEEvent
 from interceptor.trace.messages import Message, Request, ResponseError, Tool
 
@@ -158,23 +160,34 @@ class WsRelay:
                                                        upgrade.session.recorder.conversation(previous) is not None)
                 mediation = mediate(dialect, body, config.network, known_previous=known)
                 ex.overrides += mediation.overrides
+            cap = output_cap(config.limits, upgrade.session.recorder.trace)
+            if cap is not None:
+                ex.overrides += dialect.clamp_max_tokens(body, cap)
         except Exception as e:  # never forward a frame the session's settings were not imposed on
             log.warning(f"interceptor: session {upgrade.session.id!r}: response.create frame not understood: "
                         f"{type(e).__name__}: {e}")
             self.refuse(flow, message, dialect, f"request not understood by the {dialect.name} dialect: {e}")
             return
         ex.body = body
+        warmup = body.get("generate") is False
+        # A warm-up samples nothing: no budget counts it, only a stopped rollout refuses it.
+        stop = ex.session.stop if warmup else decide(ex)
+        if stop is not None:
+            self.refuse(flow, message, dialect, stop_message(stop), type=STOPPED)
+            record_refusal(ex, flow, stop)
+            return
         if ex.overrides:
             message.text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-        sock.pending = _Pending(ex, warmup=body.get("generate") is False)
+        sock.pending = _Pending(ex, warmup=warmup)
         sock.passed = message
 
     @staticmethod
-    def refuse(flow: http.HTTPFlow, message, dialect, text: str, status: int = 400) -> None:
-        """What Rewrite's 400 is for a POST: the frame goes nowhere, the harness gets the
-        error as the API sends one over the socket, and nothing is recorded."""
+    def refuse(flow: http.HTTPFlow, message, dialect, text: str, status: int = 400, type: str | None = None) -> None:
+        """What a POST's error answer is: the frame goes nowhere, the harness gets the error
+        as the API sends one over the socket. (A request not understood is not recorded; a
+        stopped rollout's refusal is, by the caller.)"""
         message.drop()
-        error = dialect.socket_error(status, text)
+        error = dialect.socket_error(status, text, type)
         ctx.master.commands.call("inject.websocket", flow, True, json.dumps(error).encode(), True)
 
     def _request(self, sock: Socket, body: dict[str, Any]) -> Request:
@@ -228,6 +241,7 @@ class WsRelay:
             # A frame has no status line: a complete answer is what HTTP would have sent
             # as 200, so both transports record the same.
             commit(ex, flow, response, status=pending.status or (200 if response.error is None else None))
+            upstream_error(ex, response.error)
             sock.pending = None
 
     def _abandon(self, sock: Socket, flow: http.HTTPFlow, reason: str) -> None:

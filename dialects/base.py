@@ -276,9 +276,43 @@ class Dialect(ABC):
         has its shape, else the status alone."""
         err = body.get("error") if isinstance(body, dict) else None
         if isinstance(err, dict):
-            return ResponseError(
+            return classified(ResponseError(
                 type=str(err.get("type") or err.get("code") or "error"),
                 message=str(err.get("message") or ""),
                 status=status,
-            )
+            ), err.get("code"))
+        if isinstance(body, dict) and isinstance(body.get("message"), str):
+            # vLLM's older error shape: {"object": "error", "message", "type", "code": 400}
+            return classified(ResponseError(type=str(body.get("type") or "error"), message=body["message"],
+                                            status=status), body.get("code"))
         return ResponseError(type="http_error", message=f"HTTP {status}", status=status)
+
+    def clamp_max_tokens(self, body: dict[str, Any], cap: int) -> list[Override]:
+        """Lower the request's max output tokens to ``cap`` (a rollout's budget left), in
+        place, each change an override with reason ``limit``. A dialect without the setting
+        changes nothing."""
+        return []
+
+
+CONTEXT_LENGTH = "context_length"
+# What each upstream answers when the prompt does not fit the model's context:
+# - OpenAI (Chat and Responses): error code "context_length_exceeded", message "This model's
+#   maximum context length is N tokens..." (platform.openai.com/docs/guides/error-codes);
+# - Anthropic: 400 invalid_request_error "prompt is too long: N tokens > M maximum"
+#   (docs.anthropic.com/en/api/errors);
+# - vLLM: 400 "This model's maximum context length is N tokens. However, you requested ..."
+#   or "The prompt (total length N) is too long to fit into the model (context length M)"
+#   (vllm/entrypoints/openai/serving_engine.py);
+# - SGLang: "The input (N tokens) is longer than the model's context length (M tokens)."
+_CONTEXT_CODES = frozenset({"context_length_exceeded"})
+_CONTEXT_PHRASES = ("maximum context length", "prompt is too long", "too long to fit into the model",
+                    "longer than the model's context length", "context_length_exceeded")
+
+
+def classified(error: ResponseError, code: Any = None) -> ResponseError:
+    """``error`` with type ``context_length`` when it says the prompt does not fit (the
+    provider's message is kept), else unchanged."""
+    text = error.message.lower()
+    if error.type in _CONTEXT_CODES or code in _CONTEXT_CODES or any(p in text for p in _CONTEXT_PHRASES):
+        return error.model_copy(update={"type": CONTEXT_LENGTH})
+    return error

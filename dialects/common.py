@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 
-from interceptor.dialects.base import Dialect, Override, RouteKind, StreamAssembler
+from interceptor.dialects.base import Dialect, Override, RouteKind, StreamAssembler, classified
 from interceptor.dialects.models import Capabilities, capabilities
 from interceptor.dialects.sse import SSEEvent
 from interceptor.trace.messages import Part, Response, ResponseError, Sampling
@@ -114,7 +114,8 @@ def error_from(raw: Any, status: int | None = None, *, code_first: bool = False)
         return ResponseError(type="error", message=str(raw), status=status)
     keys = ("code", "type") if code_first else ("type", "code")
     kind = next((raw[k] for k in keys if raw.get(k)), "error")
-    return ResponseError(type=str(kind), message=str(raw.get("message") or ""), status=status)
+    return classified(ResponseError(type=str(kind), message=str(raw.get("message") or ""), status=status),
+                      raw.get("code"))
 
 
 class NativeAssembler(StreamAssembler):
@@ -291,16 +292,7 @@ def apply_knobs(body: dict[str, Any], knobs: Iterable[Knob], sampling: Sampling,
                     changes.append(Override(".".join(path), old, None, "session"))
             continue
         mine.add(knob.path[0])
-        native = knob.to_native(wanted) if knob.to_native else wanted
-        for path in knob.aliases:
-            old = get_path(body, path)
-            if old is not _MISSING:
-                del_path(body, path)
-                changes.append(Override(".".join(path), old, None, "session"))
-        old = get_path(body, knob.path)
-        if old is _MISSING or old != native:
-            set_path(body, knob.path, native)
-            changes.append(Override(knob.key, None if old is _MISSING else old, native, "session"))
+        write_knob(body, knob, knob.to_native(wanted) if knob.to_native else wanted, "session", changes)
     return changes, mine
 
 
@@ -370,6 +362,20 @@ def undo(body: dict[str, Any], param: str, changes: list[Override]) -> list[Over
         if now != original[key]:
             out.append(Override(key, now, original[key], PROVIDER_REJECTED))
     return out
+
+
+def write_knob(body: dict[str, Any], knob: Knob, native: Any, reason: str, changes: list[Override]) -> None:
+    """Set ``native`` at the knob's path and remove its older names, each change on the
+    record with ``reason``; a key already equal to ``native`` is not touched."""
+    for path in knob.aliases:
+        old = get_path(body, path)
+        if old is not _MISSING:
+            del_path(body, path)
+            changes.append(Override(".".join(path), old, None, reason))
+    old = get_path(body, knob.path)
+    if old is _MISSING or old != native:
+        set_path(body, knob.path, native)
+        changes.append(Override(knob.key, None if old is _MISSING else old, native, reason))
 
 
 def drop(body: dict[str, Any], key: str, reason: str, changes: list[Override]) -> None:
@@ -449,6 +455,16 @@ class KnobDialect(Dialect):
         """The body's settings in canonical names."""
         return parse_knobs(body, self.knobs)
 
+    def clamp_max_tokens(self, body: dict[str, Any], cap: int) -> list[Override]:
+        knob = next((k for k in self.knobs if k.field == "max_tokens"), None)
+        if knob is None:
+            return []
+        current = parse_knobs(body, (knob,)).max_tokens
+        if current is not None and current <= cap:
+            return []
+        changes: list[Override] = []
+        write_knob(body, knob, knob.to_native(cap) if knob.to_native else cap, "limit", changes)
+        return changes
 
 def models_route(method: str, path: str) -> RouteKind | None:
     """``GET /v1/models`` and ``GET /v1/models/<id>``: a side route (both OpenAI and

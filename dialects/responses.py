@@ -392,9 +392,9 @@ class ResponsesDialect(OpenAIDialect):
     terminal_events = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
     knobs = KNOBS
 
-    def socket_error(self, status: int, message: str) -> dict[str, Any]:
+    def socket_error(self, status: int, message: str, type: str | None = None) -> dict[str, Any]:
         """An error as the API sends it over the WebSocket: the HTTP error body, typed."""
-        return {"type": "error", "status": status, **self.error_body(status, message)}
+        return {"type": "error", "status": status, **self.error_body(status, message, type)}
 
     def parse_request(self, body: dict[str, Any]) -> Request:
         messages: list[Message] = []

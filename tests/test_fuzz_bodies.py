@@ -34,6 +34,7 @@ from interceptor.addons.retry import Retry
 from interceptor.addons.rewrite import Rewrite
 from interceptor.addons.session import Registry, SessionConfig
 from interceptor.addons.settings import Settings
+from interceptor.addons.stops import Stops
 from interceptor.addons.tee import Tee
 from interceptor.addons.upstream import Upstream
 from interceptor.trace import read_trace
@@ -89,7 +90,7 @@ class Proxy:
         # what it has in flight there (without it a flagged retry of an earlier body would wait forever)
         self.tctx.master.addons.add(Loaded(guarded([
             settings_, Control(self.registry, settings_), Claim(self.registry, settings_), BodyCap(settings_),
-            Rewrite(), retry, Tee(capture=retry)]) + [Gate(settings_)]))
+            Rewrite(), retry, Tee(capture=retry), Stops()]) + [Gate(settings_)]))
         self.tctx.options.update(intercept_trace_dir=str(trace_dir), intercept_max_body="1m")
         config = SessionConfig(model=IMPOSED, sampling={"temperature": 0.5})
         upstream = Upstream(base_url=f"http://{UPSTREAM[0]}:{UPSTREAM[1]}/v1", api_key_env=KEY_ENV)

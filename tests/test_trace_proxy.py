@@ -598,6 +598,8 @@ def test_reads_the_golden_file_of_the_previous_version():
     assert [[t.name for t in ts] for ts in trace.tool_sets] == [["bash"]]
     assert [c.tool_set for c in trace.calls] == [0, 0, 0]
     assert [t.name for t in trace.branches[0].tools] == ["bash"]
+
+
 SUB_SYSTEM = "You are a search sub-agent."
 SUB_TOOLS = [{"type": "function", "function": {"name": name, "description": f"{name} in the repository",
               "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
@@ -629,3 +631,20 @@ def test_each_subagent_is_exported_with_the_tools_it_advertised(session, mproxy,
                 for sample in map(json.loads, out.read_text().splitlines())}
     assert exported == {SYSTEM: ["bash"], SUB_SYSTEM: ["read_file", "grep"]}
     assert_sound(trace, s["trace_path"])
+
+
+def test_reads_the_golden_file_of_version_2():
+    """Version 2 (tests/data/make_golden.py): three turns under max_turns=3, the fourth
+    request refused (a stop record, its tool result a prompt node that keeps the branch's
+    token arrays), sealed with the evaluator's rewards and metrics."""
+    trace = read_trace(Path(__file__).parent / "data" / "trace-v2.msgpack")
+    assert trace.schema_version == 2 and trace.sealed and trace.num_turns == 3
+    assert (trace.stop_condition, trace.stopped_by, trace.truncated) == ("max_turns", "limit", True)
+    assert trace.stop.condition == "max_turns" and trace.stop.call == trace.calls[-1].id
+    assert trace.calls[-1].error.type == "interceptor_stopped" and trace.calls[-1].node is None
+    assert trace.reward == 0.5 and trace.rewards["tests"].weight == 0.5 and trace.metrics == {"steps": 3}
+    assert trace.timing.model > 0 and trace.timing.wall >= trace.timing.model
+    [branch] = trace.branches
+    assert branch.messages[-1].role == "tool" and trace.nodes[branch.leaf].token_ids == []
+    assert branch.token_ids is not None and len(branch.sampled_mask) == len(branch.token_ids)
+    assert problems(trace) == []

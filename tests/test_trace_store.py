@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from interceptor.trace import (
     SCHEMA_VERSION,
     HoleWarning,
+    SCHEMA_VERSION,
     Message,
     ModelCall,
     Recorder,

@@ -144,6 +144,29 @@ class Graph:
         extra = [self._add_reply(parent, m, t, lp, now, added) for m, t, lp in choices]
         return TurnNodes(sampled=sampled, added=added, prompt_path=path, choices=extra)
 
+    def add_prompt(self, prompt: list[Message], *, now: float | None = None) -> tuple[list[int], list[int]]:
+        """A prompt that got no reply (a refused request): the stored prefix is reused and
+        its new messages become nodes, so the trace ends where the harness was. Returns
+        (added node indices, the prompt's path).
+
+        No model read the new messages, so under a prefix with token ids they get ``[]``
+        (no tokens were fed): the branch stays a training sample instead of losing its
+        token arrays to a tail that was never tokenised."""
+        now = time.time() if now is None else now
+        added: list[int] = []
+        path: list[int] = []
+        parent: int | None = None
+        for message in prompt:
+            match = None if added else self._match(parent, message, None, 0)
+            if match is None:
+                known = parent is not None and self.trace.nodes[parent].token_ids is not None
+                node = MessageNode(parent=parent, message=message, timestamp=now,
+                                   token_ids=[] if known else None, mask=[] if known else None)
+                match = self._add(node, added)
+            path.append(match)
+            parent = match
+        return added, path
+
     def _match(self, parent: int | None, message: Message,
                prompt_token_ids: list[int] | None, consumed: int) -> int | None:
         """The stored child of ``parent`` that is ``message`` (and, with token ids, carries

@@ -30,7 +30,9 @@ from interceptor.trace.messages import (
 )
 
 # 2: per-call tool sets, per-node reference_logprobs and loss_weights, a typed header and
-# typed rewrites (unknown fields refused). README "Record format" says what each version reads.
+# typed rewrites (unknown fields refused); ``prompt``, ``stop`` and ``metric`` records, the
+# footer's stopped_by, truncated, timing, rewards and info. README "Record format" says what
+# each version reads.
 SCHEMA_VERSION = 2
 # The oldest record format this reader still folds. Raise it only with a migration note in
 # the README: trainers keep old files for years.
@@ -204,6 +206,17 @@ class Reward(_Model):
     weight: FiniteFloat = 1.0
 
 
+class StopRecord(_Model):
+    """Why the rollout ended: ``condition`` (``max_turns``, ``context_length``, a stop
+    hook's name, the evaluator's own), ``by`` whom (``limit``, ``hook``, ``upstream``,
+    ``control``, ``shutdown``), the call that met it, and when. The first stop is final."""
+
+    condition: str
+    by: str
+    call: str | None = None
+    at: float = 0.0
+
+
 class Timing(_Model):
     """Where a rollout's wall-clock time went, written in the footer. ``model`` is the sum
     of the upstream calls' durations (replays excluded); ``harness`` is the rest of ``wall``
@@ -285,6 +298,7 @@ class Trace(_Model):
     reward: float | None = None
     rewards: dict[str, Reward] = Field(default_factory=dict)
     metrics: dict[str, Any] = Field(default_factory=dict)
+    stop: StopRecord | None = None  # the first stop record
     truncated: bool = False  # the rollout was cut short (a limit, a context too long)
     stopped_by: str | None = None  # limit, hook, upstream, control, shutdown
     timing: Timing | None = None  # set by the footer

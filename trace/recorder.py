@@ -18,7 +18,8 @@ from interceptor.trace.graph import Graph
 from interceptor.trace.messages import Message, Request, Response, ResponseError, Tool, Usage
 from interceptor.trace.prefix import Listed, Prefixes
 from interceptor.trace.model import (
-    SCHEMA_VERSION, EgressRefusal, Header, ModelCall, Reward, Rewrite, StateWrite, Timing, Trace)
+    SCHEMA_VERSION, EgressRefusal, Header, ModelCall, Reward, Rewrite, StateWrite, StopRecord, Timing, Trace,
+)
 from interceptor.trace.records import call_record, node_record
 from interceptor.trace.store import FSYNC_POLICIES, Store
 
@@ -182,6 +183,33 @@ class Recorder:
         del trace.tool_sets[tool_sets:]
         self._tools_estimates = {k: n for k, n in self._tools_estimates.items() if k is None or k < tool_sets}
         self._last_tools = last_tools
+
+    def commit_prompt(self, request: Request, call: ModelCall) -> ModelCall:
+        """A request that was answered without the model (a refusal): its new messages join
+        the graph as prompt nodes, the call (no ``node``) goes on the record with them."""
+        if self._released is not None:
+            self.record_call(call)
+            return call
+        added, _ = self._graph.add_prompt(request.messages, now=call.ended_at or time.time())
+        call.node = None
+        self._trace.calls.append(call)
+        self._append({"kind": "prompt", "nodes": [node_record(i, self._trace.nodes[i]) for i in added],
+                      "call": call_record(call)}, sync=self.fsync == "turn")
+        return call
+
+    def record_metric(self, name: str, value: Any) -> None:
+        """A metric measured during the rollout; folded into the footer's ``metrics`` (a
+        later value of the same name wins, the evaluator's at the seal over all)."""
+        value = _scrub(value)
+        self._trace.metrics[name] = value
+        self._append({"kind": "metric", "name": name, "value": value})
+
+    def record_stop(self, stop: dict) -> None:
+        """Why the rollout ends (``StopRecord``); only the first stop counts."""
+        record = StopRecord.model_validate(stop)
+        if self._trace.stop is None:
+            self._trace.stop = record
+        self._append({"kind": "stop", "stop": record.model_dump(exclude_defaults=True)})
 
     def conversation(self, response_id: str) -> list[Message] | None:
         """The messages up to and including the reply the provider called ``response_id``,

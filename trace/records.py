@@ -1,4 +1,4 @@
-"""The on-disk record format (schema version 1) and the fold that turns records into a Trace.
+"""The on-disk record format (schema version 2) and the fold that turns records into a Trace.
 
 A trace file is a plain concatenation of msgpack maps, each with a ``kind``:
 
@@ -8,7 +8,11 @@ A trace file is a plain concatenation of msgpack maps, each with a ``kind``:
               whose ``tool_set`` names the tools it advertised), tools (a tool set advertised
               for the first time: it becomes ``tool_sets[len(tool_sets)]``)
 - ``call``    call: an exchange that committed no node (an error, a refusal)
+- ``prompt``  nodes, call: a request answered without the model (a stopped rollout's
+              refusal): its new messages as prompt nodes, the call without a ``node``
 - ``replay``  call: a flagged retry answered from the record (``replay_of`` set)
+- ``stop``    stop: why the rollout ends (condition, by, call, at); the first one counts
+- ``metric``  name, value: measured by a hook during the rollout (folded into metrics)
 - ``rewrite`` rewrite: what a boundary hook changed (``direction`` request or response)
 - ``state``   state: one accepted write of the task state (version, by, op, size, digest,
               the value when small); the session's initial state is version 0
@@ -45,6 +49,7 @@ from interceptor.trace.model import (
     Reward,
     EgressRefusal,
     StateWrite,
+    StopRecord,
     Timing,
     Trace,
 )
@@ -168,8 +173,8 @@ def node_from_record(data: dict[str, Any]) -> tuple[int, MessageNode]:
 
 
 def _upgrade(record: dict[str, Any], version: int) -> dict[str, Any]:
-    """Bring a record of an older supported schema version to the current shape. Version 1
-    is current; a version 2 reader adds its migrations here."""
+    """Bring a record of an older supported schema version to the current shape. Version 2
+    only added record kinds and footer fields, so a version 1 record is already in shape."""
     return record
 
 
@@ -219,7 +224,7 @@ def fold(records: Iterator[tuple[int, dict[str, Any]]], source: str = "trace") -
         if trace is None:
             raise TraceFormatError(f"{source}: byte {offset}: {kind!r} record before the header")
         rec = _upgrade(rec, version)
-        if kind == "turn":
+        if kind in ("turn", "prompt"):
             for data in rec.get("nodes", []):
                 index, node = node_from_record(data)
                 if index != len(trace.nodes):
@@ -244,6 +249,12 @@ def fold(records: Iterator[tuple[int, dict[str, Any]]], source: str = "trace") -
                 if call.id == rec.get("call"):
                     call.delivered = False
                     break
+        elif kind == "metric":
+            if isinstance(rec.get("name"), str):
+                trace.metrics[rec["name"]] = rec.get("value")
+        elif kind == "stop":
+            if trace.stop is None:
+                trace.stop = StopRecord.model_validate(rec["stop"])
         elif kind == "rewrite":
             rewrite = Rewrite.model_validate(rec.get("rewrite") or {})
             if rewrite.direction == "response":
@@ -288,9 +299,10 @@ def record_schema() -> dict[str, Any]:
     defines it. tests/data/schema-v<N>.json keeps it as of each schema version, and a test
     fails when it changes under the same version (a reader of that version would misread it)."""
     parts = {"header": Header, "node": MessageNode, "call": ModelCall, "tool": Tool,
-             "rewrite": Rewrite, "reward": Reward, "timing": Timing, "state": StateWrite,
+             "rewrite": Rewrite, "stop": StopRecord, "reward": Reward, "timing": Timing, "state": StateWrite,
              "egress": EgressRefusal}
-    return {"kinds": ["header", "turn", "call", "replay", "rewrite", "state", "egress", "undelivered", "footer"],
+    return {"kinds": ["header", "turn", "call", "prompt", "replay", "metric", "stop", "rewrite", "state", "egress",
+                      "undelivered", "footer"],
             **{name: model.model_json_schema() for name, model in parts.items()}}
 
 

@@ -4,7 +4,9 @@ so that later readers prove they still fold what this version wrote.
     .venv/bin/python tests/data/make_golden.py
 
 Run it once when the schema version moves on (it refuses to overwrite a file): a three-turn
-tool conversation with token ids, through mitmdump, from the simulator playing vLLM, sealed.
+tool conversation with token ids, through mitmdump, from the simulator playing vLLM; since
+version 2 with ``max_turns=3``, so a fourth request is refused (its tool result a prompt
+node, a ``stop`` record), sealed with the evaluator's rewards and metrics.
 It also writes ``tests/data/schema-v<SCHEMA_VERSION>.json``, the record models' JSON schema
 that tests/test_record_format.py holds the code to until the version moves on again.
 """
@@ -15,6 +17,8 @@ import os
 import shutil
 import sys
 from pathlib import Path
+
+import openai
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests/: the simulator and the helpers
@@ -41,12 +45,20 @@ def main() -> int:
             options={"intercept_upstream": sim.url("/v1"), "intercept_api_key_env": KEY_ENV},
             env={KEY_ENV: REAL_KEY}) as proxy:
         s = proxy.create_session(id="golden", collect_tokens=True, task={"name": "golden"},
+                                 limits={"max_turns": 3},
                                  upstream={"base_url": sim.url("/v1")})
         os.environ.update(s["env"])
-        sim.default = FakeVLLM([step_reply(k, 2) for k in range(3)])
+        sim.default = FakeVLLM([step_reply(k, 3) for k in range(4)])
         oai, _ = session_clients(s)
-        chat_loop(oai, 3, stream=True)
-        proxy.api("DELETE", "sessions/golden")
+        messages, _ = chat_loop(oai, 3, stream=True)
+        try:
+            chat_loop(oai, 1, stream=True, messages=messages)
+        except openai.BadRequestError as e:
+            assert "rollout stopped: max_turns" in e.message
+        else:
+            raise AssertionError("the fourth request was not refused")
+        proxy.api("DELETE", "sessions/golden", {"rewards": {"tests": {"score": 1.0, "weight": 0.5}},
+                                                "metrics": {"steps": 3}})
         shutil.copyfile(s["trace_path"], out)
     trace = read_trace(out)
     print(f"{out}: {trace.num_turns} turns, {len(trace.nodes)} nodes, {out.stat().st_size} bytes")

@@ -1,0 +1,107 @@
+"""Load a session's hooks module once, when the session is made, and sort its hooks.
+
+A dotted name is imported as usual; a file path is loaded under a private module name
+(``_interceptor_hooks_<digest>``), so a user's ``hooks.py`` or ``claim.py`` never replaces a
+module of the proxy (mitmproxy puts ``addons/`` on ``sys.path``) nor another session's.
+Anything wrong (the import fails, no function is marked, a signature names no boundary) is
+one ``HookError`` naming ``hooks: <module>:<function>: <reason>``: a 400 at
+``POST /_interceptor/sessions``, a one-line exit at start for the option or a sessions file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+from interceptor.trace.hooks import HookError, HookSpec, spec_of
+
+_lock = threading.Lock()
+_cache: dict[str, ModuleType] = {}  # a file loaded once per proxy, however many sessions name it
+
+
+@dataclass(frozen=True)
+class HookSet:
+    """A module's hooks by boundary, each list in run order ``(-priority, name)``."""
+
+    module: str
+    request: tuple[HookSpec, ...] = ()
+    response: tuple[HookSpec, ...] = ()
+    request_stops: tuple[HookSpec, ...] = ()
+    response_stops: tuple[HookSpec, ...] = ()
+    between_stops: tuple[HookSpec, ...] = ()
+    names: tuple[str, ...] = field(default=())
+
+    @property
+    def holds_responses(self) -> bool:
+        """Only a session with a response hook or stop holds the answer back."""
+        return bool(self.response or self.response_stops)
+
+
+def _is_path(module: str) -> bool:
+    return module.endswith(".py") or "/" in module or module.startswith(".")
+
+
+def _import(module: str) -> ModuleType:
+    if not _is_path(module):
+        return importlib.import_module(module)
+    path = Path(module).expanduser().resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"no file {path}")
+    key = str(path)
+    with _lock:
+        if key in _cache:
+            return _cache[key]
+        name = "_interceptor_hooks_" + hashlib.sha256(key.encode()).hexdigest()[:12]
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{path} is not a Python module")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod  # dataclasses and pickling look the module up by name
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+        _cache[key] = mod
+        return mod
+
+
+def load_hooks(module: str) -> HookSet:
+    """Import ``module`` and collect its marked functions; see the module docstring."""
+    try:
+        mod = _import(module)
+    except Exception as e:  # the user's code: any error is theirs to read
+        raise HookError(f"hooks: {module}: cannot import: {type(e).__name__}: {e}") from e
+    specs: list[HookSpec] = []
+    for attr, value in sorted(vars(mod).items()):
+        if callable(value):
+            spec = spec_of(value, f"hooks: {module}:{attr}")
+            if spec is not None:
+                specs.append(spec)
+    if not specs:
+        raise HookError(f"hooks: {module}: no hooks: mark functions with "
+                        "@interceptor.hooks.intercept or @interceptor.hooks.stop")
+    for s in specs:
+        if s.kind == "intercept" or s.boundary == "response":
+            # Not built yet (rewriting needs the per-dialect splice and the hold of answers):
+            # refused at load, so no session believes its hook runs when it would not.
+            what = "rewriting hooks (@intercept)" if s.kind == "intercept" else "response stops"
+            raise HookError(f"hooks: {module}:{s.fn.__name__}: {what} are not supported by this proxy yet; "
+                            "between-turn and request stops are")
+    names = [s.name for s in specs if s.kind == "stop"]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise HookError(f"hooks: {module}: two stops named {', '.join(dup)}; give each its own name")
+
+    def pick(kind: str, boundary: str) -> tuple[HookSpec, ...]:
+        return tuple(sorted((s for s in specs if s.kind == kind and s.boundary == boundary), key=lambda s: s.order))
+
+    return HookSet(module=module, request=pick("intercept", "request"), response=pick("intercept", "response"),
+                   request_stops=pick("stop", "request"), response_stops=pick("stop", "response"),
+                   between_stops=pick("stop", "between"), names=tuple(s.name for s in specs))

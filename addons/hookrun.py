@@ -1,0 +1,79 @@
+"""Run a session's stop hooks for one model request, off the event loop when they block.
+
+A plain function runs in a worker thread (an evaluator's check may read files or call a
+grader); an ``async def`` is awaited on the loop. Hooks run in ``(-priority, name)`` order and
+the first true stop wins. Anything a hook raises (or a stop that returns a non-bool) is a
+``HookFailure`` naming the hook: the caller applies the session's ``on_hook_error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from interceptor.trace.hooks import HookContext, HookSpec
+from interceptor.trace.messages import Request
+
+if TYPE_CHECKING:
+    from interceptor.addons.exchange import Exchange
+
+
+class HookFailure(Exception):
+    """A hook raised or broke its contract; ``str()`` is one line naming it."""
+
+    def __init__(self, spec: HookSpec, reason: str) -> None:
+        super().__init__(f"hook {spec.name}: {reason}")
+        self.spec = spec
+
+
+def context(ex: Exchange, endpoint: str) -> HookContext:
+    """What a hook sees of the rollout; see ``HookContext``."""
+    session = ex.session
+    trace = session.recorder.trace
+    hooks = session.config.hooks
+    return HookContext(
+        session_id=session.id, task=dict(session.config.task), agent=dict(session.config.agent),
+        info=dict(session.config.info), config=dict(hooks.config) if hooks else {},
+        dialect=ex.dialect.name, call_id=ex.call_id, endpoint=endpoint,
+        num_turns=trace.num_turns, num_input_tokens=trace.num_input_tokens,
+        num_output_tokens=trace.num_output_tokens, messages=list(trace.messages))
+
+
+def effective_request(ex: Exchange) -> Request | None:
+    """The canonical request with the session's model and sampling laid over it: what the
+    upstream will be asked."""
+    if ex.request is None or ex.body is None:
+        return ex.request
+    try:
+        sampling = ex.dialect.sampling(ex.body)
+    except Exception:  # noqa: BLE001 - the harness's own settings then
+        sampling = ex.request.sampling
+    model = ex.body.get("model")
+    return ex.request.model_copy(update={"model": model if isinstance(model, str) else ex.request.model,
+                                         "sampling": sampling})
+
+
+async def call(spec: HookSpec, ctx: HookContext, value: Any = None) -> Any:
+    kwargs: dict[str, Any] = {}
+    if spec.value_arg is not None:
+        kwargs[spec.value_arg] = value
+    if spec.wants_ctx is not None:
+        kwargs[spec.wants_ctx] = ctx
+    try:
+        if spec.is_async:
+            return await spec.fn(**kwargs)
+        return await asyncio.to_thread(spec.fn, **kwargs)
+    except Exception as e:  # the evaluator's code: any error is a hook error
+        raise HookFailure(spec, f"raised {type(e).__name__}: {e}") from e
+
+
+async def first_stop(specs: tuple[HookSpec, ...], ctx: HookContext, value: Any = None) -> str | None:
+    """The name of the first stop hook that returns true, or None."""
+    for spec in specs:
+        result = await call(spec, ctx, value)
+        if result is None or result is False:
+            continue
+        if result is True:
+            return spec.name
+        raise HookFailure(spec, f"a stop must return a bool, got {type(result).__name__}")
+    return None
