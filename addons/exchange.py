@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
     from interceptor.addons.collect import Plan
     from interceptor.addons.relay import Drain
+    from interceptor.addons.memory import Remembered
+    from interceptor.dialects.body import Body, Edit
     from interceptor.addons.retry import Recorded
     from interceptor.addons.session import Session
     from interceptor.addons.tee import StreamTee
@@ -78,6 +80,12 @@ class Exchange:
     # The message list as Rewrite scanned it: the history recognised from an earlier request,
     # handed to the recorder with the turn so it remembers this one (trace/prefix.py).
     listed: Listed | None = None
+    prefix_len: int = 0  # messages of ``request`` from the record, not the body (a Responses chain)
+    # For request hooks only (sessions that have them): the body as parsed, with its spans, so
+    # a rewrite splices in only what it changes.
+    parsed: Body | None = None
+    carried: list[Remembered] = field(default_factory=list)  # the rewrites this request carries
+    edits: list[Edit] = field(default_factory=list)  # where they go in the body (``parsed``)
 
     @property
     def dialect(self):

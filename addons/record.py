@@ -15,6 +15,7 @@ import uuid
 from mitmproxy import http
 
 from interceptor.addons.exchange import Exchange
+from interceptor.addons.memory import Remembered
 from interceptor.trace import ModelCall
 from interceptor.trace.messages import Response, ResponseError, Sampling
 from interceptor.trace.prefix import touches
@@ -61,7 +62,18 @@ def make_call(ex: Exchange, flow: http.HTTPFlow, response: Response | None, erro
         translated_digest=ex.translated_digest,
         replayed_from=ex.replayed_from,
         delivered=ex.delivered,
+        rewrites=[r.rewrite.id for r in ex.carried if r.rewrite.id],
     )
+
+
+def first_carried(ex: Exchange, call: ModelCall) -> list[Remembered]:
+    """The rewrites this exchange is the first on the record to carry: their records are
+    written with its call (and the memory re-keys them by node once the call has nodes)."""
+    new = [r for r in ex.carried if not r.recorded]
+    for r in new:
+        r.recorded = True
+        r.rewrite.call = call.id
+    return new
 
 
 def commit(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: ResponseError | None = None,
@@ -76,16 +88,20 @@ def commit(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: 
         error = response.error
     call = make_call(ex, flow, response, error, status)
     recorder = ex.session.recorder
+    new = first_carried(ex, call)
+    rewrites = [r.rewrite for r in new]
     try:
         if error is None and response is not None and ex.request is not None:
             listed = ex.listed
             if listed is not None and touches(ex.overrides, listed.key):
                 recorder.prefixes.clear()  # changed after Rewrite: its elements are not as sent
                 listed = None
-            recorder.commit_turn(ex.request, response, call, listed)
+            recorder.commit_turn(ex.request, response, call, listed, rewrites=rewrites)
             ex.turn = call.id
         else:
-            recorder.record_call(call)
+            recorder.record_call(call, rewrites)
+        if new:
+            ex.session.memory.settle(new, recorder.trace)
     except Exception:
         log.exception(f"interceptor: session {ex.session.id!r}: could not record call {call.id}")
 

@@ -28,7 +28,7 @@ from interceptor.addons.network import answer_search_only, mediate
 from interceptor.addons.limits import output_cap
 from interceptor.addons.session import SessionConfig
 from interceptor.dialects.base import Dialect, Override
-from interceptor.dialects.body import parse_body
+from interceptor.dialects.body import Body, parse_body
 from interceptor.dialects.translate import TRANSLATION, Translation, translation
 from interceptor.trace.messages import Request
 from interceptor.trace.prefix import Listed, Prefixes, touches
@@ -66,6 +66,7 @@ class Prepared:
     stream: bool = False  # the harness asked for a stream
     source: dict[str, Any] | None = None  # the harness's body, when ``body`` is its translation
     listed: Listed | None = None  # the message list element by element (trace/prefix.py)
+    parsed: Body | None = None  # with its spans: a request hook's rewrite splices into it
 
 
 # No model API takes JSON nested this deep, and deeper values break recursive code further on
@@ -136,7 +137,7 @@ def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, pat
     if parsed.text is not None and any(b - a <= SMALL and _depth(parsed.text[a:b]) > MAX_DEPTH
                                        for a, b in parsed.spans.values()):
         raise RecursionError  # answered by prepare, as a body too deep to parse is
-    out = Prepared(body=body, requested_model=dialect.requested_model(body, path))
+    out = Prepared(body=body, requested_model=dialect.requested_model(body, path), parsed=parsed)
     out.stream = dialect.is_stream(body, path)
     if kind == "model":
         try:
@@ -150,7 +151,7 @@ def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, pat
             return Prepared(refusal=f"request not understood by the {dialect.name} dialect: {e}")
         network = _network(out, dialect, body, config, recorded)
         if translated is not None:
-            out = _translate(out, translated, config)
+            out = _translate(out, translated, config, cap)
             out.overrides[:0] = network
             return out
         learned = refused.get(dialect.name, config.model or out.requested_model) if refused else frozenset()
@@ -179,7 +180,7 @@ def _network(out: Prepared, dialect: Dialect, body: dict[str, Any], config: Sess
     return mediation.overrides
 
 
-def _translate(out: Prepared, translated: Translation, config: SessionConfig) -> Prepared:
+def _translate(out: Prepared, translated: Translation, config: SessionConfig, cap: int | None) -> Prepared:
     source = out.body
     try:
         target, lost = translated.request(source)
@@ -194,6 +195,8 @@ def _translate(out: Prepared, translated: Translation, config: SessionConfig) ->
     out.source, out.body = source, target
     out.overrides = lost + translated.target.apply_overrides(target, config.model, config.sampling,
                                                               config.sampling_mode)
+    if cap is not None:  # the rollout's output budget left (limits.clamp_max_tokens)
+        out.overrides += translated.target.clamp_max_tokens(target, cap)
     out.content = json.dumps(target, ensure_ascii=False, separators=(",", ":")).encode()
     return out
 
@@ -237,10 +240,15 @@ class Rewrite:
     async def _rewrite_body(self, flow: http.HTTPFlow, ex: Exchange) -> bool:
         raw = flow.request.get_content(strict=False) or b""
         ex.raw_body = raw
+        hooked = ex.session.hooks is not None and bool(ex.session.hooks.request)
+        # A request hook may deliver other content than the bytes say, so a remembered list
+        # (text -> canonical messages) could hand back delivered messages for original text:
+        # sessions with request hooks parse their lists every time (addons/intercept.py).
         recorder = ex.session.recorder
+        prefixes = None if hooked else recorder.prefixes
         config = ex.session.config
         args = (raw, ex.dialect, ex.route.kind, config, flow.request.path, ex.translation, self.refused,
-                recorder.prefixes, lambda rid: recorder.conversation(rid) is not None,
+                prefixes, lambda rid: recorder.conversation(rid) is not None,
                 output_cap(config.limits, recorder.trace))
         prepared = await asyncio.to_thread(prepare, *args) if len(raw) > OFF_LOOP else prepare(*args)
         if prepared.refusal is not None:
@@ -252,11 +260,13 @@ class Rewrite:
         if previous is not None:
             self._chain(ex, source, previous)
         ex.overrides = prepared.overrides
-        ex.listed = prepared.listed
+        ex.listed = None if hooked else prepared.listed
         if ex.listed is not None and touches(ex.overrides, ex.listed.key):
             recorder.prefixes.clear()  # its elements may have been changed in place: share none
             ex.listed = None
         ex.body = prepared.body
+        if hooked and prepared.request is not None and prepared.source is None:
+            ex.parsed = prepared.parsed  # kept only where a hook may splice into it (not a translation)
         ex.stream = prepared.stream
         ex.requested_model = prepared.requested_model
         if prepared.search_only:
@@ -308,6 +318,7 @@ class Rewrite:
             return
         chained = ex.dialect.chained_request(body, prefix)
         ex.request = ex.request.model_copy(update={"messages": chained.messages})
+        ex.prefix_len = len(prefix)
 
     def _swap_credential(self, flow: http.HTTPFlow, ex: Exchange) -> None:
         flow.request.headers.pop("proxy-authorization", None)

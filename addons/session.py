@@ -25,6 +25,7 @@ from interceptor.addons.network import NetworkPolicy
 from interceptor.addons.state import TaskState
 from interceptor.addons.upstream import Upstream, UpstreamRef
 from interceptor.addons.limits import Limits, Stop, StopBy
+from interceptor.addons.memory import KEEP_BYTES, Memory
 from interceptor.trace import Recorder, Store
 from interceptor.trace.match import Ignore
 from interceptor.trace.messages import Sampling
@@ -150,6 +151,7 @@ class Session:
     admitted: list[Any] = field(default_factory=list)  # model requests let through, not yet recorded
     hooks: HookSet | None = None  # the loaded hooks module, if any
     hooks_config: dict[str, Any] = field(default_factory=dict)  # handed to hooks as ctx.config
+    memory: Memory = field(default_factory=Memory)  # request hooks' rewrites, applied once
 
     @property
     def trace_path(self) -> Path:
@@ -197,6 +199,7 @@ class Session:
         self.state.clear()
         self.task_state = TaskState.initial(None, None)  # its history is on the record
         self.admitted.clear()
+        self.memory = Memory()
 
     def summary(self) -> dict[str, Any]:
         s = self.recorder.summary()
@@ -227,6 +230,7 @@ class Registry:
         # Released sessions still in memory, oldest first; beyond ``keep_sealed`` of them the
         # oldest is dropped, and only its trace path is kept (its summary is read from there).
         self.keep_sealed = keep_sealed
+        self.rewrite_keep_bytes = KEEP_BYTES  # intercept_rewrite_keep_bytes
         self._released: deque[str] = deque()
         self._dropped: dict[str, Path] = {}
 
@@ -268,6 +272,7 @@ class Registry:
             if config.state:
                 recorder.record_state(session.task_state.record("config", "init"))
             session.hooks, session.hooks_config = hooks, dict(hooks_config or {})
+            session.memory = Memory(keep_bytes=self.rewrite_keep_bytes)
             self._by_id[sid] = session
             self._by_model_secret[session.model_secret] = session
             self._by_state_secret[session.state_secret] = session

@@ -156,6 +156,9 @@ class Settings:
         loader.add_option("intercept_hooks", Optional[str], None,
                           'Hooks for sessions whose config has no "hooks": a module (pkg.mod), a file (path/hooks.py), '
                           'or a JSON object {"module": ..., "config": {...}}.')
+        loader.add_option("intercept_rewrite_keep_bytes", str, "64k",
+                          "How much of a message's original content a request hook's rewrite record keeps "
+                          "(k/m suffixes; 0: none, only its digest and size).")
         loader.add_option("intercept_fsync", str, "turn", "When trace files are fsynced: after each turn's records, at the seal, or never.",
                           choices=FSYNC_POLICIES)
 
@@ -206,6 +209,8 @@ class Settings:
             self.max_body = _size(o, "intercept_max_body")
         if "intercept_state_max_bytes" in updated:
             self.state_max_bytes = _size(o, "intercept_state_max_bytes")
+        if "intercept_rewrite_keep_bytes" in updated:
+            self.registry.rewrite_keep_bytes = _size(o, "intercept_rewrite_keep_bytes")
         if "intercept_keep_sealed" in updated:
             if o.intercept_keep_sealed < 0:
                 raise exceptions.OptionsError(f"intercept_keep_sealed must be 0 or more, got {o.intercept_keep_sealed}")

@@ -21,11 +21,12 @@ import uuid
 
 from mitmproxy import http
 
+from interceptor.addons import intercept
 from interceptor.addons.answers import json_response
 from interceptor.addons.exchange import Exchange, Step, exchange_of
 from interceptor.addons.hookrun import HookFailure, context, effective_request, first_stop
 from interceptor.addons.limits import Stop, in_flight, reached
-from interceptor.addons.record import make_call
+from interceptor.addons.record import first_carried, make_call
 from interceptor.dialects.base import CONTEXT_LENGTH
 from interceptor.trace.messages import ResponseError
 
@@ -70,30 +71,50 @@ def record_refusal(ex: Exchange, flow: http.HTTPFlow, stop: Stop, error: Respons
     ex.committed = True
     error = error or ResponseError(type=STOPPED, message=stop_message(stop), status=400)
     call = make_call(ex, flow, None, error, status=error.status)
+    new = first_carried(ex, call)
+    rewrites = [r.rewrite for r in new]
     try:
         if ex.request is not None:
-            ex.session.recorder.commit_prompt(ex.request, call)
+            ex.session.recorder.commit_prompt(ex.request, call, rewrites)
         else:
-            ex.session.recorder.record_call(call)
+            ex.session.recorder.record_call(call, rewrites)
+        if new:
+            ex.session.memory.settle(new, ex.session.recorder.trace)
     except Exception:
         log.exception(f"interceptor: session {ex.session.id!r}: could not record the refused call {call.id}")
 
 
-async def hook_stop(ex: Exchange, endpoint: str) -> Stop | None:
-    """The session's stop hooks for one request, in the issue's order: between-turn stops,
-    then request stops (which see the request as the upstream would get it). Metrics the
-    hooks record go on the record either way. Raises HookFailure."""
+async def hook_stop(ex: Exchange, endpoint: str, stops: bool = True) -> Stop | None:
+    """The session's hooks for one request, in the issue's order: between-turn stops,
+    request hooks (``addons/intercept.py``: they may rewrite the new messages), then request
+    stops (which see the request as the upstream would get it, rewritten). ``stops`` False:
+    the rewriting hooks only (a warm-up, which samples nothing). Metrics the hooks record go
+    on the record either way. Raises HookFailure."""
     hooks = ex.session.hooks
-    if hooks is None or not (hooks.between_stops or hooks.request_stops):
+    if hooks is None or not (hooks.between_stops or hooks.request_stops or hooks.request):
         return None
     ctx = context(ex, endpoint)
     try:
-        name = await first_stop(hooks.between_stops, ctx)
-        if name is None and hooks.request_stops:
+        name = await first_stop(hooks.between_stops, ctx) if stops else None
+        if name is None and hooks.request:
+            await intercept.rewrite(ex, ctx)
+        if name is None and stops and hooks.request_stops:
             name = await first_stop(hooks.request_stops, ctx, effective_request(ex))
     finally:
         ex.session.record_metrics(ctx.metrics)
     return ex.session.stop_with(name, "hook", ex.call_id or None) if name is not None else None
+
+
+def hook_failed(ex: Exchange, failure: HookFailure) -> Stop | None:
+    """The session's ``on_hook_error``: ``pass`` carries on as if the hook had said nothing
+    (None); ``stop`` stops the rollout with ``hook_error`` (the caller answers and records
+    the call as a ``hook_error``)."""
+    session = ex.session
+    if session.config.on_hook_error == "pass":
+        log.warning(f"interceptor: session {session.id!r}: {failure}; on_hook_error is pass, going on")
+        return None
+    log.warning(f"interceptor: session {session.id!r}: {failure}; the rollout stops")
+    return session.stop_with(HOOK_ERROR, "hook", ex.call_id or None)
 
 
 class Stops:
@@ -104,13 +125,9 @@ class Stops:
         if ex is None or ex.route.kind != "model" or ex.committed:
             return
         if flow.request.method != "POST":
-            if flow.request.headers.get("upgrade", "").lower() == "websocket" and ex.session.hooks is not None:
-                # Stop hooks run per HTTP request; over a WebSocket they would be skipped.
-                # Codex falls back to POST /v1/responses when its upgrade is refused.
-                flow.response = json_response(426, ex.dialect.error_body(
-                    426, "this session runs hooks: use HTTPS requests, not the Responses WebSocket"))
-                flow.metadata.pop("interceptor", None)
-            return
+            return  # a WebSocket's frames go through the same steps in WsRelay
+        if intercept.has_request_hooks(ex):
+            intercept.remembered(ex)  # before any refusal: a refused prompt holds what was delivered
         stop = decide(ex)
         if stop is None and ex.session.hooks is not None:
             try:
@@ -119,6 +136,9 @@ class Stops:
                 if self._hook_failed(flow, ex, e):
                     return
         if stop is None:
+            content = intercept.spliced(ex)
+            if content is not None:
+                flow.request.content = content
             ex.done |= Step.ADMITTED
             return
         flow.response = json_response(400, refusal_body(ex, stop), headers={"x-interceptor-stop": stop.condition})
@@ -127,15 +147,11 @@ class Stops:
 
     @staticmethod
     def _hook_failed(flow: http.HTTPFlow, ex: Exchange, failure: HookFailure) -> bool:
-        """``on_hook_error``: ``pass`` carries on as if the hook had said nothing (False);
-        ``stop`` answers 500 in the dialect's shape that no SDK retries, records the call
-        as a ``hook_error`` and stops the rollout (True)."""
-        session = ex.session
-        if session.config.on_hook_error == "pass":
-            log.warning(f"interceptor: session {session.id!r}: {failure}; on_hook_error is pass, going on")
+        """``on_hook_error`` (``hook_failed``); with ``stop``, a 500 in the dialect's shape
+        that no SDK retries (True)."""
+        stop = hook_failed(ex, failure)
+        if stop is None:
             return False
-        log.warning(f"interceptor: session {session.id!r}: {failure}; the rollout stops")
-        stop = session.stop_with(HOOK_ERROR, "hook", ex.call_id or None)
         message = str(failure)
         flow.response = json_response(500, ex.dialect.error_body(500, message, HOOK_ERROR),
                                       headers={"x-interceptor-stop": stop.condition})

@@ -39,7 +39,13 @@ from interceptor.addons.feedback import Refused
 from interceptor.addons.network import mediate
 from interceptor.addons.record import commit
 from interceptor.addons.limits import output_cap
-from interceptor.addons.stops import STOPPED, decide, record_refusal, stop_message, upstream_error
+from interceptor.addons import intercept
+from interceptor.addons.hookrun import HookFailure
+from interceptor.addons.memory import Remembered
+from interceptor.addons.stops import (
+    HOOK_ERROR, STOPPED, decide, hook_failed, hook_stop, record_refusal, stop_message, upstream_error,
+)
+from interceptor.dialects.body import parse_body
 from interceptor.dialects.sse import SSEEvent
 from interceptor.trace.messages import Message, Request, ResponseError, Tool
 
@@ -74,6 +80,7 @@ class Socket:
     pending: _Pending | None = None
     # What a previous_response_id can name besides a committed turn: a warm-up's prompt.
     warmups: dict[str, list[Message]] = field(default_factory=dict)
+    warmup_rewrites: dict[str, list[Remembered]] = field(default_factory=dict)
     # Tools travel once (``additional_tools`` in the first frame); later chained frames
     # carry none but the model still has them.
     tools: list[Tool] = field(default_factory=list)
@@ -111,7 +118,9 @@ class WsRelay:
 
     # -- frames --------------------------------------------------------------------------
 
-    def websocket_message(self, flow: http.HTTPFlow) -> None:
+    async def websocket_message(self, flow: http.HTTPFlow) -> None:
+        # async: a session's hooks may run for a client frame; mitmproxy holds the frame (and
+        # the connection's next ones) until this returns, as it holds an HTTP request.
         sock = flow.metadata.get(WS_KEY)
         if not isinstance(sock, Socket) or flow.websocket is None:
             return
@@ -123,7 +132,7 @@ class WsRelay:
                 return
             if message.from_client:
                 if message.is_text:
-                    self._client_frame(sock, flow, message)
+                    await self._client_frame(sock, flow, message)
                 else:
                     sock.passed = message  # binary frames are not requests: relayed as they are
             elif message.is_text:
@@ -133,12 +142,13 @@ class WsRelay:
             # whole conversation in memory for nothing. The frame in hand is all anyone needs.
             del flow.websocket.messages[:-1]
 
-    def _client_frame(self, sock: Socket, flow: http.HTTPFlow, message) -> None:
+    async def _client_frame(self, sock: Socket, flow: http.HTTPFlow, message) -> None:
         try:
-            body = json.loads(message.content)
+            parsed = parse_body(message.content)
         except ValueError:
             sock.passed = message
             return  # not ours to judge: the upstream answers it
+        body = parsed.data
         if not isinstance(body, dict) or body.get("type") != "response.create":
             sock.passed = message
             return  # response.processed and the like: relayed as they are
@@ -150,7 +160,7 @@ class WsRelay:
         ex = Exchange(session=upgrade.session, route=upgrade.route, raw_body=message.content, stream=True)
         ex.requested_model = body.get("model") if isinstance(body.get("model"), str) else None
         try:
-            ex.request = self._request(sock, body)
+            ex.request = self._request(sock, body, ex)
             model = config.model or ex.requested_model
             learned = self.learned.get(dialect.name, model) if self.learned else frozenset()
             ex.overrides = dialect.apply_overrides(body, config.model, config.sampling, config.sampling_mode, learned)
@@ -170,16 +180,38 @@ class WsRelay:
             return
         ex.body = body
         warmup = body.get("generate") is False
-        # A warm-up samples nothing: no budget counts it, only a stopped rollout refuses it.
+        if intercept.has_request_hooks(ex):
+            ex.parsed = parsed
+            intercept.remembered(ex)
+        # A warm-up samples nothing: no budget counts it, only a stopped rollout refuses it,
+        # and only the rewriting hooks run for it (its input is the chain's first prompt).
         stop = ex.session.stop if warmup else decide(ex)
+        if stop is None and ex.session.hooks is not None:
+            try:
+                stop = await hook_stop(ex, flow.request.path.split("?", 1)[0], stops=not warmup)
+            except HookFailure as e:
+                if self._hook_failed(flow, message, ex, e):
+                    return
         if stop is not None:
             self.refuse(flow, message, dialect, stop_message(stop), type=STOPPED)
             record_refusal(ex, flow, stop)
             return
-        if ex.overrides:
-            message.text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+        if ex.overrides or ex.edits:
+            # Only what changed is written anew (the overrides' keys, the hooks' contents).
+            message.text = (intercept.spliced(ex) or parsed.encode({o.key.split(".", 1)[0] for o in ex.overrides})
+                            ).decode()
         sock.pending = _Pending(ex, warmup=warmup)
         sock.passed = message
+
+    def _hook_failed(self, flow: http.HTTPFlow, message, ex: Exchange, failure: HookFailure) -> bool:
+        """``on_hook_error`` for a frame, as Stops does for a POST: ``pass`` goes on (False);
+        ``stop`` answers an error frame typed ``hook_error`` and records it (True)."""
+        stop = hook_failed(ex, failure)
+        if stop is None:
+            return False
+        self.refuse(flow, message, ex.dialect, str(failure), status=500, type=HOOK_ERROR)
+        record_refusal(ex, flow, stop, ResponseError(type=HOOK_ERROR, message=str(failure), status=500))
+        return True
 
     @staticmethod
     def refuse(flow: http.HTTPFlow, message, dialect, text: str, status: int = 400, type: str | None = None) -> None:
@@ -190,7 +222,7 @@ class WsRelay:
         error = dialect.socket_error(status, text, type)
         ctx.master.commands.call("inject.websocket", flow, True, json.dumps(error).encode(), True)
 
-    def _request(self, sock: Socket, body: dict[str, Any]) -> Request:
+    def _request(self, sock: Socket, body: dict[str, Any], ex: Exchange) -> Request:
         """The frame as a canonical request over the whole conversation (see the module
         docstring); a chain on an id this proxy never saw starts from the frame alone."""
         previous = body.get("previous_response_id")
@@ -206,6 +238,9 @@ class WsRelay:
         else:  # the instructions are in the prefix already
             request = dialect.parse_request({k: v for k, v in body.items() if k != "instructions"})
             request = request.model_copy(update={"messages": prefix + request.messages})
+            ex.prefix_len = len(prefix)
+            # A warm-up is never recorded: the rewrites its input carried go with the first turn.
+            ex.carried += sock.warmup_rewrites.pop(previous, [])
         if request.tools:
             sock.tools = list(request.tools)
         elif sock.tools:
@@ -232,6 +267,8 @@ class WsRelay:
                 response_id = ((obj.get("response") or {}).get("id")) if kind != "error" else None
                 if response_id and ex.request is not None:
                     sock.warmups[response_id] = list(ex.request.messages)
+                    if ex.carried:
+                        sock.warmup_rewrites[response_id] = list(ex.carried)
                 sock.pending = None
             return
         if pending.assembler.feed(SSEEvent(event=kind, data=text)):

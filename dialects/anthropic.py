@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from interceptor.dialects.base import Mediation, Override, RouteKind
+from interceptor.dialects.base import Mediation, Override, RouteKind, Slot
 from interceptor.dialects.common import (
     REMOVED_PART,
     drop_key,
@@ -482,6 +482,38 @@ class AnthropicDialect(KnobDialect):
             stream=bool(body.get("stream")),
             extra={k: v for k, v in body.items() if k not in _REQUEST_KEYS},
         )
+
+    def content_slots(self, body: dict[str, Any], chained: bool = False) -> list[Slot | None]:
+        # As parse_request reads the body: the system prompt, then per native message one
+        # canonical message, except a user turn, which is one per tool_result block and one per
+        # run of other blocks between them (_user).
+        slots: list[Slot | None] = [None] if _without_billing_header(body.get("system")) else []
+        for i, m in enumerate(body.get("messages") or []):
+            content = m.get("content")
+            if m.get("role") in ("assistant", "system"):
+                slots.append(None)
+            elif content is None or isinstance(content, str):
+                slots.append(Slot(("messages", i, "content")))
+            else:
+                start = None
+                for j, block in enumerate(content):
+                    if block.get("type") == "tool_result":
+                        if start is not None:
+                            slots.append(Slot(("messages", i, "content"), run=(start, j)))
+                            start = None
+                        slots.append(Slot(("messages", i, "content", j, "content"),
+                                          error_path=("messages", i, "content", j, "is_error")))
+                    elif start is None:
+                        start = j
+                if start is not None:
+                    slots.append(Slot(("messages", i, "content"), run=(start, len(content))))
+                elif not content:
+                    slots.append(None)  # an empty list: nothing to splice into
+        return slots
+
+    def content_parts(self, blocks: list[Any]) -> list[Part]:
+        parts = _content(blocks)
+        return parts if isinstance(parts, list) else [Part(text=parts)]
 
     def parse_response(self, body: dict[str, Any]) -> Response:
         if body.get("type") == "error":

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, ClassVar, Literal, Protocol
 
+from interceptor.dialects.body import Edit
 from interceptor.dialects.sse import SSEDecoder, SSEEvent
-from interceptor.trace.messages import Message, Request, Response, ResponseError, Sampling
+from interceptor.trace.messages import Message, Part, Request, Response, ResponseError, Sampling
 
 # A parameter an error message names: `temperature`, 'top_p', "reasoning.effort"; or opens with.
 _QUOTED = re.compile(r"[`'\"]([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)[`'\"]")
@@ -43,6 +44,23 @@ class Mediation:
 
     overrides: list[Override] = field(default_factory=list)
     search_only: bool = False
+
+
+@dataclass(slots=True)
+class Slot:
+    """Where one canonical request message's content lives in the native body, for a hook
+    that rewrites it: the value at ``path`` (with ``run``, the items ``run[0]:run[1]`` of the
+    list there: an Anthropic user turn made of several blocks), and where its ``is_error``
+    goes (None: the format cannot say it)."""
+
+    path: tuple[str | int, ...]
+    run: tuple[int, int] | None = None
+    error_path: tuple[str | int, ...] | None = None
+
+
+class RewriteError(ValueError):
+    """A rewritten message the format cannot carry (an image part a hook made up, an error
+    flag where the format has none); the message says which."""
 
 
 class StreamAssembler(ABC):
@@ -207,6 +225,60 @@ class Dialect(ABC):
         """A canonical response as this format's non-streamed JSON body. With
         ``stream_events`` this is how a rewritten or synthesised answer reaches a harness;
         ``parse_response(json_body(r)) == r`` for a response in this dialect's normal form."""
+
+    # -- request hooks ---------------------------------------------------------------------
+
+    #: The type of a text block in this format's user and tool content.
+    text_block: ClassVar[str] = "text"
+
+    def content_slots(self, body: dict[str, Any], chained: bool = False) -> list[Slot | None] | None:
+        """One entry per message ``parse_request(body)`` gives (``chained``: as
+        ``chained_request`` gives them, after the prefix), the user and tool messages a hook
+        may rewrite a ``Slot``, the others None. None: this dialect cannot splice rewrites."""
+        return None
+
+    def content_parts(self, blocks: list[Any]) -> list[Part]:
+        """Native content blocks as canonical parts (the dialect's own reading)."""
+        raise NotImplementedError
+
+    def content_edits(self, slot: Slot, body: dict[str, Any], content: str | list[Part],
+                      is_error: bool | None) -> list[Edit]:
+        """The edits that put ``content`` (and ``is_error``, when not None) at ``slot``:
+        text parts written anew, every other part the harness's own native block, found
+        unchanged in what the slot held. Raises RewriteError for what cannot be written."""
+        holder: Any = body
+        for step in slot.path[:-1]:
+            holder = holder[step]
+        missing = slot.run is None and isinstance(holder, dict) and slot.path[-1] not in holder
+        original: Any = None if missing else holder[slot.path[-1]]
+        if slot.run is not None:
+            original = original[slot.run[0]:slot.run[1]]
+        blocks = original if isinstance(original, list) else []
+        if isinstance(content, str):
+            value: Any = [{"type": self.text_block, "text": content}] if slot.run is not None else content
+        else:
+            known = [(self.content_parts([b]), b) for b in blocks]
+            value = []
+            for part in content:
+                same = next((b for parts, b in known if parts == [part]), None)
+                if same is not None:
+                    value.append(same)
+                elif part.type == "text" and part.data is None:
+                    value.append({"type": self.text_block, "text": part.text or ""})
+                else:
+                    raise RewriteError(f"a {part.type} part that was not in the original cannot be written "
+                                       f"in {self.name} (a hook may change text, and keep or remove other parts)")
+            if slot.run is not None and not value:
+                raise RewriteError("this message cannot be emptied: give it a text part")
+        if is_error is not None and (slot.error_path is None or slot.error_path[:-1] != slot.path[:-1]):
+            raise RewriteError(f"{self.name} has no error flag for this message: a hook may not change is_error")
+        if is_error is None and not missing:
+            return [Edit(slot.path, value, slot.run)]
+        # A flag or a content key the block may not have: the block (content and flag) anew.
+        block = {**holder, slot.path[-1]: value}
+        if is_error is not None:
+            block[slot.error_path[-1]] = is_error
+        return [Edit(slot.path[:-1], block)]
 
     def previous_response(self, body: dict[str, Any]) -> str | None:
         """The id of the stored answer this request continues (Responses'

@@ -29,6 +29,104 @@ def _dumps(value: Any) -> str:
 
 
 @dataclass(slots=True)
+class Edit:
+    """A value inside a body to replace: ``path`` from the top (keys and list indices);
+    with ``run`` set, the value at ``path`` is a list whose items ``run[0]:run[1]`` are
+    replaced by the items of ``value`` (a run of content blocks that forms one message)."""
+
+    path: tuple[str | int, ...]
+    value: Any
+    run: tuple[int, int] | None = None
+
+    def apply(self, data: Any) -> None:
+        """Make the same change in the parsed ``data``."""
+        for step in self.path[:-1]:
+            data = data[step]
+        if self.run is None:
+            data[self.path[-1]] = self.value
+        else:
+            data[self.path[-1]][self.run[0]:self.run[1]] = list(self.value)
+
+
+def _splice(text: str, i: int, edits: list[tuple[tuple, Edit]]) -> tuple[str, int]:
+    """The JSON value starting at ``text[i]`` with ``edits`` (each a path relative to that
+    value) applied, and the index just past the original value. Values no edit reaches are
+    copied as they were; the scanner still reads them to find where they end."""
+    for rest, edit in edits:
+        if not rest and edit.run is None:
+            try:
+                _, end = _SCAN(text, i)
+            except StopIteration as e:
+                raise json.JSONDecodeError("Expecting value", text, e.value) from None
+            return _dumps(edit.value), end
+    if text[i] == "{":
+        return _splice_object(text, i, edits)
+    if text[i] == "[":
+        return _splice_array(text, i, edits)
+    raise ValueError(f"an edit reaches into a JSON {text[i]!r} value, not an object or a list")
+
+
+def _splice_object(text: str, i: int, edits: list[tuple[tuple, Edit]]) -> tuple[str, int]:
+    out: list[str] = []
+    j = _skip(text, i + 1)
+    copied = i
+    while text[j] != "}":
+        key, k = _SCANSTRING(text, j + 1, True)
+        k = _skip(text, _skip(text, k) + 1)  # past the ':'
+        mine = [(rest[1:], e) for rest, e in edits if rest and rest[0] == key]
+        if mine:
+            out.append(text[copied:k])
+            value, end = _splice(text, k, mine)
+            out.append(value)
+            copied = end
+        else:
+            _, end = _SCAN(text, k)
+        j = _skip(text, end)
+        if text[j] == ",":
+            j = _skip(text, j + 1)
+    out.append(text[copied:j + 1])
+    return "".join(out), j + 1
+
+
+def _splice_array(text: str, i: int, edits: list[tuple[tuple, Edit]]) -> tuple[str, int]:
+    run = next((e for rest, e in edits if not rest and e.run is not None), None)
+    if run is not None and run.run[1] <= run.run[0]:
+        raise ValueError("an empty run of list items cannot be replaced")
+    out: list[str] = []
+    j = _skip(text, i + 1)
+    copied = i
+    index = 0
+    while text[j] != "]":
+        mine = [(rest[1:], e) for rest, e in edits if rest and rest[0] == index]
+        if run is not None and index == run.run[0]:
+            if not run.value:
+                raise ValueError("a run of list items cannot be replaced by nothing")
+            out.append(text[copied:j])
+            out.append(",".join(_dumps(v) for v in run.value))
+            for _ in range(run.run[1] - run.run[0]):  # skip the run's original items
+                _, end = _SCAN(text, j)
+                k = _skip(text, end)
+                last = end
+                j = _skip(text, k + 1) if text[k] == "," else k
+                index += 1
+            copied = last
+            continue
+        if mine:
+            out.append(text[copied:j])
+            value, end = _splice(text, j, mine)
+            out.append(value)
+            copied = end
+        else:
+            _, end = _SCAN(text, j)
+        j = _skip(text, end)
+        if text[j] == ",":
+            j = _skip(text, j + 1)
+        index += 1
+    out.append(text[copied:j + 1])
+    return "".join(out), j + 1
+
+
+@dataclass(slots=True)
 class Body:
     """A parsed JSON object and, when it came from UTF-8 text, each key's span in it."""
 
@@ -37,17 +135,34 @@ class Body:
     spans: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (start of key, end of value)
     listed: Listed | None = None  # the message list, element by element (``parse_body(listed=...)``)
 
-    def encode(self, changed: set[str]) -> bytes:
+    def encode(self, changed: set[str], edits: list[Edit] = ()) -> bytes:
         """The body with the top-level keys in ``changed`` written from ``data`` (or left
-        out, if no longer there) and every other key copied byte for byte, in order."""
+        out, if no longer there) and every other key copied byte for byte, in order.
+        ``edits`` replace values deeper inside a key that is not in ``changed`` (a hook's
+        new tool result): only the edited values are written anew, every byte around them is
+        the harness's. ``data`` must already hold the edited values (``Edit.apply``)."""
         if self.text is None:
             return _dumps(self.data).encode()
+        nested: dict[str, list[Edit]] = {}
+        for edit in edits:
+            nested.setdefault(edit.path[0], []).append(edit)
         out: list[str] = []
         for key, (start, end) in self.spans.items():
-            if key not in changed:
+            if key in changed:
+                if key in self.data:
+                    out.append(f"{_dumps(key)}:{_dumps(self.data[key])}")
+            elif key in nested:
+                value_at = _skip(self.text, _SCANSTRING(self.text, start + 1, True)[1])
+                value_at = _skip(self.text, value_at + 1)  # past the ':'
+                spliced, _ = _splice(self.text, value_at, [(e.path[1:], e) for e in nested[key]])
+                out.append(self.text[start:value_at] + spliced)
+            else:
                 out.append(self.text[start:end])
-            elif key in self.data:
-                out.append(f"{_dumps(key)}:{_dumps(self.data[key])}")
+        if self.spans and self.data.keys() == self.spans.keys():
+            # The same keys in the same places: the harness's whitespace between them stays too.
+            bounds = list(self.spans.values())
+            gaps = [self.text[:bounds[0][0]]] + [self.text[a[1]:b[0]] for a, b in zip(bounds, bounds[1:])]
+            return ("".join(g + piece for g, piece in zip(gaps, out)) + self.text[bounds[-1][1]:]).encode()
         for key in self.data:
             if key not in self.spans:
                 out.append(f"{_dumps(key)}:{_dumps(self.data[key])}")

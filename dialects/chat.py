@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import Any
 
-from interceptor.dialects.base import Mediation, Override, RouteKind
+from interceptor.dialects.base import Mediation, Override, RouteKind, Slot
 from interceptor.dialects.common import (
     REMOVED_PART,
     drop_key,
@@ -332,6 +332,16 @@ class ChatDialect(OpenAIDialect):
             stream=bool(body.get("stream")),
             extra={k: v for k, v in body.items() if k not in _REQUEST_KEYS},
         )
+
+    def content_slots(self, body: dict[str, Any], chained: bool = False) -> list[Slot | None]:
+        # One canonical message per native one (parse_request); user, tool and function
+        # messages carry their content in "content" (a string is valid for each).
+        return [Slot(("messages", i, "content")) if m.get("role") not in ("system", "developer", "assistant")
+                else None for i, m in enumerate(body.get("messages") or [])]
+
+    def content_parts(self, blocks: list[Any]) -> list[Part]:
+        parts = _content(blocks)
+        return parts if isinstance(parts, list) else [Part(text=parts)]
 
     def parse_response(self, body: dict[str, Any]) -> Response:
         choices = sorted((_choice(c) for c in body.get("choices") or []), key=lambda c: c.index)

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from interceptor.dialects.base import Mediation, Override
+from interceptor.dialects.base import Mediation, Override, Slot
 from interceptor.dialects.common import (
     REMOVED_PART,
     drop_key,
@@ -413,6 +413,33 @@ class ResponsesDialect(OpenAIDialect):
             stream=bool(body.get("stream")),
             extra={k: v for k, v in body.items() if k not in _REQUEST_KEYS},
         )
+
+    text_block = "input_text"
+
+    def content_slots(self, body: dict[str, Any], chained: bool = False) -> list[Slot | None]:
+        # As parse_request reads the body (_items): the instructions (not restated in a chain),
+        # a user or system message per message item, a tool message per *_output item, and one
+        # assistant message per run of the other items.
+        slots: list[Slot | None] = [None] if body.get("instructions") and not chained else []
+        raw = body.get("input")
+        if isinstance(raw, str):
+            return slots + [Slot(("input",))]
+        pending = False
+        for k, item in enumerate(raw or []):
+            kind = item.get("type") or ("message" if "role" in item else "")
+            if (kind == "message" and item.get("role") != "assistant") or (kind.endswith("_output") and "call_id" in item):
+                if pending:
+                    slots.append(None)
+                    pending = False
+                system = kind == "message" and item.get("role") in ("system", "developer")
+                slots.append(None if system else Slot(("input", k, "content" if kind == "message" else "output")))
+            elif kind != "additional_tools":
+                pending = True
+        return slots + ([None] if pending else [])
+
+    def content_parts(self, blocks: list[Any]) -> list[Part]:
+        parts = _output_content(blocks)
+        return parts if isinstance(parts, list) else [Part(text=parts)]
 
     def previous_response(self, body: dict[str, Any]) -> str | None:
         previous = body.get("previous_response_id")

@@ -69,7 +69,7 @@ def test_hooks_sorted_by_boundary_and_priority(tmp_path):
     ("@stop\ndef s(x: int) -> bool: return True\n", "myhooks.py:s: parameter 'x' must be annotated"),
     ("@intercept\ndef i(ctx: HookContext): return None\n", "myhooks.py:i: an intercept hook needs"),
     # not built yet: refused rather than silently not run
-    ("@intercept\ndef i(request: Request): return None\n", "myhooks.py:i: rewriting hooks (@intercept) are not supported"),
+    ("@intercept\ndef i(response: Response): return None\n", "myhooks.py:i: response hooks (@intercept on a Response) are not supported"),
     ("@stop\ndef s(response: Response) -> bool: return True\n", "myhooks.py:s: response stops are not supported"),
     ("@stop\ndef s(request: Request, response: Response) -> bool: return True\n", "myhooks.py:s: takes both"),
     ("@stop\ndef s(*args) -> bool: return True\n", "myhooks.py:s: parameter 'args'"),
@@ -207,16 +207,24 @@ def test_the_option_is_the_default_and_null_means_none(tmp_path, sim):
                 assert ask().choices[0].message.content == "ok"
 
 
-def test_a_hooks_session_refuses_the_websocket_upgrade(session, msim, mproxy, tmp_path):
-    """Stop hooks run per HTTP request; a WebSocket would skip them, so its upgrade is
-    refused (Codex then falls back to HTTPS, where they run)."""
-    from wsclient import Rejected, WSClient
+def test_stops_run_for_the_frames_of_a_websocket(session, msim, mproxy, tmp_path):
+    """Over Codex's Responses WebSocket a between-turn stop refuses the next frame with an
+    error frame, as it refuses a POST; nothing more reaches the upstream."""
+    from wsclient import WSClient
 
-    path = hooks_file(tmp_path, "@stop\ndef s(ctx) -> bool: return False\n")
+    path = hooks_file(tmp_path, "@stop(name='one_turn')\ndef s(ctx) -> bool: return ctx.num_turns >= 1\n")
     s = session(hooks={"module": path})
-    with pytest.raises(Rejected) as e:
-        with WSClient("wss://api.openai.com/v1/responses", headers={"Authorization": f"Bearer {s['model_secret']}"},
-                      proxy=mproxy.url, cafile=str(mproxy.ca_bundle)):
-            pass
-    assert e.value.status == 426 and b"this session runs hooks" in e.value.body
-    assert not [r for r in msim.requests if r.transport == "websocket"]
+    msim.script(Reply(text="first"), Reply(text="never"))
+    create = {"type": "response.create", "model": "gpt-4o", "stream": True}
+    user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    with WSClient("wss://api.openai.com/v1/responses", headers={"Authorization": f"Bearer {s['model_secret']}"},
+                  proxy=mproxy.url, cafile=str(mproxy.ca_bundle)) as ws:
+        ws.send_json({**create, "input": [user]})
+        first = ws.until("response.completed")[-1]["response"]
+        ws.send_json({**create, "previous_response_id": first["id"], "input": [user]})
+        [error] = ws.until("error")
+    assert error["status"] == 400 and error["error"]["message"] == "rollout stopped: one_turn"
+    assert len([r for r in msim.model_requests() if r.transport == "websocket"]) == 1
+    mproxy.api("DELETE", f"sessions/{s['id']}")
+    trace = read_trace(s["trace_path"])
+    assert (trace.stop_condition, trace.stopped_by, trace.num_turns) == ("one_turn", "hook", 1)

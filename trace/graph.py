@@ -144,6 +144,17 @@ class Graph:
         extra = [self._add_reply(parent, m, t, lp, now, added) for m, t, lp in choices]
         return TurnNodes(sampled=sampled, added=added, prompt_path=path, choices=extra)
 
+    def known_prefix(self, prompt: list[Message]) -> int:
+        """How many leading messages of ``prompt`` the graph holds already (without token
+        ids: the messages themselves). The rest are the request's new messages, the only
+        ones a request hook may rewrite."""
+        parent: int | None = None
+        for k, message in enumerate(prompt):
+            parent = self._match(parent, message, None, 0)
+            if parent is None:
+                return k
+        return len(prompt)
+
     def add_prompt(self, prompt: list[Message], *, now: float | None = None) -> tuple[list[int], list[int]]:
         """A prompt that got no reply (a refused request): the stored prefix is reused and
         its new messages become nodes, so the trace ends where the harness was. Returns

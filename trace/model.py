@@ -81,12 +81,31 @@ class Override(_Model):
 class Rewrite(_Model):
     """What the proxy changed in what passed through, beyond the session's settings: in a
     request (a hook replaced a tool result) or in a response (``collect_tokens`` took out the
-    token ids it had asked for). ``by`` says what did it; ``call`` and ``node`` where."""
+    token ids it had asked for). ``by`` says what did it; ``call`` and ``node`` where.
+
+    A request hook's rewrite (``by: "hook"``) is written once, with the call that first
+    carried it; it names the ``hooks`` that changed the message, the message's ``target``
+    role, ``position`` in that request and ``tool_call_id``, the node the delivered content
+    became, digests and sizes (UTF-8 bytes of the content) before and after, and the
+    ``original`` content (cut to ``intercept_rewrite_keep_bytes``: ``original_truncated``).
+    Every call that carried it, the later restatements included, lists its ``id`` in
+    ``ModelCall.rewrites``."""
 
     direction: Literal["request", "response"] = "request"
     by: str = ""
+    id: str | None = None
     call: str | None = None
     node: int | None = None
+    hooks: list[str] = Field(default_factory=list)
+    target: Literal["tool", "user", "assistant"] | None = None
+    position: int | None = None
+    tool_call_id: str | None = None
+    digest_before: str | None = None  # sha256 of the content as canonical JSON
+    digest_after: str | None = None
+    size_before: int | None = None
+    size_after: int | None = None
+    is_error: bool | None = None  # the delivered tool result's error flag, when a hook changed it
+    original_truncated: bool = False
     what: str | None = None  # what was rewritten (tool_result, web_search, ...)
     message: str | None = None  # which message, as a person finds it ("tool call_1")
     reason: str | None = None
@@ -157,6 +176,8 @@ class ModelCall(_Model):
     # rest from the upstream itself, so the turn is whole on the record (an ``undelivered``
     # record says so when the turn was committed before the harness went away).
     delivered: bool = True
+    # The request rewrites (Rewrite.id) this call's request carried, re-applications included.
+    rewrites: list[str] = Field(default_factory=list)
 
     @property
     def duration(self) -> float | None:

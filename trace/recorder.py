@@ -106,19 +106,21 @@ class Recorder:
         return self._trace.sealed
 
     def commit_turn(self, request: Request, response: Response, call: ModelCall,
-                    listed: Listed | None = None) -> ModelCall:
+                    listed: Listed | None = None, rewrites: list[Rewrite] = ()) -> ModelCall:
         """Add the turn's new nodes and its sampled reply, link ``call`` to the reply
         (``call.node``), fill what the call lacks from the response, append and record.
 
         ``listed``: the request's message list as scanned from its body (trace/prefix.py),
         when ``request.messages`` are its elements one for one. Its known leading messages
         skip the graph walk (their nodes are known), and the list is remembered so the next
-        request that restates it is not parsed again."""
+        request that restates it is not parsed again. ``rewrites`` (request hooks' rewrites
+        first carried by this request) follow the turn, each naming the node its
+        ``position`` became."""
         if self._released is not None:
             # The graph is gone (see ``release``); the exchange still goes on the record.
             call.error = call.error or ResponseError(
                 type="after_seal", message="the session was sealed while this exchange was in flight")
-            self.record_call(call)
+            self.record_call(call, rewrites)
             return call
         trace = self._trace
         mark = (len(trace.nodes), len(trace.calls), len(trace.tool_sets), self._last_tools)
@@ -133,8 +135,16 @@ class Recorder:
             call.error = ResponseError(type="record_error",
                                        message=f"the turn could not be recorded: {type(e).__name__}: {e}")
             log.exception(f"trace: {self.path.name}: turn {call.id} recorded as an error call")
-            self.record_call(call)
+            self.record_call(call, rewrites)
+            return call
+        self._record_rewrites(rewrites, self._trace.path(call.node)[:-1] if call.node is not None else [])
         return call
+
+    def _record_rewrites(self, rewrites: list[Rewrite], path: list[int]) -> None:
+        for rewrite in rewrites:
+            if rewrite.position is not None and rewrite.position < len(path):
+                rewrite.node = path[rewrite.position]
+            self.record_rewrite(rewrite)
 
     def _turn(self, request: Request, response: Response, call: ModelCall,
               listed: Listed | None = None) -> dict[str, Any]:
@@ -184,17 +194,18 @@ class Recorder:
         self._tools_estimates = {k: n for k, n in self._tools_estimates.items() if k is None or k < tool_sets}
         self._last_tools = last_tools
 
-    def commit_prompt(self, request: Request, call: ModelCall) -> ModelCall:
+    def commit_prompt(self, request: Request, call: ModelCall, rewrites: list[Rewrite] = ()) -> ModelCall:
         """A request that was answered without the model (a refusal): its new messages join
         the graph as prompt nodes, the call (no ``node``) goes on the record with them."""
         if self._released is not None:
-            self.record_call(call)
+            self.record_call(call, rewrites)
             return call
-        added, _ = self._graph.add_prompt(request.messages, now=call.ended_at or time.time())
+        added, path = self._graph.add_prompt(request.messages, now=call.ended_at or time.time())
         call.node = None
         self._trace.calls.append(call)
         self._append({"kind": "prompt", "nodes": [node_record(i, self._trace.nodes[i]) for i in added],
                       "call": call_record(call)}, sync=self.fsync == "turn")
+        self._record_rewrites(rewrites, path)
         return call
 
     def record_metric(self, name: str, value: Any) -> None:
@@ -211,6 +222,19 @@ class Recorder:
             self._trace.stop = record
         self._append({"kind": "stop", "stop": record.model_dump(exclude_defaults=True)})
 
+    def child(self, parent: int | None, message: Message) -> int | None:
+        """The stored node under ``parent`` that is ``message``, or None (also once released)."""
+        if self._released is not None:
+            return None
+        return self._graph._match(parent, message, None, 0)
+
+    def known_prefix(self, messages: list[Message]) -> int:
+        """How many leading ``messages`` are stored already (``Graph.known_prefix``); after the
+        seal, all of them (nothing is new to a released graph)."""
+        if self._released is not None:
+            return len(messages)
+        return self._graph.known_prefix(messages)
+
     def conversation(self, response_id: str) -> list[Message] | None:
         """The messages up to and including the reply the provider called ``response_id``,
         or None if this session never committed it. A Responses request that chains on
@@ -221,9 +245,10 @@ class Recorder:
             return None
         return [self._trace.nodes[i].message for i in self._trace.path(node)]
 
-    def record_call(self, call: ModelCall) -> None:
+    def record_call(self, call: ModelCall, rewrites: list[Rewrite] = ()) -> None:
         """An exchange that committed no node: an error, a refusal, a replayed retry. Never
-        raises: a call whose record cannot be packed is kept as its id, status and error."""
+        raises: a call whose record cannot be packed is kept as its id, status and error.
+        ``rewrites`` first carried by its request follow it (no node: none was made)."""
         call.node = None
         self._trace.calls.append(call)
         kind = "replay" if call.replay_of else "call"
@@ -237,6 +262,11 @@ class Recorder:
                          f"(and the call could not be recorded in full: {type(e).__name__})"}
             self._append({"kind": kind, "call": {"id": call.id, "status": call.status, "error": error}},
                          sync=self.fsync == "turn")
+        for rewrite in rewrites:
+            try:
+                self.record_rewrite(rewrite)
+            except Exception:  # noqa: BLE001 - never raises, as the call above
+                log.exception(f"trace: {self.path.name}: rewrite {rewrite.id} of call {call.id} not recorded")
 
     def record_undelivered(self, call_id: str) -> None:
         """The answer of call ``call_id`` (already recorded) did not reach the harness whole."""

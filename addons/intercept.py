@@ -1,0 +1,222 @@
+"""Request hooks: the evaluator's rewrites of what the model is about to read.
+
+A hook marked ``@intercept`` with a ``Request`` parameter sees the canonical request after the
+session's overrides and returns it changed (or None: the request it was given, which it may
+have changed in place). It may change the content and ``is_error`` of the request's **new**
+user and tool messages only, those beyond the prefix the graph already holds; anything else
+(adding, removing or reordering messages, a role, a tool call id, the tools, the model, a
+message already in the conversation) is a hook error, and so is content the wire format
+cannot carry (``Dialect.content_edits``).
+
+Each change is applied once and remembered (``addons/memory.py``): a later request that
+restates the original gets the replacement spliced in by ``remembered`` before any policy
+runs, without calling a hook. Either way only the changed content is written anew; every
+other byte of the harness's body stays as it was (``dialects.body.Edit``), and the canonical
+request takes the delivered content, so the graph holds what the model read and never forks.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+
+from interceptor.addons.hookrun import HookFailure, call, effective_request
+from interceptor.addons.memory import Chain, Remembered, digest, kept
+from interceptor.dialects.base import RewriteError, Slot
+from interceptor.trace.hooks import HookContext, HookSpec
+from interceptor.trace.messages import Message, Request, message_hash
+from interceptor.trace.model import Rewrite
+
+if TYPE_CHECKING:
+    from interceptor.addons.exchange import Exchange
+
+_SAME = ("tools", "model", "sampling", "stream", "extra")
+
+
+def has_request_hooks(ex: Exchange) -> bool:
+    hooks = ex.session.hooks
+    return hooks is not None and bool(hooks.request)
+
+
+def slots_of(ex: Exchange) -> list[Slot | None] | None:
+    """Where each message of ``ex.request`` lives in the body (None for the messages a
+    Responses chain took from the record), or None when the dialect cannot splice."""
+    if ex.body is None or ex.request is None or ex.translation is not None:
+        return None  # a translated body is not the harness's: nothing of it to splice into
+    slots = ex.dialect.content_slots(ex.body, chained=ex.prefix_len > 0)
+    if slots is None:
+        return None
+    slots = [None] * ex.prefix_len + slots
+    return slots if len(slots) == len(ex.request.messages) else None
+
+
+def _walk(ex: Exchange, messages: list[Message]) -> tuple[int, int | None]:
+    """The number of leading messages the graph holds, and the node of the last of them."""
+    recorder = ex.session.recorder
+    parent: int | None = None
+    for k, message in enumerate(messages):
+        node = recorder.child(parent, message)
+        if node is None:
+            return k, parent
+        parent = node
+    return len(messages), parent
+
+
+
+
+def remembered(ex: Exchange) -> None:
+    """Splice every remembered replacement into a request that restates its original
+    (the module docstring). Runs no hook; cheap when the session remembers nothing."""
+    memory = ex.session.memory
+    if not memory or ex.request is None:
+        return
+    slots = slots_of(ex)
+    if slots is None:
+        return
+    messages = list(ex.request.messages)
+    recorder = ex.session.recorder
+    parent: int | None = None
+    tail: list[str] = []
+    stored = True  # every message so far is a node
+    changed = False
+    for i, message in enumerate(messages):
+        h = message_hash(message) if memory.others else None
+        hit = memory.find(message, (parent, tuple(tail)), h) if slots[i] is not None else None
+        if hit is not None and hit not in ex.carried:
+            flag = hit.is_error if hit.is_error != message.is_error else None
+            ex.edits += ex.dialect.content_edits(slots[i], ex.body, hit.content, flag)
+            message = messages[i] = message.model_copy(update={"content": hit.content, "is_error": hit.is_error})
+            ex.carried.append(hit)
+            changed = True
+        if not memory.others:
+            continue
+        node = recorder.child(parent, message) if stored else None
+        if node is not None:
+            parent = node
+        else:
+            stored = False
+            tail.append(message_hash(message))
+    if changed:
+        ex.request = ex.request.model_copy(update={"messages": messages})
+
+
+def _check(spec: HookSpec, before: Request, after: Request, known: int) -> list[int]:
+    """The messages ``spec`` changed; HookFailure for any change a hook may not make."""
+    if len(after.messages) != len(before.messages):
+        raise HookFailure(spec, f"a request hook may not add or remove messages "
+                                f"({len(before.messages)} before, {len(after.messages)} after)")
+    for name in _SAME:
+        if getattr(after, name) != getattr(before, name):
+            raise HookFailure(spec, f"a request hook may not change the request's {name}")
+    changed: list[int] = []
+    for i, (b, a) in enumerate(zip(before.messages, after.messages)):
+        if a == b:
+            continue
+        where = f"message {i} ({b.role})"
+        if not isinstance(a, Message) or a.role != b.role:
+            raise HookFailure(spec, f"{where}: a request hook may not replace a message or change its role")
+        if i < known:
+            raise HookFailure(spec, f"{where} is in the conversation already; only the new user and tool "
+                                    f"messages (from message {known} on) may change")
+        if b.role not in ("user", "tool"):
+            raise HookFailure(spec, f"{where}: only user and tool messages may change")
+        rest_b = b.model_dump(exclude={"content", "is_error"})
+        rest_a = a.model_dump(exclude={"content", "is_error"})
+        if rest_a != rest_b:
+            keys = sorted(k for k in rest_b if rest_a.get(k) != rest_b[k])
+            raise HookFailure(spec, f"{where}: only content and is_error may change, not {', '.join(keys)}")
+        try:
+            Message.model_validate(a.model_dump())
+        except ValidationError as e:
+            raise HookFailure(spec, f"{where}: not a valid message: {e.errors()[0]['msg']}") from None
+        changed.append(i)
+    return changed
+
+
+async def rewrite(ex: Exchange, ctx: HookContext) -> None:
+    """Run the session's request hooks over the request's new messages and splice what
+    they changed; each change is remembered and carried (``ex.carried``). HookFailure for a
+    hook that raises or breaks the contract."""
+    specs = ex.session.hooks.request
+    request = ex.request
+    if request is None:
+        return
+    known, last = _walk(ex, request.messages)
+    current = effective_request(ex)
+    changed_by: dict[int, list[HookSpec]] = {}
+    for spec in specs:
+        given = current.model_copy(deep=True)
+        result = await call(spec, ctx, given)
+        if result is None:
+            result = given
+        elif not isinstance(result, Request):
+            raise HookFailure(spec, f"a request hook returns a Request or None, not {type(result).__name__}")
+        for i in _check(spec, current, result, known):
+            changed_by.setdefault(i, []).append(spec)
+        current = result
+    todo = [i for i in sorted(changed_by) if (current.messages[i].content, current.messages[i].is_error)
+            != (request.messages[i].content, request.messages[i].is_error)]
+    if not todo:
+        return
+    slots = slots_of(ex)
+    messages = list(request.messages)
+    edits = []  # all or nothing: a message that cannot be written fails the whole request's rewrite
+    for i in todo:
+        spec = changed_by[i][-1]
+        slot = slots[i] if slots is not None else None
+        new, old = current.messages[i], request.messages[i]
+        if slot is None:
+            raise HookFailure(spec, f"message {i} ({old.role}) cannot be rewritten in a {ex.dialect.name} body")
+        try:
+            edits += ex.dialect.content_edits(slot, ex.body, new.content,
+                                              new.is_error if new.is_error != old.is_error else None)
+        except RewriteError as e:
+            raise HookFailure(spec, f"message {i} ({old.role}): {e}") from None
+        messages[i] = old.model_copy(update={"content": new.content, "is_error": new.is_error})
+    ex.edits += edits
+    memory = ex.session.memory
+    for i in todo:
+        old = request.messages[i]
+        chain: Chain = (last, tuple(message_hash(m) for m in messages[known:i]))
+        entry = Remembered(_record(ex, i, old, messages[i], [s.name for s in changed_by[i]]),
+                           messages[i].content, messages[i].is_error, message_hash(old))
+        memory.remember(old, chain, entry.original_hash, entry)
+        ex.carried.append(entry)
+    ex.request = request.model_copy(update={"messages": messages})
+
+
+def _record(ex: Exchange, position: int, old: Message, new: Message, hooks: list[str]) -> Rewrite:
+    before, size_before = digest(old.content)
+    after, size_after = digest(new.content)
+    keep = ex.session.memory.keep_bytes
+    original, cut = kept(old.content, keep) if keep > 0 else (None, size_before > 0)
+    tool = old.role == "tool"
+    # Non-text parts of the original the hook left out (a text part's change is the content's).
+    removed = [f"content[{k}]" for k, part in enumerate(old.content if isinstance(old.content, list) else [])
+               if part.type != "text" and part not in (new.content if isinstance(new.content, list) else [])]
+    return Rewrite(
+        direction="request", by="hook", id=uuid.uuid4().hex[:16], call=ex.call_id or None,
+        hooks=hooks, target=old.role, position=position, tool_call_id=old.tool_call_id,
+        what="tool_result" if tool else "user_message",
+        message=f"tool {old.tool_call_id}" if tool and old.tool_call_id else f"message {position}",
+        digest_before=before, digest_after=after, size_before=size_before, size_after=size_after,
+        is_error=new.is_error if new.is_error != old.is_error else None,
+        original=original, original_truncated=cut, removed=removed,
+    )
+
+
+def spliced(ex: Exchange) -> bytes | None:
+    """The body with the edits in, or None if there are none: the keys the overrides (and
+    Collect) changed written from the parsed body, the edited values written anew, every
+    other byte the harness's. The edits reach the parsed body only now, last in the body
+    first, so a run of blocks replaced by more or fewer never shifts an index still to come
+    (each edit's path is into the body as the harness sent it)."""
+    if not ex.edits or ex.parsed is None or ex.body is None:
+        return None
+    for edit in sorted(ex.edits, key=lambda e: (*e.path, *(e.run or ())), reverse=True):
+        edit.apply(ex.body)
+    changed = {o.key.split(".", 1)[0] for o in ex.overrides}
+    return ex.parsed.encode(changed, ex.edits)
+

@@ -1,0 +1,113 @@
+"""The rewrite memory: a request hook's change is made once and remembered.
+
+Harnesses restate their whole history on every request. If a hook replaced a tool result
+and the next request restated the original, running the hooks again could give another
+answer (a different redaction, a grader that changed its mind), and the graph would fork at
+that message while the model read the original. So the first time a hook changes a message,
+the replacement is stored under the *original's* identity, and every later request that
+restates the original gets the replacement spliced in before anything else looks at it:
+
+- a tool result: its tool call id, the digest of its content and its error flag (tool call
+  ids are unique within a conversation);
+- any other message: its parent node and its message hash. While the message's own turn is
+  not committed yet (a retry of the request that carried it) its parent may not be a node;
+  then the key is the deepest stored node above it plus the hashes of the messages between
+  (``Chain``). The commit adds the plain (parent node, hash) key.
+
+The graph then holds the delivered content only, and a restatement matches it. Sessions
+without request hooks never make one (``Session.memory`` stays empty and is never read).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from interceptor.trace.escape import utf8
+from interceptor.trace.messages import Message, Part, canonical_json
+from interceptor.trace.model import Rewrite, Trace
+
+KEEP_BYTES = 64 * 1024  # intercept_rewrite_keep_bytes' default
+
+
+def content_text(content: str | list[Part]) -> str:
+    """What a digest and a size are of: the text itself, or the parts as canonical JSON."""
+    if isinstance(content, str):
+        return content
+    return canonical_json([p.model_dump(exclude_defaults=True) for p in content])
+
+
+def digest(content: str | list[Part]) -> tuple[str, int]:
+    """sha256 of the content (``content_text``) and its size in UTF-8 bytes."""
+    data = utf8(content_text(content))
+    return "sha256:" + hashlib.sha256(data).hexdigest(), len(data)
+
+
+def kept(content: str | list[Part], keep: int) -> tuple[Any, bool]:
+    """The original content as the record keeps it: whole when it fits in ``keep`` bytes,
+    else its text cut there (on a character boundary); and whether it was cut."""
+    text = content_text(content)
+    data = utf8(text)
+    if len(data) <= keep:
+        return (content if isinstance(content, str) else [p.model_dump(exclude_defaults=True) for p in content],
+                False)
+    return data[:keep].decode("utf-8", "ignore"), True
+
+
+Chain = tuple[int | None, tuple[str, ...]]  # the deepest stored node above, the hashes since
+
+
+@dataclass(eq=False)
+class Remembered:
+    """One rewrite: what is delivered instead of the original, and its record (written with
+    the first call that goes on the record carrying it; ``recorded`` once it is)."""
+
+    rewrite: Rewrite
+    content: str | list[Part]
+    is_error: bool  # the delivered flag
+    original_hash: str  # message_hash of the original: the plain key once the parent is a node
+    recorded: bool = False
+
+
+@dataclass
+class Memory:
+    """One session's remembered rewrites (see the module docstring)."""
+
+    keep_bytes: int = KEEP_BYTES
+    tools: dict[tuple[str, str, bool], Remembered] = field(default_factory=dict)
+    others: dict[tuple[Chain, str], Remembered] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.tools or self.others)
+
+    @staticmethod
+    def tool_key(message: Message) -> tuple[str, str, bool] | None:
+        if message.role != "tool" or not message.tool_call_id:
+            return None
+        return (message.tool_call_id, digest(message.content)[0], message.is_error)
+
+    def find(self, message: Message, chain: Chain, message_hash: str | None) -> Remembered | None:
+        key = self.tool_key(message)
+        if key is not None:
+            return self.tools.get(key)
+        if message_hash is None or not self.others:
+            return None
+        return self.others.get((chain, message_hash))
+
+    def remember(self, original: Message, chain: Chain, original_hash: str, entry: Remembered) -> None:
+        key = self.tool_key(original)
+        if key is not None:
+            self.tools[key] = entry
+        else:
+            self.others[(chain, original_hash)] = entry
+
+    def settle(self, entries: list[Remembered], trace: Trace) -> None:
+        """After a commit: a message keyed by a chain is now a node, so its plain key is
+        (its parent node, its hash) from here on (the chain key stays for a late retry)."""
+        for entry in entries:
+            node = entry.rewrite.node
+            if node is None or entry.rewrite.target == "tool" and entry.rewrite.tool_call_id:
+                continue
+            if node < len(trace.nodes):
+                self.others.setdefault(((trace.nodes[node].parent, ()), entry.original_hash), entry)
