@@ -29,7 +29,6 @@ import asyncio
 import copy
 import json
 import logging
-import ssl
 import threading
 import urllib.error
 import urllib.request
@@ -40,6 +39,7 @@ from mitmproxy import ctx, http
 
 from interceptor.addons.exchange import Exchange, exchange_of
 from interceptor.addons.record import commit
+from interceptor.addons.relay import upstream_tls
 from interceptor.dialects.common import NETWORK_POLICY, PROVIDER_REJECTED, related, undo
 
 log = logging.getLogger(__name__)
@@ -75,17 +75,14 @@ def proxy_param(ex: Exchange, names: list[str]) -> str | None:
     return None
 
 
-def _opener(insecure: bool, cafile: str | None) -> urllib.request.OpenerDirector:
-    """No proxy from the environment (the proxy is the one sending); TLS verified as
-    mitmproxy verifies upstreams (``ssl_insecure``, ``ssl_verify_upstream_trusted_ca``)."""
-    context = ssl.create_default_context(cafile=cafile or None)
-    if insecure:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
+def _opener(options: Any) -> urllib.request.OpenerDirector:
+    """No proxy from the environment (the proxy is the one sending); TLS as the relay's."""
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                       urllib.request.HTTPSHandler(context=upstream_tls(options)))
 
 
-def _send(opener: urllib.request.OpenerDirector, request: http.Request) -> tuple[int, list[tuple[str, str]], bytes]:
+def _send(options: Any, request: http.Request) -> tuple[int, list[tuple[str, str]], bytes]:
+    opener = _opener(options)  # in the worker thread: loading the CA bundle stays off the loop
     out = urllib.request.Request(request.url, data=request.raw_content, method=request.method)
     for name, value in request.headers.items(multi=True):
         if name.lower() not in HOP_BY_HOP:
@@ -132,7 +129,7 @@ class Feedback:
         again.content = json.dumps(body, ensure_ascii=False).encode()
         ex.dialect.put_key(again.headers, again.query, ex.session.upstream_key())
         try:
-            status, headers, data = await asyncio.to_thread(_send, self._opener(), again)
+            status, headers, data = await asyncio.to_thread(_send, getattr(ctx, "options", None), again)
         except Exception as e:  # noqa: BLE001 - the second attempt never arrived: the first answer stands
             log.warning(f"interceptor: session {ex.session.id!r}: the second attempt failed: {type(e).__name__}")
             return
@@ -152,8 +149,3 @@ class Feedback:
         rejected.overrides = list(ex.overrides)
         commit(rejected, flow, None, ex.dialect.response_error(400, error))
 
-    @staticmethod
-    def _opener() -> urllib.request.OpenerDirector:
-        options = getattr(ctx, "options", None)
-        return _opener(bool(getattr(options, "ssl_insecure", False)),
-                       getattr(options, "ssl_verify_upstream_trusted_ca", None))

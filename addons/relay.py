@@ -368,6 +368,22 @@ class Drain:
             self._timer.cancel()
 
 
+def upstream_tls(options: Any) -> ssl.SSLContext:
+    """TLS to a provider verified as mitmproxy verifies its upstreams (``ssl_insecure``,
+    ``ssl_verify_upstream_trusted_ca``, ``ssl_verify_upstream_trusted_confdir``, else certifi,
+    mitmproxy's own default), for every connection the proxy opens itself: the relay's and
+    provider feedback's second attempt. Loads a CA bundle: build it off the event loop or once."""
+    tls = ssl.create_default_context(cafile=getattr(options, "ssl_verify_upstream_trusted_ca", None)
+                                     or certifi.where())
+    if getattr(options, "ssl_verify_upstream_trusted_confdir", None):
+        tls.load_verify_locations(capath=options.ssl_verify_upstream_trusted_confdir)
+    if getattr(options, "ssl_insecure", False):
+        tls.check_hostname = False
+        tls.verify_mode = ssl.CERT_NONE
+    tls.set_alpn_protocols(["http/1.1"])
+    return tls
+
+
 class Relay:
     """The addon: options, the relay server, the tickets, the upstream connection pool."""
 
@@ -466,15 +482,7 @@ class Relay:
 
     def _tls_context(self) -> ssl.SSLContext:
         if self._tls is None:
-            o = ctx.options
-            tls = ssl.create_default_context(cafile=o.ssl_verify_upstream_trusted_ca or certifi.where())
-            if o.ssl_verify_upstream_trusted_confdir:
-                tls.load_verify_locations(capath=o.ssl_verify_upstream_trusted_confdir)
-            if o.ssl_insecure:
-                tls.check_hostname = False
-                tls.verify_mode = ssl.CERT_NONE
-            tls.set_alpn_protocols(["http/1.1"])
-            self._tls = tls
+            self._tls = upstream_tls(ctx.options)
         return self._tls
 
     async def checkout(self, target: Target) -> Upstream:
