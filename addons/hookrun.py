@@ -36,7 +36,8 @@ def context(ex: Exchange, endpoint: str) -> HookContext:
         info=dict(session.config.info), config=dict(hooks.config) if hooks else {},
         dialect=ex.dialect.name, call_id=ex.call_id, endpoint=endpoint,
         num_turns=trace.num_turns, num_input_tokens=trace.num_input_tokens,
-        num_output_tokens=trace.num_output_tokens, messages=list(trace.messages))
+        num_output_tokens=trace.num_output_tokens, messages=list(trace.messages),
+        state=session.task_state.snapshot())
 
 
 def effective_request(ex: Exchange) -> Request | None:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from interceptor.addons.exchange import Exchange
     from interceptor.trace.model import Trace
 
-StopBy = Literal["limit", "hook", "upstream", "control", "shutdown"]
+StopBy = Literal["limit", "hook", "upstream", "tool", "control", "shutdown"]  # tool: a tool server's POST /stop
 
 
 class Limits(BaseModel):

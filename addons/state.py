@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_BYTES = 1 << 20  # intercept_state_max_bytes
 MERGE_PATCH = "application/merge-patch+json"
-TOOL_SERVER_ROUTES = ("task", "state")
+TOOL_SERVER_ROUTES = ("task", "state", "stop")
 
 
 def error(status: int, message: str, **more: Any) -> http.Response:
@@ -232,8 +232,9 @@ class StateRoutes:
         if not isinstance(body, dict) or set(body) - {"reason"} or not isinstance(body.get("reason", ""), str):
             return error(400, 'the body is {"reason": "<why the rollout ends>"} (reason optional)')
         reason = (body.get("reason") or "").strip()[:200] or "tool_server"
-        stop = session.stop_from_tool(reason)
-        return json_response(200, {"ok": True, "stopped": True, "condition": stop})
+        # The first stop is final: a rollout a limit or a hook stopped already keeps its condition.
+        stop = session.stop_with(reason, "tool")
+        return json_response(200, {"ok": True, "condition": stop.condition, "by": stop.by})
 
     def state(self, session: Session, req: http.Request, *, by: str) -> http.Response:
         """GET, PUT or PATCH of a session's state (by a tool server or the admin)."""

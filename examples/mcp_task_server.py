@@ -5,9 +5,10 @@
 ``ENV_FILE`` is what ``run_harness.py --tool-server-env ENV_FILE`` writes: the task and state
 URLs and the session's state secret. The server reads it itself, so the secret is in no
 harness's environment or launch config (Claude Code's ``--mcp-config`` names only this
-command and the file). Its one tool, ``submit``, records the model's answer in the state:
-the evaluator scores the state, and the model, holding only the model secret, cannot write
-it any other way.
+command and the file). Its tool ``submit`` records the model's answer in the state: the
+evaluator scores the state, and the model, holding only the model secret, cannot write it
+any other way. ``give_up`` ends the rollout (``POST /_interceptor/stop``): the harness's next
+model request is refused, and the trace's footer says why.
 
 Needs the ``mcp`` package (2.x); the HTTP calls are the standard library's, straight to the
 proxy's port (no proxy in between: the routes are the proxy's own).
@@ -58,6 +59,14 @@ def submit(answer: str) -> str:
                                                           "task": task["task"].get("name")},
                       **{"Content-Type": "application/merge-patch+json", "If-Match": headers.get("ETag")})
     return f"submitted {answer!r} for task {task['task'].get('name')!r} (state version {written['version']})"
+
+
+@server.tool()
+def give_up(reason: str) -> str:
+    """Give up on the task for good, saying why in a few words. The rollout ends."""
+    answer, _ = call("POST", ENV["INTERCEPT_STOP_URL"], {"reason": f"gave_up: {reason}"[:200]},
+                     **{"Content-Type": "application/json"})
+    return f"the rollout is over ({answer['condition']})"
 
 
 if __name__ == "__main__":

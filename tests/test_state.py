@@ -13,11 +13,13 @@ import json
 import urllib.error
 import urllib.request
 
+import openai
 import pytest
 
 from interceptor.addons.state import merge_patch
 from interceptor.trace import read_trace
 from interceptor.trace.messages import canonical_json
+from clients import session_clients
 
 
 def call(proxy, method: str, path: str, body=None, *, token: str | None = None, headers: dict | None = None,
@@ -152,6 +154,73 @@ def test_bad_writes_are_refused_and_change_nothing(start_proxy, sim):
     assert call(proxy, "GET", "state", token=secret)[0] == 409
     assert call(proxy, "PUT", f"sessions/{session['id']}/state", {"score": 5}, token=proxy.admin_token)[0] == 409
     assert read_trace(session["trace_path"]).state_version == 1
+
+
+def ask(oai) -> None:
+    oai.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "go on"}])
+
+
+def refused(oai) -> openai.BadRequestError:
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(oai)
+    return e.value
+
+
+def test_a_tool_server_stops_the_rollout(new_session, proxy, sim, harness_env):
+    session = new_session()
+    harness_env(session["env"])
+    oai, _ = session_clients(session)
+    ask(oai)
+    secret = session["state_secret"]
+    for token, body, status in ((session["model_secret"], {"reason": "x"}, 401), (None, {}, 401),
+                                (secret, {"why": "x"}, 400), (secret, ["x"], 400), (secret, {"reason": 3}, 400)):
+        assert call(proxy, "POST", "stop", body, token=token)[0] == status, (token, body)
+    assert call(proxy, "GET", "stop", token=secret)[0] == 405
+    ask(oai)  # nothing refused stopped it
+
+    status, _, answer = call(proxy, "POST", "stop", {"reason": "gave_up"}, token=secret)
+    assert (status, answer) == (200, {"ok": True, "condition": "gave_up", "by": "tool"})
+    err = refused(oai)
+    assert "rollout stopped: gave_up" in err.message and err.body["type"] == "interceptor_stopped"
+    assert err.response.headers["x-interceptor-stop"] == "gave_up"
+    assert err.response.headers["x-should-retry"] == "false"
+    assert len(sim.model_requests()) == 2  # the refused request never left
+    # The first stop is final.
+    assert call(proxy, "POST", "stop", {"reason": "later"}, token=secret)[2]["condition"] == "gave_up"
+    assert "gave_up" in refused(oai).message
+    assert proxy.api("GET", f"sessions/{session['id']}")[1]["stopped_by"] == "tool"
+
+    proxy.api("DELETE", f"sessions/{session['id']}")
+    assert call(proxy, "POST", "stop", {"reason": "x"}, token=secret)[0] == 409
+    trace = read_trace(session["trace_path"])
+    assert (trace.stop_condition, trace.stopped_by, trace.truncated) == ("gave_up", "tool", False)
+    assert (trace.stop.condition, trace.stop.by) == ("gave_up", "tool")
+    assert [c.status for c in trace.calls] == [200, 200, 400, 400]
+
+
+STATE_HOOKS = """
+from interceptor.hooks import HookContext, stop
+
+@stop(name="solved")
+def solved(ctx: HookContext) -> bool:
+    seen = ctx.state.get("solved") is True
+    ctx.state["solved"] = "changed by a hook"  # a copy: the task state does not change
+    return seen
+"""
+
+
+def test_a_between_turn_stop_sees_the_task_state(new_session, proxy, sim, harness_env, tmp_path):
+    hooks = tmp_path / "state_hooks.py"
+    hooks.write_text(STATE_HOOKS)
+    session = new_session(hooks={"module": str(hooks)}, state={"solved": False})
+    harness_env(session["env"])
+    oai, _ = session_clients(session)
+    ask(oai)
+    assert call(proxy, "GET", "state", token=session["state_secret"])[2] == {"solved": False}
+    call(proxy, "PATCH", "state", {"solved": True}, token=session["state_secret"], headers=PATCH)
+    assert "rollout stopped: solved" in refused(oai).message
+    assert len(sim.model_requests()) == 1
+    assert call(proxy, "GET", "state", token=session["state_secret"])[2] == {"solved": True}
 
 
 # RFC 7396 Appendix A, every example.

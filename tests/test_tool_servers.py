@@ -61,3 +61,34 @@ def test_claude_code_calls_an_mcp_tool_server_that_writes_the_task_state(hproxy,
     assert created["state_version"] == 1
     raw = (hproxy.trace_dir / f"{sid}.msgpack").read_bytes()
     assert b"sk-ic-s-" not in raw and b"sk-ic-s-" not in hproxy.log().encode()
+
+
+def test_an_mcp_tool_server_ends_the_rollout_with_post_stop(hproxy, sim, tmp_path):
+    env_file = tmp_path / "secret" / "tool-server.env"
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"task": {
+        "type": "stdio", "command": sys.executable, "args": [str(SERVER), str(env_file)]}}}))
+    give_up = "mcp__task__give_up"
+    claude = [node_harness("claude"), "-p", PROMPT, "--mcp-config", str(config), "--strict-mcp-config",
+              "--allowedTools", give_up]
+    sim.script(
+        Reply(reasoning="This cannot be done.", tool_calls=[ToolCall(name=give_up, arguments={"reason": "no tools"})]),
+        Reply(reasoning="Never asked for.", text=["The answer is ", FINAL]),
+    )
+    sid = f"claude-stop-{uuid.uuid4().hex[:8]}"
+    result = run_harness(hproxy, sim, claude, sid=sid, cwd=tmp_path / "work", session={},
+                         extra=["--tool-server-env", str(env_file)])
+    output = result.stdout + result.stderr
+    # The request after the tool call was refused: it never reached the simulator, and
+    # Claude Code (which does not retry x-should-retry: false) shows the refusal.
+    assert len(sim.model_requests()) == 1, output[-3000:]
+    assert FINAL not in result.stdout
+    assert "rollout stopped: gave_up: no tools" in output, output[-3000:]
+
+    trace = trace_of(hproxy, sid)
+    assert trace.sealed and (trace.stop_condition, trace.stopped_by) == ("gave_up: no tools", "tool")
+    assert [c.status for c in trace.calls] == [200, 400]
+    assert trace.calls[-1].error.type == "interceptor_stopped"
+    # The refused request's tool result is on the record: the tool server's answer.
+    tool = [m for m in trace.branches[0].messages if m.role == "tool"]
+    assert tool and "the rollout is over (gave_up: no tools)" in tool[-1].text()

@@ -45,7 +45,11 @@ class HookError(ValueError):
 @dataclass
 class HookContext:
     """What a hook knows about the rollout it runs in. ``messages`` is the current branch as
-    the graph holds it (the conversation so far, before this request's new messages)."""
+    the graph holds it (the conversation so far, before this request's new messages).
+    ``state`` is a copy of the task state as the tool servers last wrote it (changing it
+    changes nothing: only the state routes write it), so a stop can end the rollout on it.
+    ``tool_phase`` is ``before`` or ``after`` when the tool route asks (a harness's tool
+    call, ``POST /_interceptor/tool``), else None."""
 
     session_id: str
     task: dict[str, Any] = field(default_factory=dict)
@@ -59,6 +63,8 @@ class HookContext:
     num_input_tokens: int = 0
     num_output_tokens: int = 0
     messages: list[Message] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)
+    tool_phase: Literal["before", "after"] | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -229,8 +229,9 @@ class Reward(_Model):
 
 class StopRecord(_Model):
     """Why the rollout ended: ``condition`` (``max_turns``, ``context_length``, a stop
-    hook's name, the evaluator's own), ``by`` whom (``limit``, ``hook``, ``upstream``,
-    ``control``, ``shutdown``), the call that met it, and when. The first stop is final."""
+    hook's name, the evaluator's own, a tool server's reason), ``by`` whom (``limit``,
+    ``hook``, ``upstream``, ``tool``, ``control``, ``shutdown``), the call that met it, and
+    when. The first stop is final."""
 
     condition: str
     by: str
@@ -321,7 +322,7 @@ class Trace(_Model):
     metrics: dict[str, Any] = Field(default_factory=dict)
     stop: StopRecord | None = None  # the first stop record
     truncated: bool = False  # the rollout was cut short (a limit, a context too long)
-    stopped_by: str | None = None  # limit, hook, upstream, control, shutdown
+    stopped_by: str | None = None  # limit, hook, upstream, tool, control, shutdown
     timing: Timing | None = None  # set by the footer
     # The task state's accepted writes in order, and where it ended (the footer's version and
     # digest; before the seal, the last write's).
