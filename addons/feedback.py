@@ -119,20 +119,24 @@ class Feedback:
         undone = undo(body, param, ex.overrides)
         if not undone:
             return
-        self.refused.add(ex.dialect.name, model, param)
-        self._record_rejected(ex, flow, error)
-        ex.overrides = [*ex.overrides, *undone]
-        ex.body = body
-        log.info(f"interceptor: session {ex.session.id!r}: {model} refused {param} ({PROVIDER_REJECTED}); "
-                 "sent once more without the proxy's change, and remembered for this model")
+        self.refused.add(ex.dialect.name, model, param)  # the provider said so, whatever happens next
         again = flow.request.copy()
         again.content = json.dumps(body, ensure_ascii=False).encode()
         ex.dialect.put_key(again.headers, again.query, ex.session.upstream_key())
         try:
             status, headers, data = await asyncio.to_thread(_send, getattr(ctx, "options", None), again)
         except Exception as e:  # noqa: BLE001 - the second attempt never arrived: the first answer stands
-            log.warning(f"interceptor: session {ex.session.id!r}: the second attempt failed: {type(e).__name__}")
+            # ... as the one call on the record, with what it was sent with (the exchange is untouched).
+            reason = getattr(e, "reason", None)  # urllib's URLError wraps the TLS or socket error
+            log.warning(f"interceptor: session {ex.session.id!r}: {model} refused {param}; the second attempt "
+                        f"without the proxy's change failed ({type(reason or e).__name__}: {reason or e}), so the "
+                        "refusal reaches the harness")
             return
+        log.info(f"interceptor: session {ex.session.id!r}: {model} refused {param} ({PROVIDER_REJECTED}); "
+                 "sent once more without the proxy's change, and remembered for this model")
+        self._record_rejected(ex, flow, error)
+        ex.overrides = [*ex.overrides, *undone]
+        ex.body = body
         response = http.Response.make(status, b"", [])
         response.headers = http.Headers([(k.encode(), v.encode()) for k, v in headers if k.lower() not in HOP_BY_HOP])
         response.raw_content = data

@@ -210,6 +210,9 @@ class Drain:
         # anyway is the retryable 502 below, which the harness's SDK retries itself.
         try:
             self.up = up = await self.relay.checkout(self.target)
+        except ssl.SSLCertVerificationError as e:
+            # Not retryable: the same certificate fails the same way; the operator must act.
+            return await self._refuse(down, writer, tls_refusal(self.target.where(), e), retry=False)
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
             reason = type(e).__name__ if isinstance(e, asyncio.TimeoutError) else (getattr(e, "strerror", None) or str(e))
             return await self._refuse(down, writer, f"the session's upstream {self.target.where()} is unreachable ({reason})")
@@ -283,13 +286,14 @@ class Drain:
         else:
             self.down_alive = False
 
-    async def _refuse(self, down: h11.Connection, writer: asyncio.StreamWriter, message: str) -> bool:
+    async def _refuse(self, down: h11.Connection, writer: asyncio.StreamWriter, message: str,
+                      retry: bool = True) -> bool:
         self.broken = True  # nothing to drain: the error reaches the harness and the record as any 502
         if self.taken:
             self._give_up(message)
             return False
         # In the upstream's dialect: a translated session's answer is re-shaped by the pipeline.
-        response = error_response(self.ex.wire, 502, message, retry=True)
+        response = error_response(self.ex.wire, 502, message, retry=retry)
         writer.write(down.send(h11.Response(status_code=502, headers=list(response.headers.fields)))
                      + down.send(h11.Data(data=response.raw_content or b"")) + down.send(h11.EndOfMessage()))
         try:
@@ -382,6 +386,19 @@ def upstream_tls(options: Any) -> ssl.SSLContext:
         tls.verify_mode = ssl.CERT_NONE
     tls.set_alpn_protocols(["http/1.1"])
     return tls
+
+
+NAME_MISMATCH = {62, 64}  # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
+
+
+def tls_refusal(where: str, error: ssl.SSLCertVerificationError) -> str:
+    """What the harness and the record are told when an upstream's certificate is refused."""
+    reason = (error.verify_message or str(error)).rstrip(".")
+    if error.verify_code in NAME_MISMATCH:
+        fix = "declare the upstream by a name its certificate holds, or set ssl_insecure"
+    else:
+        fix = "trust the CA that signed its certificate with ssl_verify_upstream_trusted_ca, or set ssl_insecure"
+    return f"the session's upstream {where} failed TLS verification ({reason}): {fix}"
 
 
 class Relay:

@@ -23,6 +23,7 @@ import os
 import pathlib
 import secrets
 import socket
+import ssl
 import threading
 import time
 import traceback
@@ -35,6 +36,7 @@ from urllib.parse import parse_qs, urlsplit
 from . import anthropic_messages, errors, gemini, openai_chat, openai_responses, responses_ws, strict, tokens, wire
 from .records import Headers, RequestRecord
 from .reply import Reply
+from .tls import ServerCert
 from .turn import Turn, random_id
 
 Matcher = Callable[[RequestRecord], bool]
@@ -125,6 +127,7 @@ class ProviderSimulator:
         models: Sequence[str] = DEFAULT_MODELS,
         quiet: bool = True,
         strict: bool = False,
+        tls: ServerCert | None = None,
     ) -> None:
         # Strict mode (tests/provider/strict.py): refuse what the real APIs refuse. `refuse`
         # adds per-model refused parameters ({"model": {"temperature"}}).
@@ -143,6 +146,15 @@ class ProviderSimulator:
         self.default_model = default_model
         self.models = list(models)
         self.quiet = quiet
+        # HTTPS (tests/provider/tls.py): the certificate each new connection's handshake
+        # presents; may be swapped while running (a connection made after it sees the new one).
+        self.tls = tls
+        self._contexts: dict[tuple[Any, Any], ssl.SSLContext] = {}
+        # What the simulator's socket saw: TCP connections accepted, TLS handshakes completed
+        # and failed (a client that refused the certificate).
+        self.accepted = 0
+        self.handshakes = 0
+        self.handshake_failures = 0
         self._lock = threading.Condition()
         self._requests: list[RequestRecord] = []
         self._unkeyed: deque[Reply] = deque()
@@ -187,7 +199,7 @@ class ProviderSimulator:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def url(self, path: str = "") -> str:
         return self.base_url + ("/" + path.lstrip("/") if path else "")
@@ -287,6 +299,26 @@ class ProviderSimulator:
                     raise TimeoutError(f"{len(found)} of {count} requests arrived within {timeout}s")
                 self._lock.wait(left)
 
+    def connections(self) -> dict[str, int]:
+        """The socket-level counts: accepted, handshakes, handshake_failures."""
+        with self._lock:
+            return {"accepted": self.accepted, "handshakes": self.handshakes,
+                    "handshake_failures": self.handshake_failures}
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            setattr(self, what, getattr(self, what) + 1)
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        cert = self.tls
+        if cert is None:
+            return None
+        with self._lock:
+            made = self._contexts.get((cert.cert, cert.key))
+            if made is None:
+                made = self._contexts[(cert.cert, cert.key)] = cert.context()
+            return made
+
     def _log(self, record: RequestRecord) -> None:
         with self._lock:
             self._requests.append(record)
@@ -325,6 +357,32 @@ class _Server(ThreadingHTTPServer):
         if isinstance(exc, (ConnectionError, TimeoutError, socket.timeout)) or self.sim.quiet:
             return
         super().handle_error(request, client_address)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.sim._count("accepted")
+        super().process_request(request, client_address)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """In the connection's own thread: the TLS handshake (if any), then HTTP."""
+        tls = self.sim._tls_context()
+        if tls is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(10)
+        try:
+            if not request.recv(1, socket.MSG_PEEK):
+                return  # closed before a ClientHello: a reachability probe (addons/reach.py), no TLS
+            request = tls.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError):
+            self.sim._count("handshake_failures")  # e.g. the client refused the certificate
+            request.close()
+            return
+        self.sim._count("handshakes")
+        request.settimeout(None)
+        try:
+            super().finish_request(request, client_address)
+        finally:
+            request.close()
 
 
 class _Cut(Exception):
