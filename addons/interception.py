@@ -72,6 +72,7 @@ collect = Collect()
 retry = Retry()
 refused = Refused()  # what providers refused per model: Feedback learns it, Rewrite and WsRelay apply it
 tee = Tee(strip=collect, capture=retry)  # the answer's pipeline: its stages' order is its own
+reach = Reach()
 
 addons = guarded([
     settings,
@@ -82,14 +83,14 @@ addons = guarded([
     Claim(registry, settings),
     BodyCap(settings),  # right after Claim: a body over intercept_max_body is never read whole
     Rewrite(refused),
-    Reach(),
+    reach,
     collect,  # after Rewrite: adds its keys to the rewritten body
     retry,  # after Rewrite, which keeps the raw body the digest is of
     WsRelay(refused),  # before Tee: a WebSocket's frames are its exchanges, not the upgrade
     Feedback(refused),  # before Tee: a 400 for a parameter the proxy set is undone and sent once more
     Replay(),  # after Retry and WsRelay: answers from a replay source's trace
     Stops(),  # after retry's decision: a replayed or coalesced retry is never refused
-    Relay(tee.pipeline),  # the last request step: after it the flow leaves (or the Gate refuses it)
+    Relay(tee.pipeline, reach.reached),  # the last request step: after it the flow leaves (or the Gate refuses it)
     tee,
 ]) + [
     Gate(settings),  # after every step, and never guarded: it is what answers their faults

@@ -4,7 +4,8 @@ When mitmproxy cannot connect it answers with its own HTML page, which no SDK ca
 provider error, and no hook can change that page. So before forwarding to an address that
 has not accepted a connection recently, this addon tries one itself; a failure becomes a
 retryable 502 in the dialect's shape and an exchange with an error on the record. An address
-that answered within ``FRESH`` seconds is not probed again: the steady state costs nothing.
+that answered within ``FRESH`` seconds (to mitmproxy or to the Relay's pooled connections) is not
+probed again, and requests arriving during a probe share it: the steady state costs nothing.
 If the upstream dies between the probe and the request, the Relay (``addons/relay.py``)
 answers the same 502 in the dialect's shape (with ``intercept_drain_timeout=0``, mitmproxy's
 own HTML 502 reaches the harness and the Tee's ``error`` hook records the exchange).
@@ -30,10 +31,18 @@ PROBE_TIMEOUT = 5.0
 class Reach:
     def __init__(self) -> None:
         self._ok: dict[tuple[str, int], float] = {}
+        # One probe per address at a time: the requests that arrive while it runs wait for it
+        # (without this, every request in flight when FRESH ran out opened a connection of its own).
+        self._probes: dict[tuple[str, int], asyncio.Future[None]] = {}
+
+    def reached(self, host: str, port: int) -> None:
+        """The address answered: mitmproxy's connection, or the Relay's own (addons/relay.py),
+        which mitmproxy never sees, so it says so here."""
+        self._ok[(host, port)] = time.monotonic()
 
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
         if data.server.address:
-            self._ok[(data.server.address[0], data.server.address[1])] = time.monotonic()
+            self.reached(data.server.address[0], data.server.address[1])
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:
@@ -48,9 +57,12 @@ class Reach:
         addr = (flow.request.host, flow.request.port)
         if time.monotonic() - self._ok.get(addr, float("-inf")) < FRESH:
             return
+        probe = self._probes.get(addr)
+        if probe is None:
+            probe = self._probes[addr] = asyncio.ensure_future(self._probe(addr))
+            probe.add_done_callback(lambda _: self._probes.pop(addr, None))
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(*addr), PROBE_TIMEOUT)
-            writer.close()
+            await asyncio.shield(probe)
         except (OSError, asyncio.TimeoutError) as e:
             where = f"{flow.request.scheme}://{flow.request.host}:{flow.request.port}"
             reason = type(e).__name__ if isinstance(e, asyncio.TimeoutError) else (e.strerror or str(e))
@@ -59,4 +71,8 @@ class Reach:
             if ex.route.kind == "model":  # side routes (token counts, model lists) are never recorded
                 commit(ex, flow, None, ResponseError(type="upstream_unreachable", message=message, status=502))
             return
-        self._ok[addr] = time.monotonic()
+
+    async def _probe(self, addr: tuple[str, int]) -> None:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(*addr), PROBE_TIMEOUT)
+        writer.close()
+        self.reached(*addr)

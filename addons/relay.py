@@ -17,7 +17,8 @@ So for a model POST the proxy owns the upstream connection, and mitmproxy stays 
   HTTP/1.1 server on 127.0.0.1 in the proxy's own event loop, with a one-use ticket header
   (random, removed before anything leaves). The relay sends the request to the real upstream
   (TLS verified as mitmproxy would: ``ssl_insecure``, ``ssl_verify_upstream_trusted_ca``,
-  ``ssl_verify_upstream_trusted_confdir``, else certifi; idle connections pooled) and passes
+  ``ssl_verify_upstream_trusted_confdir``, else certifi; idle connections pooled per upstream
+  address and shared by every session, so a turn rarely pays for a handshake) and passes
   the answer back byte for byte as it arrives. mitmproxy runs the answer's pipeline
   (``addons/pipeline.py``) on it exactly as before; observers see the real upstream (the
   flow's address is restored at the answer's headers).
@@ -69,7 +70,10 @@ log = logging.getLogger(__name__)
 TICKET = "x-interceptor-relay"
 CONNECT_TIMEOUT = 30.0
 IDLE = 60.0  # seconds an idle upstream connection is kept for reuse
-POOL = 16  # idle upstream connections kept per address
+# Idle upstream connections kept per address, shared by every session: enough for the sessions
+# that run at once (each turn's connection comes back when its answer ends), so a turn reuses
+# one instead of paying TCP's and TLS's round trips again (docs/benchmarks.md, bench/connections.py).
+POOL = 256
 READ = 1 << 16
 TRIM = 1 << 16  # consumed bytes kept before the buffer is cut
 MAX_HEAD = 1 << 20  # request/response head size accepted (h11's default is 16 KiB)
@@ -206,8 +210,10 @@ class Drain:
             headers.insert(0, (b"host", self.target.host.encode()))
         out = h11.Request(method=request.method, target=request.target, headers=headers)
         # Never sent twice: a model POST sent again may be sampled again. A pooled connection
-        # the upstream closed meanwhile (checked before use, ``Upstream.usable``) that fails
-        # anyway is the retryable 502 below, which the harness's SDK retries itself.
+        # the upstream closed meanwhile is never used (``Relay.checkout`` sees its close before
+        # anything is written, and takes another); one that fails anyway (the close was in
+        # flight as the request left: the upstream may have read it) is the retryable 502
+        # below, which the harness's SDK retries itself.
         try:
             self.up = up = await self.relay.checkout(self.target)
         except ssl.SSLCertVerificationError as e:
@@ -232,6 +238,8 @@ class Drain:
             return await self._refuse(down, writer, f"the session's upstream {self.target.where()} closed the "
                                                     f"connection without answering ({type(e).__name__})")
         self.head = (event.status_code, event.reason, list(event.headers))
+        if self.relay.reached is not None:
+            self.relay.reached(self.target.host, self.target.port)
         if self.taken:
             self._guarded(self._headers)
         else:
@@ -404,8 +412,9 @@ def tls_refusal(where: str, error: ssl.SSLCertVerificationError) -> str:
 class Relay:
     """The addon: options, the relay server, the tickets, the upstream connection pool."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: Pipeline, reached: Callable[[str, int], None] | None = None) -> None:
         self.pipeline = pipeline
+        self.reached = reached  # Reach's: the upstream answered on a connection of ours
         self.timeout = 300.0
         self.server: asyncio.Server | None = None
         self.port = 0
@@ -503,7 +512,12 @@ class Relay:
         return self._tls
 
     async def checkout(self, target: Target) -> Upstream:
+        """An idle pooled connection to the target (the most recently used first), or a new one."""
         idle = self._idle.get(target.key, [])
+        if idle:
+            # One turn of the loop first: a close the upstream sent (its idle timeout) that has
+            # arrived but not been read yet marks its connection at EOF, so it is not used.
+            await asyncio.sleep(0)
         while idle:
             up = idle.pop()
             if up.usable():

@@ -183,3 +183,31 @@ def test_an_upstream_that_hangs_up_gives_a_502_in_the_dialects_shape(dialect, si
     assert session["model_secret"] not in response.text
     trace = sealed_trace(proxy, session)
     assert trace.num_turns == 0 and [c.status for c in trace.calls] == [502]
+
+
+def test_a_pooled_connection_the_upstream_closed_is_not_used_and_a_hang_up_on_one_is_not_resent(
+        sim, proxy, new_session, harness_env):
+    """The upstream closes kept-alive connections idle for 0.3 s (as uvicorn does after 5 s):
+    the next turn goes out on a new connection, not as a 502 from the dead one. An upstream
+    that reads a request on a pooled connection and hangs up is the 502, and the request is
+    not sent again (it may have been sampled)."""
+    session = new_session()
+    harness_env(session["env"])
+    oai, _ = session_clients(session)
+    ask = lambda text: oai.chat.completions.create(model="gpt-4.1", messages=[{"role": "user", "content": text}])  # noqa: E731
+    opened = lambda: sim.connections()["accepted"] - sim.connections()["probes"]  # noqa: E731
+    sim.script(Reply(text="one"), Reply(text="two"), Reply(text="three"), Reply(hang_up=True))
+    assert ask("first").choices[0].message.content == "one"
+    first = opened()
+    assert ask("second").choices[0].message.content == "two"  # on the pooled connection
+    assert opened() == first
+    sim.keep_alive = 0.3
+    assert ask("third").choices[0].message.content == "three"  # the pooled one, then idle...
+    time.sleep(1.5)  # ... and closed by the upstream
+    with pytest.raises(openai.InternalServerError) as e:
+        ask("fourth")  # a new connection (the closed one is not used), which the upstream hangs up
+    assert "closed the connection without answering" in e.value.body["message"]
+    assert opened() == first + 1
+    assert len(sim.model_requests()) == 4  # the hang-up was not sent again
+    trace = sealed_trace(proxy, session)
+    assert trace.num_turns == 3 and [c.status for c in trace.calls] == [200, 200, 200, 502]

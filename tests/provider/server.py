@@ -140,6 +140,9 @@ class ProviderSimulator:
         # this is False, when it answers 404 as an upstream without the transport would.
         self.websockets = True
         self.websocket_deflate = True
+        # Seconds an idle kept-alive connection is kept open before the simulator closes it
+        # (uvicorn's timeout_keep_alive is 5 s, vLLM's server inherits it); None: never.
+        self.keep_alive: float | None = None
         self.host = host
         self._port = port
         self.default = default
@@ -151,10 +154,12 @@ class ProviderSimulator:
         self.tls = tls
         self._contexts: dict[tuple[Any, Any], ssl.SSLContext] = {}
         # What the simulator's socket saw: TCP connections accepted, TLS handshakes completed
-        # and failed (a client that refused the certificate).
+        # and failed (a client that refused the certificate), connections closed before a
+        # ClientHello (a reachability probe, addons/reach.py).
         self.accepted = 0
         self.handshakes = 0
         self.handshake_failures = 0
+        self.probes = 0
         self._lock = threading.Condition()
         self._requests: list[RequestRecord] = []
         self._unkeyed: deque[Reply] = deque()
@@ -300,10 +305,10 @@ class ProviderSimulator:
                 self._lock.wait(left)
 
     def connections(self) -> dict[str, int]:
-        """The socket-level counts: accepted, handshakes, handshake_failures."""
+        """The socket-level counts: accepted, handshakes, handshake_failures, probes."""
         with self._lock:
             return {"accepted": self.accepted, "handshakes": self.handshakes,
-                    "handshake_failures": self.handshake_failures}
+                    "handshake_failures": self.handshake_failures, "probes": self.probes}
 
     def _count(self, what: str) -> None:
         with self._lock:
@@ -371,7 +376,8 @@ class _Server(ThreadingHTTPServer):
         request.settimeout(10)
         try:
             if not request.recv(1, socket.MSG_PEEK):
-                return  # closed before a ClientHello: a reachability probe (addons/reach.py), no TLS
+                self.sim._count("probes")  # closed before a ClientHello: addons/reach.py's probe
+                return
             request = tls.wrap_socket(request, server_side=True)
         except (ssl.SSLError, OSError):
             self.sim._count("handshake_failures")  # e.g. the client refused the certificate
@@ -401,6 +407,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def version_string(self) -> str:
         return self.server_version
+
+    def handle_one_request(self) -> None:
+        # Waiting for a request: the idle timeout (read at each wait: a test may set it later);
+        # BaseHTTPRequestHandler closes the connection when it runs out.
+        self.connection.settimeout(self.server.sim.keep_alive)
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        self.connection.settimeout(None)  # a request arrived: no timeout while it is served
+        return super().parse_request()
 
     def log_message(self, format: str, *args: Any) -> None:
         if not self.server.sim.quiet:
