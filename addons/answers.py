@@ -7,9 +7,10 @@ and OpenAI SDKs honour it, and Claude Code otherwise retries a 401 for minutes.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 from mitmproxy import http
+from pydantic import BaseModel, ValidationError
 
 from interceptor.dialects.base import Dialect
 
@@ -19,6 +20,27 @@ def json_response(status: int, body: Any, *, retry: bool = False, headers: dict[
     if headers:
         h.update(headers)
     return http.Response.make(status, json.dumps(body).encode(), h)
+
+
+def api_error(status: int, message: str, **more: Any) -> http.Response:
+    """An error of the proxy's own API (``/_interceptor/``): plain JSON, no dialect's shape."""
+    return json_response(status, {"error": {"message": message, "status": status}, **more})
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_body(model: type[M], content: bytes | None, what: str, empty: bytes = b"") -> M | http.Response:
+    """A control API body as ``model``, or the 400 naming each bad field (``what``: whose
+    body, for the message)."""
+    from interceptor.addons.upstream import format_validation_error
+
+    try:
+        return model.model_validate(json.loads(content or empty))
+    except ValidationError as e:
+        return api_error(400, f"bad {what}: {format_validation_error(e)}")
+    except ValueError as e:
+        return api_error(400, f"{what} is not JSON: {e}")
 
 
 def error_response(dialect: Dialect, status: int, message: str, *, type: str | None = None, retry: bool = False) -> http.Response:

@@ -3,27 +3,26 @@
 An orchestrator creates a session per rollout, hands the returned environment to the
 harness, and deletes the session when the rollout ends (which seals the trace). Everything
 but ``health`` needs ``Authorization: Bearer <admin token>``; a wrong token changes nothing.
-The tool servers' routes (``task``, ``state``: addons/state.py) take the session's state
-secret instead, and nothing else.
+The tool servers' routes (``task``, ``state``, ``stop``: addons/state.py) take the session's
+state secret instead, and nothing else; the tool route (``tool``: addons/toolroute.py) takes
+the harness's own credential, the model secret.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import warnings
 from pathlib import Path
 
 from mitmproxy import ctx, http
-from pydantic import ValidationError
 
-from interceptor.addons.answers import json_response
+from interceptor.addons.answers import api_error, json_response, read_body
 from interceptor.addons.session import Registry, SealConfig, SessionConfig
 from interceptor.addons.settings import Settings
 from interceptor.addons.state import TOOL_SERVER_ROUTES, StateRoutes
-from interceptor.addons.upstream import format_validation_error
+from interceptor.addons.toolroute import ToolRoute
 from interceptor.trace import read_trace
 
 log = logging.getLogger(__name__)
@@ -61,8 +60,7 @@ def is_control(flow: http.HTTPFlow) -> bool:
     return req.host in _LOOPBACK or req.host == sockname[0] or req.host == ctx.options.listen_host
 
 
-def _error(status: int, message: str) -> http.Response:
-    return json_response(status, {"error": {"message": message, "status": status}})
+_error = api_error
 
 
 class Control:
@@ -70,6 +68,7 @@ class Control:
         self.registry = registry
         self.settings = settings
         self.state_routes = StateRoutes(registry, settings)
+        self.tool_route = ToolRoute(registry, settings)
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if is_control(flow):
@@ -77,6 +76,9 @@ class Control:
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live or not flow.metadata.get("interceptor_control"):
+            return
+        if flow.request.path.split("?", 1)[0] == f"{PREFIX}tool":  # the hooks may take their time
+            flow.response = await self.tool_route.handle(flow)
             return
         flow.response = self._handle(flow)
         if flow.request.method == "DELETE" and flow.response.status_code == 200:
@@ -147,12 +149,9 @@ class Control:
         if req.method == "GET":
             return json_response(200, session.summary())
         if req.method == "DELETE":
-            try:
-                seal = SealConfig.model_validate(json.loads(req.content or b"{}"))
-            except ValidationError as e:
-                return _error(400, f"bad DELETE body: {format_validation_error(e)}")
-            except ValueError as e:
-                return _error(400, f"DELETE body is not JSON: {e}")
+            seal = read_body(SealConfig, req.content, "DELETE body", b"{}")
+            if isinstance(seal, http.Response):
+                return seal
             if session.sealed:
                 return json_response(200, session.summary())  # DELETE is idempotent
             session.seal(seal)
@@ -176,13 +175,9 @@ class Control:
         return json_response(200, {"sessions": [s.summary() for s in page], "next_after": next_after})
 
     def _create(self, req: http.Request) -> http.Response:
-        try:
-            raw = json.loads(req.content or b"{}")
-            config = SessionConfig.model_validate(raw)
-        except ValidationError as e:
-            return _error(400, f"bad session config: {format_validation_error(e)}")
-        except ValueError as e:
-            return _error(400, f"session config is not JSON: {e}")
+        config = read_body(SessionConfig, req.content, "session config", b"{}")
+        if isinstance(config, http.Response):
+            return config
         try:
             upstream = self.settings.pick_upstream(config)
             hooks, hooks_config = self.settings.pick_hooks(config)  # HookError: hooks: <module>:<function>: <reason>

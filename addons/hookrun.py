@@ -12,10 +12,11 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from interceptor.trace.hooks import HookContext, HookSpec
-from interceptor.trace.messages import Request
+from interceptor.trace.messages import Message, Request
 
 if TYPE_CHECKING:
     from interceptor.addons.exchange import Exchange
+    from interceptor.addons.session import Session
 
 
 class HookFailure(Exception):
@@ -27,17 +28,22 @@ class HookFailure(Exception):
 
 
 def context(ex: Exchange, endpoint: str) -> HookContext:
-    """What a hook sees of the rollout; see ``HookContext``."""
-    session = ex.session
+    """What a hook sees of the rollout at a model request; see ``HookContext``."""
+    return session_context(ex.session, dialect=ex.dialect.name, call_id=ex.call_id, endpoint=endpoint)
+
+
+def session_context(session: Session, messages: list[Message] | None = None, **where: Any) -> HookContext:
+    """What a hook sees of the rollout: ``messages`` the branch it is about (the current one
+    by default), ``where`` the request's dialect, call and endpoint, or the tool route's phase."""
     trace = session.recorder.trace
     hooks = session.config.hooks
     return HookContext(
         session_id=session.id, task=dict(session.config.task), agent=dict(session.config.agent),
         info=dict(session.config.info), config=dict(hooks.config) if hooks else {},
-        dialect=ex.dialect.name, call_id=ex.call_id, endpoint=endpoint,
         num_turns=trace.num_turns, num_input_tokens=trace.num_input_tokens,
-        num_output_tokens=trace.num_output_tokens, messages=list(trace.messages),
-        state=session.task_state.snapshot())
+        num_output_tokens=trace.num_output_tokens,
+        messages=list(trace.messages) if messages is None else messages,
+        state=session.task_state.snapshot(), **where)
 
 
 def effective_request(ex: Exchange) -> Request | None:

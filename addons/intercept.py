@@ -10,7 +10,9 @@ cannot carry (``Dialect.content_edits``).
 
 Each change is applied once and remembered (``addons/memory.py``): a later request that
 restates the original gets the replacement spliced in by ``remembered`` before any policy
-runs, without calling a hook. Either way only the changed content is written anew; every
+runs, without calling a hook. So does a tool result the tool route decided
+(``addons/toolroute.py``), whatever content the harness sends for it; the hooks do not
+decide that message again (a change they make to it is left out). Either way only the changed content is written anew; every
 other byte of the harness's body stays as it was (``dialects.body.Edit``), and the canonical
 request takes the delivered content, so the graph holds what the model read and never forks.
 """
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from interceptor.addons.exchange import Exchange
 
 _SAME = ("tools", "model", "sampling", "stream", "extra")
+TOOL_ROUTE = "tool_route"  # Rewrite.by of the tool route's decisions
 
 
 def has_request_hooks(ex: Exchange) -> bool:
@@ -85,9 +88,9 @@ def remembered(ex: Exchange) -> None:
         h = message_hash(message) if memory.others else None
         hit = memory.find(message, (parent, tuple(tail)), h) if slots[i] is not None else None
         if hit is not None and hit not in ex.carried:
-            flag = hit.is_error if hit.is_error != message.is_error else None
-            ex.edits += ex.dialect.content_edits(slots[i], ex.body, hit.content, flag)
-            message = messages[i] = message.model_copy(update={"content": hit.content, "is_error": hit.is_error})
+            if hit.rewrite.position is None and not hit.recorded:
+                hit.rewrite.position = i  # a tool route's decision: where it is first delivered
+            message = messages[i] = _deliver(ex, slots[i], message, hit)
             ex.carried.append(hit)
             changed = True
         if not memory.others:
@@ -100,6 +103,32 @@ def remembered(ex: Exchange) -> None:
             tail.append(message_hash(message))
     if changed:
         ex.request = ex.request.model_copy(update={"messages": messages})
+
+
+def _deliver(ex: Exchange, slot: Slot, message: Message, hit: Remembered) -> Message:
+    """``message`` with the remembered content in, and the edits that put it in the body
+    (none when the harness sent it already, as it does when it honours the tool route's block)."""
+    flag = hit.is_error if hit.is_error != message.is_error else None
+    if message.content == hit.content and flag is None:
+        return message
+    try:
+        ex.edits += ex.dialect.content_edits(slot, ex.body, hit.content, flag)
+    except RewriteError:
+        if flag is None or hit.rewrite.by != TOOL_ROUTE:
+            raise
+        # The route decided before it knew the wire format: one with no error flag for this
+        # message (Chat, Responses) carries the content alone.
+        flag = None
+        if message.content != hit.content:
+            ex.edits += ex.dialect.content_edits(slot, ex.body, hit.content, None)
+    return message.model_copy(update={"content": hit.content,
+                                      "is_error": hit.is_error if flag is not None else message.is_error})
+
+
+def _decided(ex: Exchange, message: Message) -> bool:
+    """A tool result the tool route decided: the hooks do not decide it again."""
+    by_call = ex.session.memory.by_call
+    return bool(by_call) and message.role == "tool" and message.tool_call_id in by_call
 
 
 def _check(spec: HookSpec, before: Request, after: Request, known: int) -> list[int]:
@@ -135,16 +164,12 @@ def _check(spec: HookSpec, before: Request, after: Request, known: int) -> list[
     return changed
 
 
-async def rewrite(ex: Exchange, ctx: HookContext) -> None:
-    """Run the session's request hooks over the request's new messages and splice what
-    they changed; each change is remembered and carried (``ex.carried``). HookFailure for a
-    hook that raises or breaks the contract."""
-    specs = ex.session.hooks.request
-    request = ex.request
-    if request is None:
-        return
-    known, last = _walk(ex, request.messages)
-    current = effective_request(ex)
+async def run_hooks(specs: tuple[HookSpec, ...], ctx: HookContext, request: Request,
+                    known: int) -> tuple[Request, dict[int, list[HookSpec]]]:
+    """The request after every request hook in turn (each given a copy of the one before's
+    result), and which hooks changed each message. HookFailure for a hook that raises or
+    breaks the contract (``known``: the messages before it may not change)."""
+    current = request
     changed_by: dict[int, list[HookSpec]] = {}
     for spec in specs:
         given = current.model_copy(deep=True)
@@ -156,8 +181,20 @@ async def rewrite(ex: Exchange, ctx: HookContext) -> None:
         for i in _check(spec, current, result, known):
             changed_by.setdefault(i, []).append(spec)
         current = result
+    return current, changed_by
+
+
+async def rewrite(ex: Exchange, ctx: HookContext) -> None:
+    """Run the session's request hooks over the request's new messages and splice what
+    they changed; each change is remembered and carried (``ex.carried``). HookFailure for a
+    hook that raises or breaks the contract."""
+    request = ex.request
+    if request is None:
+        return
+    known, last = _walk(ex, request.messages)
+    current, changed_by = await run_hooks(ex.session.hooks.request, ctx, effective_request(ex), known)
     todo = [i for i in sorted(changed_by) if (current.messages[i].content, current.messages[i].is_error)
-            != (request.messages[i].content, request.messages[i].is_error)]
+            != (request.messages[i].content, request.messages[i].is_error) and not _decided(ex, request.messages[i])]
     if not todo:
         return
     slots = slots_of(ex)
@@ -180,30 +217,33 @@ async def rewrite(ex: Exchange, ctx: HookContext) -> None:
     for i in todo:
         old = request.messages[i]
         chain: Chain = (last, tuple(message_hash(m) for m in messages[known:i]))
-        entry = Remembered(_record(ex, i, old, messages[i], [s.name for s in changed_by[i]]),
-                           messages[i].content, messages[i].is_error, message_hash(old))
+        record = rewrite_record(old, messages[i], [s.name for s in changed_by[i]], ex.session.memory.keep_bytes,
+                                call=ex.call_id or None, position=i)
+        entry = Remembered(record, messages[i].content, messages[i].is_error, message_hash(old))
         memory.remember(old, chain, entry.original_hash, entry)
         ex.carried.append(entry)
     ex.request = request.model_copy(update={"messages": messages})
 
 
-def _record(ex: Exchange, position: int, old: Message, new: Message, hooks: list[str]) -> Rewrite:
+def rewrite_record(old: Message, new: Message, hooks: list[str], keep: int, *, by: str = "hook",
+                   call: str | None = None, position: int | None = None, reason: str | None = None) -> Rewrite:
+    """The ``rewrite`` record of ``old`` delivered as ``new``, keeping up to ``keep`` bytes
+    of the original."""
     before, size_before = digest(old.content)
     after, size_after = digest(new.content)
-    keep = ex.session.memory.keep_bytes
     original, cut = kept(old.content, keep) if keep > 0 else (None, size_before > 0)
     tool = old.role == "tool"
     # Non-text parts of the original the hook left out (a text part's change is the content's).
     removed = [f"content[{k}]" for k, part in enumerate(old.content if isinstance(old.content, list) else [])
                if part.type != "text" and part not in (new.content if isinstance(new.content, list) else [])]
     return Rewrite(
-        direction="request", by="hook", id=uuid.uuid4().hex[:16], call=ex.call_id or None,
+        direction="request", by=by, id=uuid.uuid4().hex[:16], call=call,
         hooks=hooks, target=old.role, position=position, tool_call_id=old.tool_call_id,
         what="tool_result" if tool else "user_message",
         message=f"tool {old.tool_call_id}" if tool and old.tool_call_id else f"message {position}",
         digest_before=before, digest_after=after, size_before=size_before, size_after=size_after,
         is_error=new.is_error if new.is_error != old.is_error else None,
-        original=original, original_truncated=cut, removed=removed,
+        original=original, original_truncated=cut, removed=removed, reason=reason,
     )
 
 

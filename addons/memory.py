@@ -16,6 +16,11 @@ restates the original gets the replacement spliced in before anything else looks
 
 The graph then holds the delivered content only, and a restatement matches it. Sessions
 without request hooks never make one (``Session.memory`` stays empty and is never read).
+
+The tool route (``addons/toolroute.py``) decides a tool call before the harness sends its
+result, so it cannot know the content: its decision is kept under the tool call id alone
+(``by_call``) and applies to whatever the harness sends for that call (the block content it
+was told to return, the original output, or the output of a blocked tool it ran anyway).
 """
 
 from __future__ import annotations
@@ -77,9 +82,10 @@ class Memory:
     keep_bytes: int = KEEP_BYTES
     tools: dict[tuple[str, str, bool], Remembered] = field(default_factory=dict)
     others: dict[tuple[Chain, str], Remembered] = field(default_factory=dict)
+    by_call: dict[str, Remembered] = field(default_factory=dict)  # the tool route's decisions
 
     def __bool__(self) -> bool:
-        return bool(self.tools or self.others)
+        return bool(self.tools or self.others or self.by_call)
 
     @staticmethod
     def tool_key(message: Message) -> tuple[str, str, bool] | None:
@@ -90,7 +96,8 @@ class Memory:
     def find(self, message: Message, chain: Chain, message_hash: str | None) -> Remembered | None:
         key = self.tool_key(message)
         if key is not None:
-            return self.tools.get(key)
+            decided = self.by_call.get(key[0]) if self.by_call else None
+            return decided if decided is not None else self.tools.get(key)
         if message_hash is None or not self.others:
             return None
         return self.others.get((chain, message_hash))

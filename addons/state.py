@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from mitmproxy import http
 
-from interceptor.addons.answers import json_response
+from interceptor.addons.answers import api_error, json_response
 from interceptor.trace.messages import canonical_json
 from interceptor.trace.model import STATE_VALUE_MAX, StateWrite
 
@@ -41,8 +41,7 @@ MERGE_PATCH = "application/merge-patch+json"
 TOOL_SERVER_ROUTES = ("task", "state", "stop")
 
 
-def error(status: int, message: str, **more: Any) -> http.Response:
-    return json_response(status, {"error": {"message": message, "status": status}, **more})
+error = api_error
 
 
 class StateRefused(Exception):
@@ -166,12 +165,12 @@ class TaskState:
                           value=self.snapshot() if small else None, value_omitted=not small, at=time.time())
 
 
-def _bearer(req: http.Request) -> str:
+def bearer(req: http.Request) -> str:
     auth = req.headers.get("authorization", "")
     return auth[7:].strip() if auth[:7].lower() == "bearer " else ""
 
 
-def _is(a: str, b: str | None) -> bool:
+def same_secret(a: str, b: str | None) -> bool:
     return bool(a) and bool(b) and hmac.compare_digest(a.encode(), b.encode())
 
 
@@ -188,16 +187,16 @@ class StateRoutes:
     def tool_server(self, req: http.Request) -> tuple[Session | None, http.Response | None]:
         """The session whose state secret the request carries, or the 401 that says which
         secret this route needs (a model secret or the admin token opens nothing here)."""
-        token = _bearer(req)
+        token = bearer(req)
         need = "send Authorization: Bearer <the session's state secret> (a tool server's INTERCEPT_STATE_SECRET)"
         if not token:
             return None, error(401, f"no state secret: {need}")
         session = self.registry.by_state_secret(token)
-        if session is not None and _is(token, session.state_secret):
+        if session is not None and same_secret(token, session.state_secret):
             return session, None
         if self.registry.by_model_secret(token) is not None:
             return None, error(401, f"a model secret cannot open the task state: {need}")
-        if _is(token, self.settings.admin_token):
+        if same_secret(token, self.settings.admin_token):
             return None, error(401, "the admin token opens /_interceptor/sessions/<id>/state, not this route: "
                                     f"{need}")
         return None, error(401, f"unknown state secret: it matches no session of this proxy; {need}")

@@ -215,7 +215,28 @@ class EgressRefusal(_Model):
     at: float = 0.0
 
 
-# A state larger than this is recorded by size and digest only (README "Task state").
+class ToolDecision(_Model):
+    """One call of the tool route (``POST /_interceptor/tool``): the phase (``before`` the tool
+    runs, ``after``), the tool call's id and name, the action answered (``allow``, ``block``,
+    ``rewrite``, ``stop``, or ``error`` for a hook that failed), the hooks that changed it,
+    the digest and size of what the harness reported (its output, after) and that content
+    when it is at most ``STATE_VALUE_MAX`` bytes, and ``delivered``: what the model reads
+    instead (a block's or a rewrite's content)."""
+
+    phase: Literal["before", "after"] = "before"
+    tool_call_id: str
+    name: str | None = None
+    action: Literal["allow", "block", "rewrite", "stop", "error"] = "allow"
+    hooks: list[str] = Field(default_factory=list)
+    digest: str = ""
+    size: int = 0
+    content: Any = None
+    content_omitted: bool = False
+    delivered: Any = None
+    at: float = 0.0
+
+
+# A state (or a tool route's content) larger than this is recorded by size and digest only.
 STATE_VALUE_MAX = 64 << 10
 
 
@@ -332,6 +353,7 @@ class Trace(_Model):
     # Connections refused by the network policy (``egress`` records), and per host how many.
     egress_refusals: list[EgressRefusal] = Field(default_factory=list)
     egress: dict[str, int] = Field(default_factory=dict)
+    tool_decisions: list[ToolDecision] = Field(default_factory=list)  # the tool route's answers (``tool`` records)
 
     # --- graph views -------------------------------------------------------------------
 

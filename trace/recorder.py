@@ -18,7 +18,7 @@ from interceptor.trace.graph import Graph
 from interceptor.trace.messages import Message, Request, Response, ResponseError, Tool, Usage
 from interceptor.trace.prefix import Listed, Prefixes
 from interceptor.trace.model import (
-    SCHEMA_VERSION, EgressRefusal, Header, ModelCall, Reward, Rewrite, StateWrite, StopRecord, Timing, Trace,
+    SCHEMA_VERSION, EgressRefusal, Header, ToolDecision, ModelCall, Reward, Rewrite, StateWrite, StopRecord, Timing, Trace,
 )
 from interceptor.trace.records import call_record, node_record
 from interceptor.trace.store import FSYNC_POLICIES, Store
@@ -295,6 +295,11 @@ class Recorder:
         trace.state_version, trace.state_digest = write.version, write.digest
         self._append({"kind": "state", "state": write.model_dump(exclude_defaults=True)},
                      sync=self.fsync == "turn")
+
+    def record_tool(self, decision: ToolDecision) -> None:
+        """One call of the tool route (``addons/toolroute.py``)."""
+        self._trace.tool_decisions.append(decision)
+        self._append({"kind": "tool", "tool": decision.model_dump(exclude_defaults=True)})
 
     def record_egress(self, host: str, port: int, count: int) -> None:
         """A connection the network policy refused (never anything the harness sent on it)."""

@@ -16,6 +16,8 @@ A trace file is a plain concatenation of msgpack maps, each with a ``kind``:
 - ``rewrite`` rewrite: what a boundary hook changed (``direction`` request or response)
 - ``state``   state: one accepted write of the task state (version, by, op, size, digest,
               the value when small); the session's initial state is version 0
+- ``tool``    tool: one call of the tool route (phase, tool call id, action, hooks, digest,
+              the reported content when small, what was delivered)
 - ``egress``  egress: a connection the network policy refused (host, port, count so far)
 - ``undelivered`` call (an id): that call's answer did not reach the harness whole; written
               when the harness went away after the call was recorded (its ``delivered``
@@ -48,6 +50,7 @@ from interceptor.trace.model import (
     Rewrite,
     Reward,
     EgressRefusal,
+    ToolDecision,
     StateWrite,
     StopRecord,
     Timing,
@@ -100,7 +103,7 @@ class HoleWarning(TornRecordWarning):
     the middle of the file (a write failure that was not rolled back). ``verify`` fails on it."""
 
 
-KINDS = frozenset({"header", "turn", "call", "replay", "rewrite", "state", "egress", "undelivered", "footer"})
+KINDS = frozenset({"header", "turn", "call", "replay", "rewrite", "state", "egress", "tool", "undelivered", "footer"})
 _KIND_KEY = b"\xa4kind"  # every record is a map whose first key is "kind"
 
 
@@ -265,6 +268,8 @@ def fold(records: Iterator[tuple[int, dict[str, Any]]], source: str = "trace") -
             write = StateWrite.model_validate(rec["state"])
             trace.state_writes.append(write)
             trace.state_version, trace.state_digest = write.version, write.digest
+        elif kind == "tool":
+            trace.tool_decisions.append(ToolDecision.model_validate(rec["tool"]))
         elif kind == "egress":
             refusal = EgressRefusal.model_validate(rec["egress"])
             trace.egress_refusals.append(refusal)
@@ -300,9 +305,9 @@ def record_schema() -> dict[str, Any]:
     fails when it changes under the same version (a reader of that version would misread it)."""
     parts = {"header": Header, "node": MessageNode, "call": ModelCall, "tool": Tool,
              "rewrite": Rewrite, "stop": StopRecord, "reward": Reward, "timing": Timing, "state": StateWrite,
-             "egress": EgressRefusal}
+             "egress": EgressRefusal, "tool_decision": ToolDecision}
     return {"kinds": ["header", "turn", "call", "prompt", "replay", "metric", "stop", "rewrite", "state", "egress",
-                      "undelivered", "footer"],
+                      "tool", "undelivered", "footer"],
             **{name: model.model_json_schema() for name, model in parts.items()}}
 
 
