@@ -32,6 +32,10 @@ Why each piece:
   ``INTERCEPT_TASK_URL``, ``INTERCEPT_STATE_URL``, ``INTERCEPT_STOP_URL``,
   ``INTERCEPT_STATE_SECRET``) for the server's own launch config to read, never into the
   harness's environment; the file is removed when the run ends.
+- ``--tool-hooks`` gives Claude Code command hooks around every tool call
+  (``python -m interceptor.scripts.tool_hook``) that ask the proxy's tool route (``POST
+  /_interceptor/tool``: the session's request hooks) whether it may run and what its result
+  is; the proxy enforces the answer at the model boundary too.
 - ``chatgpt.com`` is one of the proxy's default hosts: Codex asks it for its model list
   with the key it holds; answered locally (404), nothing leaves and Codex does not wait on
   retries.
@@ -241,6 +245,30 @@ def write_env_file(path: Path, env: dict[str, str]) -> None:
         f.write("".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items()))
 
 
+TOOL_HOOK = [sys.executable, "-m", "interceptor.scripts.tool_hook"]
+TOOL_HOOK_TIMEOUT = 600  # seconds Claude Code waits for it: the evaluator's hooks may be slow
+
+
+def write_tool_hooks(home: Path) -> None:
+    """Claude Code's PreToolUse/PostToolUse command hooks, pointing at the proxy's tool route
+    (interceptor.scripts.tool_hook), merged into the harness HOME's ~/.claude/settings.json
+    (the user's settings: Claude Code honours an output replacement from there)."""
+    path = home / ".claude" / "settings.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        settings = json.loads(path.read_text()) if path.exists() else {}
+    except ValueError as e:
+        raise Failure(f"{path} is not JSON: {e}") from e
+    if not isinstance(settings, dict) or not isinstance(settings.get("hooks", {}), dict):
+        raise Failure(f"{path}: not a Claude Code settings object with a hooks object")
+    command = " ".join(shlex.quote(part) for part in TOOL_HOOK)
+    hooks = settings.setdefault("hooks", {})
+    for event in ("PreToolUse", "PostToolUse"):
+        hooks.setdefault(event, []).append(
+            {"matcher": "*", "hooks": [{"type": "command", "command": command, "timeout": TOOL_HOOK_TIMEOUT}]})
+    path.write_text(json.dumps(settings, indent=1))
+
+
 def harness_env(session: dict[str, Any], args: argparse.Namespace, home: Path | None,
                 base: dict[str, str]) -> dict[str, str]:
     drop = set(PROXY_VARIABLES) | set(BYPASS_VARIABLES)
@@ -437,6 +465,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-proxy-auth", action="store_true",
                         help="keep the secret out of the proxy URL (then a CA rejection cannot be tied to the session)")
     parser.add_argument("--summary-json", help="also write the summary as JSON to this file")
+    parser.add_argument("--tool-hooks", action="store_true",
+                        help="Claude Code: PreToolUse/PostToolUse hooks that ask the proxy's tool route (the "
+                             "session's request hooks) before and after each tool call")
     parser.add_argument("--tool-server-env", metavar="FILE",
                         help="write the task/state URLs and the state secret a tool server needs to FILE (mode 0600; "
                              "never in the harness's environment), removed when the run ends")
@@ -451,6 +482,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("give the harness command after --, e.g. -- claude -p 'hello'")
     if args.home and args.keep_home:
         parser.error("--home and --keep-home exclude each other")
+    if args.tool_hooks and args.keep_home:
+        parser.error("--tool-hooks writes the harness's settings into its own HOME; --keep-home would change yours")
     if args.user and args.keep_home:
         parser.error("--user runs the harness with a HOME of its own; --keep-home would share yours")
     return args
@@ -546,6 +579,8 @@ def main(argv: list[str] | None = None) -> int:
             elif not args.keep_home:
                 home = Path(args.home).resolve() if args.home else workdir / "home"
                 home.mkdir(parents=True, exist_ok=True)
+            if args.tool_hooks:
+                write_tool_hooks(home)
             # Run as another user, the harness inherits only a few variables of this environment
             # (which may hold keys of its own); else all but the ones that would bypass the proxy.
             base = dict(os.environ) if user is None else {k: v for k, v in os.environ.items() if k in USER_VARIABLES}
