@@ -122,6 +122,22 @@ def test_verify_fails_on_a_hole_in_the_middle_and_passes_a_torn_tail(tmp_path, c
     assert replay_main(["verify", str(torn)]) == 0
 
 
+def test_a_hole_before_records_of_any_kind_is_a_hole(tmp_path):
+    """Records after the undecodable one may be of any kind (here a stop and a metric, as a
+    stopped rollout writes them): still a hole, never mistaken for a torn tail."""
+    r = Rollout(tmp_path / "src.msgpack")
+    for prompt, reply in tool_turns(2):
+        r.send(prompt, reply)
+    r.store.flush(timeout=10)
+    records = [msgpack.packb(rec) for _, rec in iter_records(r.path)]
+    after = [msgpack.packb({"kind": "metric", "name": "m", "value": 1}),
+             msgpack.packb({"kind": "stop", "stop": {"condition": "gave_up", "by": "tool"}})]
+    hole = tmp_path / "hole.msgpack"
+    hole.write_bytes(b"".join(records[:-1]) + records[-1][: len(records[-1]) // 2] + b"".join(after))
+    with pytest.warns(HoleWarning, match="hole in the middle"):
+        read_trace(hole)
+
+
 def test_a_turn_that_cannot_be_recorded_is_an_error_call_and_the_next_turn_records(tmp_path, monkeypatch):
     r = Rollout(tmp_path / "atomic.msgpack")
     turns = tool_turns(4)

@@ -103,7 +103,10 @@ class HoleWarning(TornRecordWarning):
     the middle of the file (a write failure that was not rolled back). ``verify`` fails on it."""
 
 
-KINDS = frozenset({"header", "turn", "call", "replay", "rewrite", "state", "egress", "tool", "undelivered", "footer"})
+# Every record kind, in the module docstring's order (a hole is told from a torn tail by any of them).
+RECORD_KINDS = ("header", "turn", "call", "prompt", "replay", "metric", "stop", "rewrite", "state", "egress", "tool",
+                "undelivered", "footer")
+KINDS = frozenset(RECORD_KINDS)
 _KIND_KEY = b"\xa4kind"  # every record is a map whose first key is "kind"
 
 
@@ -306,8 +309,7 @@ def record_schema() -> dict[str, Any]:
     parts = {"header": Header, "node": MessageNode, "call": ModelCall, "tool": Tool,
              "rewrite": Rewrite, "stop": StopRecord, "reward": Reward, "timing": Timing, "state": StateWrite,
              "egress": EgressRefusal, "tool_decision": ToolDecision}
-    return {"kinds": ["header", "turn", "call", "prompt", "replay", "metric", "stop", "rewrite", "state", "egress",
-                      "tool", "undelivered", "footer"],
+    return {"kinds": list(RECORD_KINDS),
             **{name: model.model_json_schema() for name, model in parts.items()}}
 
 
