@@ -14,7 +14,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3 \
 	/usr/local/bin/python3.1[2-9] /usr/bin/python3.1[2-9]; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
 
-.PHONY: run test test-latest venv test-deps browser bench clean
+.PHONY: run test test-latest venv test-deps browser haproxy serve bench clean
 
 # trace/_version.py: setup.cfg reads the version from it, and an editable install keeps the
 # version it was installed with until it is reinstalled.
@@ -55,11 +55,42 @@ browser:
 		|| echo "warning: could not install chromium: the viewer's browser tests will be skipped" >&2; \
 	else echo "warning: chromium not found (not root, or no apt-get): the viewer's browser tests will be skipped; install Debian's chromium package to run them" >&2; fi
 
-test-deps: $(TEST_STAMP) $(HARNESS_STAMP) browser
+# HAProxy, the front of a multi-worker deployment (scripts/serve.py, tests/test_workers.py):
+# the one on PATH, else Debian's package unpacked into .venv/haproxy by `apt-get download` and
+# `dpkg -x` (as any user, no system change, removed with the venv) with the libraries a plain
+# Debian lacks, run through the wrapper .venv/bin/haproxy. Without apt-get the worker tests
+# skip and say why; with it, a failed download fails them (they never skip silently in CI).
+HAPROXY_DIR := $(VENV)/haproxy
+HAPROXY_STAMP := $(HAPROXY_DIR)/.installed
+HAPROXY_DEBS := haproxy liblua5.3-0 libopentracing-c-wrapper0 libopentracing1
+
+$(HAPROXY_STAMP): $(STAMP)
+	@if command -v haproxy >/dev/null 2>&1; then mkdir -p $(HAPROXY_DIR) && touch $@; \
+	elif command -v apt-get >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1; then \
+		rm -rf $(HAPROXY_DIR) && mkdir -p $(HAPROXY_DIR)/debs && cd $(HAPROXY_DIR)/debs && \
+		{ apt-get download -q $(HAPROXY_DEBS) >/dev/null 2>&1 \
+		  || { [ "$$(id -u)" = 0 ] && apt-get update -q >/dev/null && apt-get download -q $(HAPROXY_DEBS) >/dev/null 2>&1; }; } \
+		|| { echo "error: apt-get download $(HAPROXY_DEBS) failed: the worker tests need HAProxy" >&2; exit 1; }; \
+		for d in *.deb; do dpkg -x "$$d" ../root; done && cd - >/dev/null && \
+		printf '%s\n' '#!/bin/sh' 'root="$$(dirname "$$(readlink -f "$$0")")/../haproxy/root"' \
+			'for d in "$$root"/usr/lib/*-linux-gnu; do LD_LIBRARY_PATH="$$d$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}"; done' \
+			'export LD_LIBRARY_PATH' 'exec "$$root/usr/sbin/haproxy" "$$@"' > $(VENV)/bin/haproxy && \
+		chmod +x $(VENV)/bin/haproxy && $(VENV)/bin/haproxy -v | head -1 && touch $@; \
+	else echo "warning: no haproxy and no apt-get: the multi-worker tests will be skipped (install HAProxy)" >&2; fi
+
+haproxy: $(HAPROXY_STAMP)
+
+test-deps: $(TEST_STAMP) $(HARNESS_STAMP) browser $(HAPROXY_STAMP)
 
 # Set up and start the proxy on its embedded default (one session, printed at start).
 run: venv
 	$(VENV)/bin/mitmdump -s addons/interception.py --listen-host 127.0.0.1 $(ARGS)
+
+# The proxy on every core: HAProxy on one address in front of one worker per core
+# (scripts/serve.py; WORKERS=N for another count, ARGS for more of its options).
+WORKERS ?=
+serve: venv $(HAPROXY_STAMP)
+	$(PY) scripts/serve.py $(if $(WORKERS),--workers $(WORKERS)) $(ARGS)
 
 # Set up and run the whole test suite.
 test: test-deps

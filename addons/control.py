@@ -47,13 +47,17 @@ def summary_from_file(sid: str, path: Path) -> dict:
             "released": True, "dropped": True}
 
 
-def is_control(flow: http.HTTPFlow) -> bool:
+def is_control(flow: http.HTTPFlow, front: tuple[str, int] | None = None) -> bool:
     """A request addressed to the proxy itself (not tunnelled, not for another host): to the
     address and port the client connected to, whatever port that is (``--listen-port 0``,
-    none at all, a ``--mode regular@port``), never the listen_port option's value."""
+    none at all, a ``--mode regular@port``), never the listen_port option's value. Behind a
+    front (``intercept_front``) also one addressed to the front: the front sets ``Host`` to
+    its own address on every control request it passes on (scripts/serve.py)."""
     req = flow.request
     if not req.path.startswith(PREFIX) or req.scheme != "http":
         return False
+    if front is not None and (req.host, req.port) == front:
+        return True  # through the front (scripts/serve.py), which names itself in Host
     sockname = flow.client_conn.sockname
     if not sockname or req.port != sockname[1]:
         return False
@@ -71,7 +75,7 @@ class Control:
         self.tool_route = ToolRoute(registry, settings)
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
-        if is_control(flow):
+        if is_control(flow, self.settings.front):
             flow.metadata["interceptor_control"] = True
 
     async def request(self, flow: http.HTTPFlow) -> None:

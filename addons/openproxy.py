@@ -32,7 +32,9 @@ class OpenProxyGuard:
 
     @property
     def enforcing(self) -> bool:
-        return not ctx.options.intercept_open_proxy and bool(exposed_hosts())
+        # Behind a front (intercept_worker) every connection comes from loopback, whoever
+        # opened it: the worker cannot tell, so it asks for the secret as if exposed.
+        return not ctx.options.intercept_open_proxy and (bool(exposed_hosts()) or self.registry.worker is not None)
 
     def client_disconnected(self, client: connection.Client) -> None:
         self._authorized.discard(client.id)

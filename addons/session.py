@@ -127,8 +127,10 @@ class SealConfig(BaseModel):
     info: dict[str, Any] = Field(default_factory=dict)
 
 
-def new_secret(kind: str) -> str:
-    return f"sk-ic-{kind}-{secrets.token_urlsafe(24)}"
+def new_secret(kind: str, worker: str | None = None) -> str:
+    """``sk-ic-<kind>-...``; behind a front (``intercept_worker``) ``sk-ic-<worker>-<kind>-...``:
+    the front routes a connection by the worker its secret names (scripts/serve.py)."""
+    return f"sk-ic-{worker + '-' if worker else ''}{kind}-{secrets.token_urlsafe(24)}"
 
 
 @dataclass(eq=False)
@@ -233,11 +235,22 @@ class Registry:
         self.rewrite_keep_bytes = KEEP_BYTES  # intercept_rewrite_keep_bytes
         self._released: deque[str] = deque()
         self._dropped: dict[str, Path] = {}
+        # intercept_worker: this process is one worker behind a front; every session id, trace
+        # file and secret it makes starts with the tag, so the front routes by them without
+        # knowing any session, and workers sharing one trace folder never pick the same name.
+        self.worker: str | None = None
+
+    def session_id(self, requested: str | None) -> str:
+        """The id a session gets: the requested one (else a random one), behind the worker's tag."""
+        sid = requested or uuid.uuid4().hex[:16]
+        return f"{self.worker}-{sid}" if self.worker else sid
 
     def create(self, config: SessionConfig, trace_dir: Path, fsync: str,
                upstream: Upstream | None = None, file_stem: str | None = None,
                hooks: HookSet | None = None, hooks_config: dict[str, Any] | None = None) -> Session:
-        sid = config.id or uuid.uuid4().hex[:16]
+        sid = self.session_id(config.id)
+        if file_stem and self.worker:
+            file_stem = f"{self.worker}-{file_stem}"
         with self._lock:
             if sid in self._by_id:
                 raise ValueError(f"session {sid!r} exists already")
@@ -267,7 +280,7 @@ class Registry:
                 "info": config.info,
             }
             recorder = Recorder(path, header, store=self.store, fsync=fsync)
-            session = Session(sid, config, new_secret("m"), new_secret("s"), recorder, upstream,
+            session = Session(sid, config, new_secret("m", self.worker), new_secret("s", self.worker), recorder, upstream,
                               task_state=TaskState.initial(config.state, config.state_schema))
             if config.state:
                 recorder.record_state(session.task_state.record("config", "init"))

@@ -36,6 +36,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import urlsplit
 
 from mitmproxy import certs, ctx, exceptions
 from mitmproxy.proxy import mode_specs
@@ -111,6 +112,7 @@ class Settings:
         self._pending: dict[str, Any] = {}  # intercept_* values mitmproxy deferred, applied in configure
         self._merged_hosts_said = False
         self._imposed_allow: set[str] = set()
+        self.front: tuple[str, int] | None = None  # intercept_front: (host, port) of the front
 
     def load(self, loader) -> None:
         # mitmproxy defers a --set for an option not yet known and converts it when the option
@@ -149,6 +151,16 @@ class Settings:
             "intercept_open_proxy", bool, False,
             "Listening beyond loopback, relay for clients without a session secret too (an open proxy). "
             "Off: every connection must present one in Proxy-Authorization (407 otherwise).",
+        )
+        loader.add_option(
+            "intercept_worker", Optional[str], None,
+            "This proxy is one worker behind a front (scripts/serve.py): its tag (w1, w2, ...), which starts "
+            "every session id and secret it makes so the front routes by them. Needs intercept_front.",
+        )
+        loader.add_option(
+            "intercept_front", Optional[str], None,
+            "With intercept_worker: the front's address (http://host:port) that harnesses and orchestrators use; "
+            "named in every environment handed out, and the control API's address.",
         )
         loader.add_option("intercept_keep_sealed", int, 1000,
                           "Sealed sessions kept in memory (summaries); older ones are dropped and their "
@@ -215,6 +227,8 @@ class Settings:
             if o.intercept_keep_sealed < 0:
                 raise exceptions.OptionsError(f"intercept_keep_sealed must be 0 or more, got {o.intercept_keep_sealed}")
             self.registry.keep_sealed = o.intercept_keep_sealed
+        if updated & {"intercept_worker", "intercept_front"}:
+            self._configure_worker(o.intercept_worker, o.intercept_front)
         if "intercept_fsync" in updated:
             if o.intercept_fsync not in FSYNC_POLICIES:  # mitmproxy lists choices, it does not check them
                 raise exceptions.OptionsError(
@@ -238,6 +252,25 @@ class Settings:
         self._impose_proxy_settings(updated)
         if self.started and "intercept_sessions" in updated and self.file_configs:
             self._create_sessions(self.file_configs)
+
+    def _configure_worker(self, worker: str | None, front: str | None) -> None:
+        """Each value checked here; that they go together is checked at start (``running``):
+        mitmproxy applies a command line's options one at a time."""
+        if self.started and worker != self.registry.worker:
+            raise exceptions.OptionsError("intercept_worker cannot change while the proxy runs: "
+                                          "its sessions' ids and secrets name it")
+        if worker and not re.fullmatch(r"w[0-9]{1,4}", worker):
+            raise exceptions.OptionsError(f"intercept_worker: a tag such as w1 or w12, got {worker!r}")
+        self.registry.worker, self.front = worker or None, None
+        if front:
+            u = urlsplit(front)
+            try:
+                port = u.port
+            except ValueError:
+                port = None
+            if u.scheme != "http" or not u.hostname or not port or u.path not in ("", "/") or u.username:
+                raise exceptions.OptionsError(f"intercept_front: the front's address as http://host:port, got {front!r}")
+            self.front = (u.hostname, port)
 
     def _default_config(self) -> tuple[SessionConfig, Upstream | None]:
         o = ctx.options
@@ -372,6 +405,11 @@ class Settings:
     def running(self) -> None:
         if self.started:
             return
+        if (self.registry.worker is None) != (self.front is None):
+            why = "intercept_worker and intercept_front go together (scripts/serve.py sets both)"
+            if not _is_real_master():
+                raise exceptions.OptionsError(why)
+            _refuse_to_start(why)
         self.started = True
         if self._rebind:
             # mitmproxy loads a script while its servers are already binding, so the
@@ -439,7 +477,7 @@ class Settings:
 
     def _create_sessions(self, configs: list[SessionConfig]) -> None:
         for config in configs:
-            if config.id and self.registry.get(config.id):
+            if config.id and self.registry.get(self.registry.session_id(config.id)):
                 continue
             self.create_session(config)
 
@@ -450,6 +488,9 @@ class Settings:
     # -- what a harness needs -------------------------------------------------------------
 
     def proxy_url(self) -> str:
+        if self.front:  # behind a front: the one address harnesses and orchestrators know
+            host, port = self.front
+            return f"http://{f'[{host}]' if ':' in host else host}:{port}"
         bound = self.bound_address()
         host = ctx.options.listen_host or (bound[0] if bound else "127.0.0.1")
         if host in ("0.0.0.0", "::", ""):
@@ -461,8 +502,9 @@ class Settings:
 
     def harness_env(self, session: Session) -> dict[str, str]:
         url = self.proxy_url()
-        if exposed_hosts() and not ctx.options.intercept_open_proxy:
+        if self.front or (exposed_hosts() and not ctx.options.intercept_open_proxy):
             # Every connection must then present the secret (OpenProxyGuard): in the proxy URL.
+            # Behind a front, that is also how the front knows the worker of a connection.
             url = url.replace("http://", f"http://session:{session.model_secret}@", 1)
         env = {"HTTPS_PROXY": url, "https_proxy": url}
         env.update({k: session.model_secret for k in KEY_VARIABLES})
@@ -492,8 +534,12 @@ class Settings:
                 parts.append(Path(candidate).read_text())
                 break
         bundle = harness_dir / BUNDLE_FILE
-        bundle.write_text("\n".join(parts))
-        os.chmod(bundle, 0o644)
+        # Whole or not at all: workers sharing a confdir (scripts/serve.py) write it while
+        # harnesses of the others read it.
+        tmp = bundle.with_name(f".{BUNDLE_FILE}.{os.getpid()}")
+        tmp.write_text("\n".join(parts))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, bundle)
         return bundle
 
     def _banner(self, session: Session, harness_dir: Path) -> None:
@@ -549,7 +595,10 @@ def _refuse_to_start(message: str) -> None:
 
 
 def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """Mode 0600, and whole or not at all (another worker may write the same file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
-    os.chmod(path, 0o600)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
