@@ -57,6 +57,7 @@ from interceptor.client.proxy import (PROXY_VARIABLES, SCRIPT, TOKEN_FILE, TOKEN
                                       mitmdump_bin)
 
 HAPROXY_VARIABLE = "INTERCEPT_HAPROXY"
+RESTART_PAUSE = 5.0  # seconds between two starts of one worker
 REFUSAL = ("This proxy serves only its sessions: put the session's model secret in the proxy URL, "
            "HTTPS_PROXY=http://session:<secret>@host:port (the env a session's POST answers has it)")
 
@@ -143,6 +144,7 @@ class Worker:
     log_path: Path
     proc: subprocess.Popen | None = None
     starts: int = 0
+    started_at: float = 0.0
 
 
 class Deployment:
@@ -231,6 +233,7 @@ class Deployment:
         with open(w.log_path, "ab") as log:
             w.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         w.starts += 1
+        w.started_at = time.monotonic()
 
     def _wait_worker(self, w: Worker) -> None:
         deadline = time.monotonic() + self.start_timeout
@@ -280,6 +283,8 @@ class Deployment:
                 with self._lock:
                     if self._stopping.is_set() or w.proc is None or w.proc.poll() is None:
                         continue
+                    if self.restart and time.monotonic() - w.started_at < RESTART_PAUSE:
+                        continue  # one that dies at start (its port taken) is not restarted in a busy loop
                     print(f"serve: worker {w.tag} (pid {w.proc.pid}) exited with {w.proc.returncode}; its sessions "
                           f"are gone{', starting it again' if self.restart else ''}", file=sys.stderr, flush=True)
                     if self.restart:
