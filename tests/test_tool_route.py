@@ -18,7 +18,7 @@ import pytest
 from interceptor.trace import read_trace
 from clients import session_clients
 from provider import Reply, ToolCall
-from test_trace_proxy import SYSTEM, TOOLS, mproxy, msim, session  # noqa: F401
+from test_trace_proxy import ANTHROPIC_TOOLS, SYSTEM, TOOLS, mproxy, msim, session  # noqa: F401
 
 BLOCKED = "blocked by the evaluator: rm is not allowed here"
 REDACTED = "[redacted by the evaluator]"
@@ -210,3 +210,38 @@ def test_a_hook_error_at_the_route_is_a_500_that_stops_the_rollout(session, msim
     trace = read_trace(s["trace_path"])
     assert [(d.action, d.hooks) for d in trace.tool_decisions] == [("error", ["broken"]), ("stop", [])]
     assert (trace.stop_condition, trace.stopped_by) == ("hook_error", "hook")
+
+
+def test_an_anthropic_harness_that_runs_a_blocked_tool_anyway(session, msim, mproxy, tmp_path):
+    """Anthropic Messages carries the error flag: the model reads the block content as an
+    error result, though the harness sent its own output as a success, restated on later turns."""
+    hooks = tmp_path / "police.py"
+    hooks.write_text(textwrap.dedent(POLICE))
+    s = session(hooks={"module": str(hooks)})
+    _, ant = session_clients(s)
+    msim.script(Reply(tool_calls=[ToolCall(name="bash", arguments={"cmd": "rm -rf victim"}, id="toolu_rm")]),
+                Reply(text="noted"), Reply(text="done"))
+    kw = dict(model="claude-x", max_tokens=200, system=SYSTEM, tools=ANTHROPIC_TOOLS)
+    messages = [{"role": "user", "content": "clean up"}]
+    r = ant.messages.create(messages=messages, **kw)
+    assert route(mproxy, s["model_secret"], {"phase": "before", "tool_call_id": "toolu_rm"})[1]["action"] == "block"
+    messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_rm",
+                                               "content": "removed 3 files"}]}]
+    r = ant.messages.create(messages=messages, **kw)
+    messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+                 {"role": "user", "content": "and now?"}]
+    ant.messages.create(messages=messages, **kw)
+    for request in msim.model_requests()[1:]:
+        results = [b for m in request.json["messages"] if isinstance(m["content"], list)
+                   for b in m["content"] if b.get("type") == "tool_result"]
+        assert [(b["content"], b.get("is_error")) for b in results] == [(BLOCKED, True)], results
+    mproxy.api("DELETE", f"sessions/{s['id']}")
+    trace = read_trace(s["trace_path"])
+    assert len(trace.branches) == 1
+    [tool] = [m for m in trace.branches[0].messages if m.role == "tool"]
+    assert (tool.text(), tool.is_error) == (BLOCKED, True)
+    [rewrite] = trace.request_rewrites
+    assert (rewrite.by, rewrite.reason, rewrite.is_error, rewrite.call) == ("tool_route", "block", True,
+                                                                            trace.calls[1].id)
+    assert all(rewrite.id in c.rewrites for c in trace.calls[1:])
