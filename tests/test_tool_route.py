@@ -245,3 +245,15 @@ def test_an_anthropic_harness_that_runs_a_blocked_tool_anyway(session, msim, mpr
     assert (rewrite.by, rewrite.reason, rewrite.is_error, rewrite.call) == ("tool_route", "block", True,
                                                                             trace.calls[1].id)
     assert all(rewrite.id in c.rewrites for c in trace.calls[1:])
+
+
+def test_an_id_two_current_branches_issued_is_a_409(session, msim, mproxy):
+    s = session()
+    oai, _ = session_clients(s)
+    msim.script(*[Reply(tool_calls=[ToolCall(name="bash", arguments={"cmd": "ls"}, id="call_same")])] * 2)
+    for task in ("first task", "a sub-agent's task"):  # two conversations: two leaves
+        oai.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": task}], tools=TOOLS)
+    status, answer = route(mproxy, s["model_secret"], {"phase": "before", "tool_call_id": "call_same"})
+    assert status == 409 and "2 current branches" in answer["error"]["message"]
+    # Without request hooks there is nothing to decide, but the id is still checked.
+    assert route(mproxy, s["model_secret"], {"phase": "before", "tool_call_id": "call_other"})[0] == 404
