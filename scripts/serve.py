@@ -23,8 +23,9 @@ writing one folder can never pick the same file name.
   answers 407 itself and forwards nothing (a CONNECT is refused before any TLS, so the
   dialect's error shape is not possible there); a well-formed secret no live session holds
   gets the worker's own 407 (OpenProxyGuard enforces behind a front).
-- ``/_interceptor/sessions/<id>...`` goes to the worker the id names; ``task`` and ``state``
-  to the worker the state secret (``Authorization: Bearer``) names; ``?worker=wN`` picks a
+- ``/_interceptor/sessions/<id>...`` goes to the worker the id names; ``task``, ``state``
+  and ``stop`` to the worker the state secret (``Authorization: Bearer``) names, ``tool`` to
+  the one the model secret names; ``?worker=wN`` picks a
   worker for ``health`` and the session list (a list without it is a 400: each worker
   lists its own).
 - A worker that dies (``kill -9``) loses its in-flight turns and its sessions (they live in
@@ -75,7 +76,9 @@ def haproxy_config(host: str, port: int, workers: dict[str, int], threads: int =
     """The front's whole configuration: N fixed prefixes, no state (see the module docstring)."""
     front = f"{host}:{port}"
     tags = list(workers)
-    tool_routes = " ".join(f"/_interceptor/{r}" for r in TOOL_SERVER_ROUTES)
+    # the tool servers' routes (state secret) and the tool route (addons/toolroute.py: the model
+    # secret, in Authorization, x-api-key or Proxy-Authorization): by whichever secret came
+    tool_routes = " ".join(f"/_interceptor/{r}" for r in (*TOOL_SERVER_ROUTES, "tool"))
     secret_prefixes = " ".join(f"sk-ic-{t}-" for t in tags)
     bad_list = json.dumps({"error": {"status": 400, "message": (
         f"each worker lists its own sessions: GET /_interceptor/sessions?worker=<{'|'.join(tags)}>")}})
@@ -109,6 +112,8 @@ def haproxy_config(host: str, port: int, workers: dict[str, int], threads: int =
         "    http-request set-var(txn.secret) req.hdr(proxy-authorization),word(2,' ') "
         "if { var(txn.scheme) -m str bearer }",
         "    http-request set-var(txn.bearer) req.hdr(authorization),word(2,' ') if control",
+        "    http-request set-var(txn.bearer) req.hdr(x-api-key) if control !{ var(txn.bearer) -m found }",
+        "    http-request set-var(txn.bearer) var(txn.secret) if control !{ var(txn.bearer) -m found }",
         f"    acl routable var(txn.secret) -m beg {secret_prefixes}",
         f"    http-request return status 407 content-type text/plain string \"{REFUSAL}\" "
         "hdr proxy-authenticate 'Basic realm=\"llm-interceptor\"' if !control !routable",

@@ -124,6 +124,10 @@ def test_sessions_land_on_workers_and_keep_their_own_turns(front, msim):
     assert b.update_state({"score": 1}) >= 1 and b.state() == {"score": 1}
     status, task = call(front.url, b.state_secret, "GET", "task")  # the tool servers' route, by state secret
     assert status == 200 and task["session"] == b.id
+    # the tool route, by the model secret: b's worker knows it (a 400 for the empty call, not a 401)
+    for _ in range(2):  # twice: round robin would have sent one of them to the other worker
+        status, answer = call(front.url, b.secret, "POST", "tool", {})
+        assert status == 400, answer
     status, listed = call(front.url, front.admin_token, "GET", f"sessions?worker={b.id.split('-')[0]}")
     assert status == 200 and b.id in [s["id"] for s in listed["sessions"]]
     assert a.id not in [s["id"] for s in listed["sessions"]]
