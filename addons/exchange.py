@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from mitmproxy import http
 
     from interceptor.addons.collect import Plan
+    from interceptor.addons.hold import Held
     from interceptor.addons.relay import Drain
     from interceptor.addons.memory import Remembered
     from interceptor.dialects.body import Body, Edit
@@ -86,6 +87,8 @@ class Exchange:
     parsed: Body | None = None
     carried: list[Remembered] = field(default_factory=list)  # the rewrites this request carries
     edits: list[Edit] = field(default_factory=list)  # where they go in the body (``parsed``)
+    # For sessions with response hooks only: the answer held back until they decide (Hold).
+    hold: Held | None = None
 
     @property
     def dialect(self):

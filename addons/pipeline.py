@@ -11,9 +11,11 @@ built here and nowhere else, innermost first:
 3. **translate** (``translate.Translate``): for a session whose upstream speaks another
    dialect, the answer in the harness's own, event by event (after strip, so the token
    fields the proxy asked for never reach the translation);
-4. **hold** (empty for now: response hooks, for the sessions that have them), after strip and
-   before capture, so a hook sees what the harness would and a replay repeats what the hook
-   let through;
+4. **hold** (``hold.Hold``: response hooks, for the sessions that have them), after strip
+   and before capture, so a hook sees what the harness would and a replay repeats what the
+   hook let through. A held answer passes the pipeline twice (``addons/hold.py``): collected
+   by the relay through the stages up to the hold, then delivered to the harness through
+   the stages after it;
 5. **capture** (``retry.Retry``): keep the bytes the harness is sent, for a replay.
 
 A JSON answer takes the same stages in the same order in ``response``, a broken one in
@@ -69,8 +71,19 @@ class Pipeline:
         # The order of the chain is this line.
         self.stages: tuple[Stage, ...] = tuple(s for s in (assemble, strip, translate, hold, capture)
                                                if s is not None)
+        # A held answer's two passes (addons/hold.py): collected up to the hold, delivered after it.
+        cut = self.stages.index(hold) + 1 if hold is not None else len(self.stages)
+        self.collect, self.deliver = self.stages[:cut], self.stages[cut:]
 
-    def responseheaders(self, flow: http.HTTPFlow) -> None:
+    def _for(self, ex, collect: bool = False) -> tuple[Stage, ...]:
+        """The stages a call runs: all of them, but for a held answer those up to the hold
+        when the relay collects it (``collect``) and those after it when mitmproxy carries
+        the decided answer to the harness."""
+        if ex is None or ex.hold is None:
+            return self.stages
+        return self.collect if collect else self.deliver
+
+    def responseheaders(self, flow: http.HTTPFlow, collect: bool = False) -> None:
         if flow.response is None:
             return
         ex = exchange_of(flow)
@@ -78,7 +91,10 @@ class Pipeline:
         if drain is not None:
             drain.restore(flow)
         stream: Stream = flow.response.stream
-        for stage in self.stages:
+        stages = self._for(ex, collect)
+        if stages is self.deliver and ex is not None and ex.hold is not None and flow.response.headers.get("content-type", "").startswith("text/event-stream"):
+            stream = True  # a held SSE answer, decided: streamed on as the relay sends it
+        for stage in stages:
             try:
                 stream = stage.on_headers(flow, stream)
             except Exception as e:  # noqa: BLE001 - see the module docstring
@@ -87,11 +103,11 @@ class Pipeline:
             stream = drain.meter(stream)
         flow.response.stream = stream or False
 
-    def response(self, flow: http.HTTPFlow) -> None:
+    def response(self, flow: http.HTTPFlow, collect: bool = False) -> None:
         ex = exchange_of(flow)
-        if ex is not None and ex.drain is not None:
+        if ex is not None and ex.drain is not None and not collect:
             ex.drain.ended(flow)
-        self._each(flow, "on_response")
+        self._each(flow, "on_response", self._for(ex, collect))
 
     def error(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)
@@ -107,10 +123,12 @@ class Pipeline:
         if ex is not None and ex.turn and not ex.replayed:
             # The turn was committed at its terminal event; the rest never reached the harness.
             mark_undelivered(ex)
-        self._each(flow, "on_error")
+        # A held answer that broke before its decision: every stage (the record, then the capture).
+        held = ex.hold if ex is not None else None
+        self._each(flow, "on_error", self.stages if held is None or held.phase == "collect" else self.deliver)
 
-    def _each(self, flow: http.HTTPFlow, hook: str) -> None:
-        for stage in self.stages:
+    def _each(self, flow: http.HTTPFlow, hook: str, stages: tuple[Stage, ...]) -> None:
+        for stage in stages:
             try:
                 getattr(stage, hook)(flow)
             except Exception as e:  # noqa: BLE001 - see the module docstring

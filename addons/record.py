@@ -18,6 +18,7 @@ from interceptor.addons.exchange import Exchange
 from interceptor.addons.memory import Remembered
 from interceptor.trace import ModelCall
 from interceptor.trace.messages import Response, ResponseError, Sampling
+from interceptor.trace.model import Rewrite
 from interceptor.trace.prefix import touches
 
 log = logging.getLogger(__name__)
@@ -77,26 +78,44 @@ def first_carried(ex: Exchange, call: ModelCall) -> list[Remembered]:
 
 
 def commit(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: ResponseError | None = None,
-           *, status: int | None = None) -> None:
+           *, status: int | None = None, delivered: Response | None = None, rewrite: Rewrite | None = None,
+           withheld: ResponseError | None = None) -> None:
     """Put the exchange on the record exactly once: a turn when the model answered, a call
     with its error otherwise. ``status`` stands in for the flow's when the exchange is not
-    the flow's own (a WebSocket frame's answer; the flow's is the upgrade's 101)."""
+    the flow's own (a WebSocket frame's answer; the flow's is the upgrade's 101).
+
+    A held answer (``addons/hold.py``) is not committed while it is collected: the answer is
+    kept for the response hooks, which commit it with what they decided: ``delivered`` (a
+    replacement, the sampled reply's sibling, with its ``rewrite`` record) or ``withheld``
+    (the harness got this error instead: a response stop, a hook error; the turn is on the
+    record, the call carries the error and ``delivered: false``)."""
     if ex.committed:
+        return
+    hold = ex.hold
+    if (hold is not None and hold.phase == "collect" and error is None and response is not None
+            and response.error is None and ex.request is not None):
+        hold.sampled = response
         return
     ex.committed = True
     if response is not None and response.error is not None and error is None:
         error = response.error
     call = make_call(ex, flow, response, error, status)
+    if withheld is not None:
+        call.error, call.status, call.delivered = withheld, withheld.status, False
+        ex.delivered = False
     recorder = ex.session.recorder
     new = first_carried(ex, call)
     rewrites = [r.rewrite for r in new]
+    if rewrite is not None:
+        rewrites.append(rewrite)
     try:
         if error is None and response is not None and ex.request is not None:
             listed = ex.listed
             if listed is not None and touches(ex.overrides, listed.key):
                 recorder.prefixes.clear()  # changed after Rewrite: its elements are not as sent
                 listed = None
-            recorder.commit_turn(ex.request, response, call, listed, rewrites=rewrites)
+            recorder.commit_turn(ex.request, response, call, listed, rewrites=rewrites,
+                                 delivered=delivered.message if delivered is not None else None)
             ex.turn = call.id
         else:
             recorder.record_call(call, rewrites)

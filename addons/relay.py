@@ -58,9 +58,11 @@ import h11
 from mitmproxy import ctx, exceptions, http
 from mitmproxy import flow as mflow
 
+from interceptor.addons import hold
 from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import KEY, Exchange, exchange_of
-from interceptor.addons.record import mark_undelivered
+from interceptor.addons.record import commit, mark_undelivered
+from interceptor.trace.messages import ResponseError
 
 if TYPE_CHECKING:
     from interceptor.addons.pipeline import Pipeline
@@ -120,6 +122,18 @@ async def _next(conn: h11.Connection, reader: asyncio.StreamReader):
         if event is not h11.NEED_DATA:
             return event
         conn.receive_data(await reader.read(READ))
+
+
+async def _body(up: Upstream):
+    """The upstream answer's body, a chunk at a time, to its end; UpstreamBroke if it breaks."""
+    while True:
+        event = await _next(up.conn, up.reader)
+        if isinstance(event, h11.Data):
+            yield bytes(event.data)
+        elif isinstance(event, h11.EndOfMessage):
+            return
+        else:
+            raise UpstreamBroke(type(event).__name__)
 
 
 class _Meter:
@@ -186,6 +200,8 @@ class Drain:
         self.relay.forget(self)
         if not self.started or self.broken or self.taken or self.finished:
             return False
+        if self.ex.hold is not None and self.ex.hold.phase == "deliver":
+            return False  # decided and on the record: the stages after the hold see the error
         self.taken = True
         if self.ex.committed:
             mark_undelivered(self.ex)  # committed at its terminal event, before the rest was sent
@@ -195,9 +211,9 @@ class Drain:
         self._timer = loop.call_later(self.relay.timeout, self._expire)
         log.info(f"interceptor: session {self.ex.session.id!r}: the client left before the answer's end; "
                  f"reading it from the upstream to record it")
-        if self.upstream_done:
+        if self.upstream_done and self.ex.hold is None:
             loop.call_soon(self._guarded, self._finish)
-        return True
+        return True  # a held answer: ``_held`` goes on and hands the decision to the pipeline
 
     # -- the relay's side -------------------------------------------------------------------
 
@@ -240,29 +256,24 @@ class Drain:
         self.head = (event.status_code, event.reason, list(event.headers))
         if self.relay.reached is not None:
             self.relay.reached(self.target.host, self.target.port)
+        if self.ex.hold is not None:
+            return await self._held(down, writer, up)
         if self.taken:
             self._guarded(self._headers)
         else:
             self._down(writer, down.send(h11.Response(status_code=event.status_code, reason=event.reason,
                                                       headers=list(event.headers))))
         try:
-            while True:
-                event = await _next(up.conn, up.reader)
-                if isinstance(event, h11.Data):
-                    data = bytes(event.data)
-                    self.buf += data
-                    if self.taken:
-                        self._guarded(self._feed)
-                    elif self.down_alive:
-                        self._down(writer, down.send(h11.Data(data=data)))
-                        try:
-                            await writer.drain()
-                        except OSError:
-                            self.down_alive = False
-                elif isinstance(event, h11.EndOfMessage):
-                    break
-                else:
-                    raise UpstreamBroke(type(event).__name__)
+            async for data in _body(up):
+                self.buf += data
+                if self.taken:
+                    self._guarded(self._feed)
+                elif self.down_alive:
+                    self._down(writer, down.send(h11.Data(data=data)))
+                    try:
+                        await writer.drain()
+                    except OSError:
+                        self.down_alive = False
         except (OSError, h11.ProtocolError, UpstreamBroke) as e:
             up.close()
             self.broken = True
@@ -275,6 +286,83 @@ class Drain:
             return False
         self._down(writer, down.send(h11.EndOfMessage()))
         return self.down_alive
+
+    async def _held(self, down: h11.Connection, writer: asyncio.StreamWriter, up: Upstream) -> bool:
+        """A held answer (``addons/hold.py``): collected through the pipeline up to the hold,
+        decided, then sent to mitmproxy (or, the harness gone, handed to the stages after it)."""
+        held = self.ex.hold
+        flow = self.flow
+        with self._exchange():
+            self._headers(collect=True)
+        stream = flow.response.stream
+        ticker = None
+        if (held.keepalive > 0 and held.sse and flow.response.status_code == 200 and not self.taken
+                and flow.response.headers.get("content-encoding", "identity").lower() == "identity"):
+            held.head_sent = True
+            self._down(writer, down.send(h11.Response(status_code=200, headers=_framed(flow.response.headers.fields))))
+            ticker = asyncio.ensure_future(self._keepalive(down, writer, held.keepalive))
+        try:
+            try:
+                async for data in _body(up):
+                    with self._exchange():
+                        if callable(stream):
+                            stream(data)
+                        else:
+                            self.buf += data
+            except (OSError, h11.ProtocolError, UpstreamBroke) as e:
+                up.close()
+                self.broken = True
+                reason = self._expiry() if self.expired else f"the upstream connection broke ({type(e).__name__})"
+                with self._exchange():
+                    held.close()
+                    held.phase = "deliver"
+                    commit(self.ex, flow, None, ResponseError(type="connection_error", message=reason))
+                delivery = hold.broken(self.ex, flow, reason)
+            else:
+                self.upstream_done = True
+                self.relay.checkin(self.target, up)
+                with self._exchange():
+                    if callable(stream):
+                        stream(b"")
+                    else:
+                        flow.response.raw_content = bytes(self.buf)
+                        self.buf.clear()
+                    flow.response.timestamp_end = time.time()
+                    self.relay.pipeline.response(flow, collect=True)
+                    delivery = await hold.settle(self.ex, flow)
+        finally:
+            if ticker is not None:
+                ticker.cancel()
+        if self.taken:
+            with self._exchange():
+                self._end()
+                response = flow.response
+                response.stream = False
+                response.status_code = delivery.status
+                if delivery.headers:
+                    response.headers = http.Headers(delivery.headers)
+                response.raw_content = delivery.joined()
+                self.relay.pipeline.response(flow)
+            return False
+        if not held.head_sent:
+            self._down(writer, down.send(h11.Response(status_code=delivery.status, headers=delivery.headers)))
+        for data in delivery.parts():
+            self._down(writer, down.send(h11.Data(data=data)))
+            try:
+                await writer.drain()
+            except OSError:
+                self.down_alive = False
+        self._end()
+        if self.broken and held.head_sent:
+            return False  # the error event went out; the stream is cut, as the upstream's was
+        self._down(writer, down.send(h11.EndOfMessage()))
+        return self.down_alive and not self.broken
+
+    async def _keepalive(self, down: h11.Connection, writer: asyncio.StreamWriter, every: float) -> None:
+        while self.down_alive:
+            await asyncio.sleep(every)
+            if not self.taken:
+                self._down(writer, down.send(h11.Data(data=hold.KEEPALIVE)))
 
     def _expiry(self) -> str:
         return f"the upstream did not finish within intercept_drain_timeout ({self.relay.timeout:g} s)"
@@ -333,15 +421,16 @@ class Drain:
             if before is not self.ex:
                 self.flow.metadata[KEY] = before
 
-    def _headers(self) -> None:
-        """The answer's headers came after the client left: the pipeline is built here."""
+    def _headers(self, collect: bool = False) -> None:
+        """The answer's headers came after the client left (or the answer is held,
+        ``collect``): the pipeline is built here."""
         flow = self.flow
-        if flow.response is None:
+        if flow.response is None or collect:
             status, reason, headers = self.head
             flow.response = http.Response(http_version=b"HTTP/1.1", status_code=status, reason=reason,
                                           headers=http.Headers(headers), content=None, trailers=None,
                                           timestamp_start=time.time(), timestamp_end=None)
-            self.relay.pipeline.responseheaders(flow)
+            self.relay.pipeline.responseheaders(flow, collect)
 
     def _feed(self) -> None:
         stream = self.flow.response.stream if self.flow.response is not None else None
@@ -380,6 +469,11 @@ class Drain:
             self._timer.cancel()
 
 
+def _framed(fields) -> list[tuple[bytes, bytes]]:
+    """An answer's headers with the framing left to h11 (chunked: its length is not known yet)."""
+    return [(k, v) for k, v in fields if k.lower() not in (b"content-length", b"transfer-encoding")]
+
+
 def upstream_tls(options: Any) -> ssl.SSLContext:
     """TLS to a provider verified as mitmproxy verifies its upstreams (``ssl_insecure``,
     ``ssl_verify_upstream_trusted_ca``, ``ssl_verify_upstream_trusted_confdir``, else certifi,
@@ -416,6 +510,8 @@ class Relay:
         self.pipeline = pipeline
         self.reached = reached  # Reach's: the upstream answered on a connection of ours
         self.timeout = 300.0
+        self.keepalive = 0.0
+        self.spill = 4 << 20
         self.server: asyncio.Server | None = None
         self.port = 0
         self._tickets: dict[str, Drain] = {}
@@ -428,12 +524,34 @@ class Relay:
             "Seconds the proxy keeps reading a model's answer after the harness went away, to "
             "record it (the retry is answered from the record); 0: no relay, such an answer is lost.",
         )
+        loader.add_option(
+            "intercept_hold_keepalive", str, "0",
+            "For sessions with response hooks: seconds between SSE comments sent while an answer is "
+            "held (its 200 and headers go out at once); 0: off, nothing reaches the harness before "
+            "the hooks decide.",
+        )
+        loader.add_option(
+            "intercept_hold_spill", int, 4 << 20,
+            "Bytes of a held SSE answer kept in memory; beyond, it is spilled to a temporary file.",
+        )
 
     def configure(self, updated: set[str]) -> None:
         if "intercept_drain_timeout" in updated:
             if ctx.options.intercept_drain_timeout < 0:
                 raise exceptions.OptionsError("intercept_drain_timeout: seconds, 0 or more")
             self.timeout = float(ctx.options.intercept_drain_timeout)
+        if "intercept_hold_keepalive" in updated:  # a string: mitmproxy options have no float type
+            try:
+                every = float(ctx.options.intercept_hold_keepalive)
+            except ValueError:
+                every = -1.0
+            if not 0 <= every < float("inf"):
+                raise exceptions.OptionsError("intercept_hold_keepalive: seconds, 0 (off) or more")
+            self.keepalive = every
+        if "intercept_hold_spill" in updated:
+            if ctx.options.intercept_hold_spill < 0:
+                raise exceptions.OptionsError("intercept_hold_spill: bytes, 0 or more")
+            self.spill = ctx.options.intercept_hold_spill
         if updated & {"ssl_insecure", "ssl_verify_upstream_trusted_ca", "ssl_verify_upstream_trusted_confdir"}:
             self._tls = None  # made again at the next https connection
 
@@ -457,10 +575,19 @@ class Relay:
         if flow.response or flow.error or not flow.live:
             return
         ex = exchange_of(flow)
-        if (ex is None or ex.route.kind != "model" or flow.request.method != "POST" or ex.drain is not None
-                or not self.port or self.timeout <= 0 or list(ctx.options.mode) != ["regular"]
-                or ctx.options.client_certs or flow.request.scheme not in ("http", "https")):
+        if ex is None or ex.route.kind != "model" or flow.request.method != "POST" or ex.drain is not None:
             return
+        held = hold.holds(ex)
+        if (not self.port or self.timeout <= 0 or list(ctx.options.mode) != ["regular"]
+                or ctx.options.client_certs or flow.request.scheme not in ("http", "https")):
+            if held:  # fail closed: an answer the hooks must see is never streamed unheld
+                message = ("the session's response hooks need the proxy's relay to hold answers "
+                           "(intercept_drain_timeout > 0, regular mode, no client certificates); nothing was forwarded")
+                flow.response = error_response(ex.dialect, 500, message, type="hold_unavailable")
+                commit(ex, flow, None, ResponseError(type="hold_unavailable", message=message, status=500))
+            return
+        if held:
+            ex.hold = hold.Held(spill_bytes=self.spill, keepalive=self.keepalive)
         drain = Drain(self, flow, ex, Target(flow.request.scheme, flow.request.host, flow.request.port))
         self._tickets[drain.ticket] = drain
         ex.drain = drain

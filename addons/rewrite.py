@@ -24,6 +24,8 @@ from mitmproxy import http
 from interceptor.addons.answers import error_response, refuse
 from interceptor.addons.exchange import Exchange, Step, exchange_of
 from interceptor.addons.feedback import Refused
+from interceptor.addons.hold import holds
+from interceptor.addons.wsrelay import is_upgrade
 from interceptor.addons.network import answer_search_only, mediate
 from interceptor.addons.limits import output_cap
 from interceptor.addons.session import SessionConfig
@@ -225,6 +227,12 @@ class Rewrite:
                                             f"the session's upstream {upstream.name!r} speaks {upstream.dialect}, "
                                             f"this request is {ex.dialect.name} and {what}; nothing was forwarded"))
                 return
+        if flow.request.method == "GET" and is_upgrade(flow.request) and holds(ex):
+            # Response hooks hold answers over HTTP only (addons/hold.py): Codex, refused the
+            # WebSocket, falls back to POST, whose answers are held.
+            refuse(flow, error_response(ex.dialect, 404, "the session's response hooks hold answers over HTTP only; "
+                                                         "use POST (nothing was forwarded)"))
+            return
         path, override = ex.dialect.path_with_model(flow.request.path, ex.session.config.model)
         if flow.request.method == "POST" and not await self._rewrite_body(flow, ex):
             return

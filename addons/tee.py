@@ -20,6 +20,7 @@ import time
 from mitmproxy import http
 
 from interceptor.addons.exchange import Exchange, exchange_of
+from interceptor.addons.hold import Hold
 from interceptor.addons.pipeline import Pipeline, Stage
 from interceptor.addons.record import commit
 from interceptor.addons.translate import Translate
@@ -41,9 +42,10 @@ class StreamTee:
         # A translated answer is assembled from the upstream's events, recorded as the harness gets it.
         self.assembler = ex.translation.assembler() if ex.translation is not None else ex.dialect.assembler()
         self.failed = False
+        self.done = False  # the terminal event was assembled (a held answer commits later)
 
     def __call__(self, chunk: bytes) -> bytes:
-        if self.failed or self.ex.committed:
+        if self.failed or self.done or self.ex.committed:
             return chunk
         try:
             if chunk:
@@ -63,12 +65,13 @@ class StreamTee:
     def _feed(self, events) -> None:
         for event in events:
             if self.assembler.feed(event):
+                self.done = True
                 commit(self.ex, self.flow, self.assembler.result())
                 return
 
     def finish(self, reason: str | None = None) -> None:
         """The stream ended (or broke) without its terminal event: an error on the record."""
-        if self.ex.committed:
+        if self.ex.committed or self.done:
             return
         response = self.assembler.result()
         error = response.error or ResponseError(
@@ -153,10 +156,11 @@ class Tee:
     """The addon that carries an answer back to the harness: the stream pipeline
     (``addons/pipeline.py``), this module's ``Assemble`` first, then the stages given (in the
     script: Collect's strip, Retry's capture) around the answer's translation (``Translate``,
-    which has no request hooks: Rewrite translates the request)."""
+    which has no request hooks: Rewrite translates the request) and the hold for response
+    hooks (``Hold``, whose answers the Relay collects and delivers)."""
 
     def __init__(self, strip: Stage | None = None, capture: Stage | None = None) -> None:
-        self.pipeline = Pipeline(Assemble(), strip=strip, translate=Translate(), capture=capture)
+        self.pipeline = Pipeline(Assemble(), strip=strip, translate=Translate(), hold=Hold(), capture=capture)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         self.pipeline.responseheaders(flow)

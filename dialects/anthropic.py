@@ -460,6 +460,11 @@ class AnthropicDialect(KnobDialect):
     def error_body(self, status: int, message: str, type: str | None = None) -> dict[str, Any]:
         return {"type": "error", "error": {"type": type or _ERROR_TYPES.get(status, "api_error"), "message": message}}
 
+    def stream_error(self, status: int, message: str, type: str | None = None) -> SSEEvent:
+        # An ``error`` event with the error body (docs.anthropic.com, "Streaming Messages",
+        # Error events); the SDK raises the status error it names.
+        return SSEEvent(event="error", data=json.dumps(self.error_body(status, message, type)))
+
     def parse_request(self, body: dict[str, Any]) -> Request:
         messages: list[Message] = []
         system = _without_billing_header(body.get("system"))

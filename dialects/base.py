@@ -7,6 +7,7 @@ shared instance per format); per-exchange state lives in the ``StreamAssembler``
 
 from __future__ import annotations
 
+import json
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -225,6 +226,20 @@ class Dialect(ABC):
         """A canonical response as this format's non-streamed JSON body. With
         ``stream_events`` this is how a rewritten or synthesised answer reaches a harness;
         ``parse_response(json_body(r)) == r`` for a response in this dialect's normal form."""
+
+    def synthetic(self, response: Response, sse: bool, asked: dict[str, Any] | None) -> bytes:
+        """The bytes of an answer the proxy writes itself (a response hook's replacement):
+        this format's JSON body, or its stream from the first event to the terminal one, as
+        the real SDKs parse it. ``asked`` is the harness's request body, for what it asked
+        the stream to carry."""
+        if sse:
+            return b"".join(e.encode() for e in self.stream_events(response))
+        return json.dumps(self.json_body(response), ensure_ascii=False).encode()
+
+    def stream_error(self, status: int, message: str, type: str | None = None) -> SSEEvent:
+        """An error inside a stream whose 200 and headers went out already: the event the
+        format's SDKs raise on (OpenAI's read an ``error`` key in the data)."""
+        return SSEEvent(data=json.dumps(self.error_body(status, message, type)))
 
     # -- request hooks ---------------------------------------------------------------------
 

@@ -432,6 +432,13 @@ class ChatDialect(OpenAIDialect):
             body["prompt_token_ids"] = response.prompt_token_ids
         return body
 
+    def synthetic(self, response: Response, sse: bool, asked: dict[str, Any] | None) -> bytes:
+        # The usage chunk only when the request asked for it (stream_options.include_usage).
+        options = (asked or {}).get("stream_options")
+        if sse and not (isinstance(options, dict) and options.get("include_usage")):
+            response = response.model_copy(update={"usage": None})
+        return super().synthetic(response, sse, asked)
+
     def stream_events(self, response: Response) -> list[SSEEvent]:
         """Chunks as OpenAI sends them: a role chunk, one delta per kind of content, a
         finish chunk per choice, the ``include_usage`` chunk, then ``[DONE]``."""

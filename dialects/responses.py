@@ -392,6 +392,13 @@ class ResponsesDialect(OpenAIDialect):
     terminal_events = frozenset({"response.completed", "response.incomplete", "response.failed", "error"})
     knobs = KNOBS
 
+    def stream_error(self, status: int, message: str, type: str | None = None) -> SSEEvent:
+        # The stream's ``error`` event (platform.openai.com, Responses streaming events,
+        # "error"): code, message, param, sequence number; nothing else was sent before it.
+        err = self.error_body(status, message, type)["error"]
+        return SSEEvent(event="error", data=json.dumps({"type": "error", "code": err["type"], "message": message,
+                                                        "param": None, "sequence_number": 0}))
+
     def socket_error(self, status: int, message: str, type: str | None = None) -> dict[str, Any]:
         """An error as the API sends it over the WebSocket: the HTTP error body, typed."""
         return {"type": "error", "status": status, **self.error_body(status, message, type)}

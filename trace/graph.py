@@ -221,6 +221,26 @@ class Graph:
                     return cand
         return None
 
+    def add_delivered(self, sampled: int, message: Message, added: list[int], *, now: float | None = None) -> int:
+        """The reply a response hook delivered instead of the sampled node ``sampled``: a
+        non-sampled sibling, which the next turn's restatement matches (by hash) and extends.
+        Under token ids it gets ``[]``: no model produced it, and whatever tokens the template
+        renders it as next turn go onto that turn's first new node, mask false (context).
+        An identical delivered sibling is reused."""
+        nodes = self.trace.nodes
+        parent = nodes[sampled].parent
+        ids = [] if nodes[sampled].token_ids is not None else None
+        for cand in self.index.get((parent, message_hash(message)), ()):
+            if not nodes[cand].sampled and nodes[cand].token_ids == ids:
+                return cand
+        node = MessageNode(parent=parent, message=message, timestamp=time.time() if now is None else now,
+                           token_ids=ids, mask=[] if ids is not None else None)
+        i = self._add(node, added)
+        bare = restated_hash(message)  # a Chat harness restates it without reasoning, like a sampled reply
+        if bare is not None:
+            self.restated.setdefault((parent, bare), []).append(i)
+        return i
+
     def _add_reply(self, parent, reply, token_ids, logprobs, now, added) -> int:
         """The sampled node; an identical earlier sample (same text and tokens) is reused so
         the tree keeps one node per distinct path."""

@@ -112,6 +112,7 @@ class Rewrite(_Model):
     original: Any = None  # what the harness sent or the provider answered, when kept
     delivered: Any = None  # what went on instead
     body: Literal["json", "sse"] | None = None  # the answer's framing (collect_tokens)
+    sampled_node: int | None = None  # a response hook's: the reply the model produced (``node`` is the delivered one)
     removed: list[str] = Field(default_factory=list)  # paths taken out
     events: int | None = None  # SSE events rewritten
     dropped_events: int | None = None  # SSE events dropped whole (they carried only token ids)
@@ -178,6 +179,10 @@ class ModelCall(_Model):
     delivered: bool = True
     # The request rewrites (Rewrite.id) this call's request carried, re-applications included.
     rewrites: list[str] = Field(default_factory=list)
+    # A response hook replaced the reply: ``node`` keeps what the model sampled (a training
+    # sample, with its token ids), ``delivered_node`` is the non-sampled sibling the harness
+    # received, on which the next turn chains. None: the harness got the sampled reply.
+    delivered_node: int | None = None
 
     @property
     def duration(self) -> float | None:
@@ -317,6 +322,15 @@ class Header(_Model):
     config: dict[str, Any] = Field(default_factory=dict)
 
 
+def _call_nodes(call: ModelCall) -> list[int]:
+    """The nodes a call put its answer in: the sampled reply, the delivered one a response
+    hook made of it, the sibling samples of n > 1."""
+    out = [call.node] if call.node is not None else []
+    if call.delivered_node is not None:
+        out.append(call.delivered_node)
+    return out + call.choice_nodes
+
+
 class Trace(_Model):
     """A session's full account. Built incrementally by the recorder, folded back by
     ``read_trace``; the derived views (branches, token totals) are computed, not stored."""
@@ -386,7 +400,7 @@ class Trace(_Model):
         """Every root-to-leaf path, in the order their leaves were created."""
         node_calls: dict[int, list[ModelCall]] = {}
         for call in self.calls:
-            for n in ([call.node] if call.node is not None else []) + call.choice_nodes:
+            for n in _call_nodes(call):
                 node_calls.setdefault(n, []).append(call)
         return [self._branch(k, leaf, node_calls) for k, leaf in enumerate(self.leaves())]
 
@@ -445,7 +459,8 @@ class Trace(_Model):
     def messages(self) -> list[Message]:
         """The conversation as it stands: the path of the last committed reply (or the
         newest leaf when nothing was committed)."""
-        last = next((c.node for c in reversed(self.calls) if c.node is not None), None)
+        last = next((c.delivered_node if c.delivered_node is not None else c.node
+                     for c in reversed(self.calls) if c.node is not None), None)
         if last is None:
             leaves = self.leaves()
             if not leaves:
@@ -470,6 +485,7 @@ class Trace(_Model):
         its branch. A prefix shared by two branches is counted once because each call is
         visited once; a compaction restarts the count on its new branch."""
         by_node = {c.node: c for c in self.calls if c.node is not None}
+        by_node.update({c.delivered_node: c for c in self.calls if c.delivered_node is not None})
         by_key: dict = {}
         total = 0
         for call in self.calls:

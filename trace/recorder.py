@@ -106,7 +106,8 @@ class Recorder:
         return self._trace.sealed
 
     def commit_turn(self, request: Request, response: Response, call: ModelCall,
-                    listed: Listed | None = None, rewrites: list[Rewrite] = ()) -> ModelCall:
+                    listed: Listed | None = None, rewrites: list[Rewrite] = (),
+                    delivered: Message | None = None) -> ModelCall:
         """Add the turn's new nodes and its sampled reply, link ``call`` to the reply
         (``call.node``), fill what the call lacks from the response, append and record.
 
@@ -115,7 +116,9 @@ class Recorder:
         skip the graph walk (their nodes are known), and the list is remembered so the next
         request that restates it is not parsed again. ``rewrites`` (request hooks' rewrites
         first carried by this request) follow the turn, each naming the node its
-        ``position`` became."""
+        ``position`` became. ``delivered``: what a response hook gave the harness instead of
+        the sampled reply, a non-sampled sibling (``call.delivered_node``); a response
+        rewrite among ``rewrites`` is named after it."""
         if self._released is not None:
             # The graph is gone (see ``release``); the exchange still goes on the record.
             call.error = call.error or ResponseError(
@@ -125,29 +128,32 @@ class Recorder:
         trace = self._trace
         mark = (len(trace.nodes), len(trace.calls), len(trace.tool_sets), self._last_tools)
         try:
-            record = self._turn(request, response, call, listed)
+            record = self._turn(request, response, call, listed, delivered)
             self._append(record, sync=self.fsync == "turn")
         except Exception as e:  # noqa: BLE001 - one bad exchange must not end the record
             # Atomic: the turn is in memory and queued for the file, or in neither and an
             # error call in both. The next turn starts from the graph as it was.
             self._rollback(*mark)
-            call.node, call.choice_nodes = None, []
+            call.node, call.choice_nodes, call.delivered_node = None, [], None
             call.error = ResponseError(type="record_error",
                                        message=f"the turn could not be recorded: {type(e).__name__}: {e}")
             log.exception(f"trace: {self.path.name}: turn {call.id} recorded as an error call")
             self.record_call(call, rewrites)
             return call
-        self._record_rewrites(rewrites, self._trace.path(call.node)[:-1] if call.node is not None else [])
+        self._record_rewrites(rewrites, self._trace.path(call.node)[:-1] if call.node is not None else [], call)
         return call
 
-    def _record_rewrites(self, rewrites: list[Rewrite], path: list[int]) -> None:
+    def _record_rewrites(self, rewrites: list[Rewrite], path: list[int], call: ModelCall | None = None) -> None:
         for rewrite in rewrites:
-            if rewrite.position is not None and rewrite.position < len(path):
+            if rewrite.direction == "response":
+                if call is not None:
+                    rewrite.node, rewrite.sampled_node = call.delivered_node, call.node
+            elif rewrite.position is not None and rewrite.position < len(path):
                 rewrite.node = path[rewrite.position]
             self.record_rewrite(rewrite)
 
     def _turn(self, request: Request, response: Response, call: ModelCall,
-              listed: Listed | None = None) -> dict[str, Any]:
+              listed: Listed | None = None, delivered: Message | None = None) -> dict[str, Any]:
         trace = self._trace
         messages = request.messages
         if listed is not None and len(messages) != len(listed.ends):
@@ -168,12 +174,17 @@ class Recorder:
         )
         call.node = turn.sampled
         call.choice_nodes = turn.choices
+        if delivered is not None:
+            call.delivered_node = self._graph.add_delivered(turn.sampled, delivered, turn.added,
+                                                            now=call.ended_at or time.time())
         record: dict[str, Any] = {"kind": "turn"}
         call.tool_set = self._tool_set(request.tools, record)
         self._fill(call, request, response, turn.prompt_path)
         trace.calls.append(call)
         if call.response_id:
-            self._by_response_id[call.response_id] = call.node
+            # A Responses chain continues from what the harness received.
+            self._by_response_id[call.response_id] = (call.delivered_node if call.delivered_node is not None
+                                                      else call.node)
         record["nodes"] = [node_record(i, trace.nodes[i]) for i in turn.added]
         record["call"] = call_record(call)
         if listed is not None:

@@ -2,7 +2,7 @@
 
 A trace is trusted by trainers without a second look, so what must hold is checked in one
 place: the graph is a forest (parents exist and come first, so no cycles), every call points
-at a sampled node, and token arrays line up wherever token ids are present.
+at a sampled node (and a response hook's delivered reply at a non-sampled sibling of it), and token arrays line up wherever token ids are present.
 """
 
 from __future__ import annotations
@@ -37,6 +37,16 @@ def problems(trace: Trace) -> list[str]:
                 out.append(f"call {call.id}: node {ref} does not exist")
             elif not trace.nodes[ref].sampled:
                 out.append(f"call {call.id}: node {ref} is not a sampled reply")
+        if call.delivered_node is not None:
+            d = call.delivered_node
+            if call.node is None or not 0 <= d < n:
+                out.append(f"call {call.id}: delivered node {d} has no sampled node beside it"
+                           if call.node is None else f"call {call.id}: delivered node {d} does not exist")
+            elif trace.nodes[d].sampled or any(trace.nodes[d].mask or ()):
+                out.append(f"call {call.id}: delivered node {d} is marked sampled; a response hook's "
+                           "replacement is context, not a sample")
+            elif 0 <= call.node < n and trace.nodes[d].parent != trace.nodes[call.node].parent:
+                out.append(f"call {call.id}: delivered node {d} is not a sibling of its sampled node {call.node}")
         if call.tool_set is not None and not 0 <= call.tool_set < len(trace.tool_sets):
             out.append(f"call {call.id}: tool set {call.tool_set} is not recorded")
         if call.replay_of is not None and call.replay_of not in seen:
