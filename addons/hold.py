@@ -169,15 +169,28 @@ class Delivery:
 
 
 def broken(ex: Exchange, flow: http.HTTPFlow, reason: str) -> Delivery:
-    """The upstream broke while its answer was held: the harness gets the retryable 502 any
-    unheld exchange gets (or, its headers sent, the dialect's error event and a cut stream)."""
+    """The upstream broke while its answer was held: one error call, and the harness gets
+    the retryable 502 any unheld exchange gets (its headers sent: the dialect's error event
+    and a cut stream). Nothing was sampled whole, so a retry samples nothing twice."""
+    return _failed(ex, flow, 502, "connection_error", f"the session's upstream {reason}", retry=True)
+
+
+def failed(ex: Exchange, flow: http.HTTPFlow, reason: str) -> Delivery:
+    """The proxy itself failed while holding the answer: fail closed, a 500 nobody retries
+    (the answer may have been sampled), the exchange on the record."""
+    return _failed(ex, flow, 500, "hold_error", reason, retry=False)
+
+
+def _failed(ex: Exchange, flow: http.HTTPFlow, status: int, type_: str, message: str, *, retry: bool) -> Delivery:
     held = ex.hold
     held.close()
-    message = f"the session's upstream {reason}"
+    held.sampled = None
+    held.phase = "deliver"
+    commit(ex, flow, None, ResponseError(type=type_, message=message, status=status))
     if held.head_sent:
-        return Delivery(200, [], ex.dialect.stream_error(502, message, None).encode())
-    response = json_response(502, ex.dialect.error_body(502, message), retry=True)
-    return Delivery(502, list(response.headers.fields), response.raw_content or b"")
+        return Delivery(200, [], ex.dialect.stream_error(status, message, None).encode())
+    response = json_response(status, ex.dialect.error_body(status, message), retry=retry)
+    return Delivery(status, list(response.headers.fields), response.raw_content or b"")
 
 
 def _stopped(ex: Exchange, held: Held, stop: Stop, status: int, type_: str, message: str) -> Delivery:

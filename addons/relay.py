@@ -314,10 +314,7 @@ class Drain:
                 self.broken = True
                 reason = self._expiry() if self.expired else f"the upstream connection broke ({type(e).__name__})"
                 with self._exchange():
-                    held.close()
-                    held.phase = "deliver"
-                    commit(self.ex, flow, None, ResponseError(type="connection_error", message=reason))
-                delivery = hold.broken(self.ex, flow, reason)
+                    delivery = hold.broken(self.ex, flow, reason)
             else:
                 self.upstream_done = True
                 self.relay.checkin(self.target, up)
@@ -330,6 +327,13 @@ class Drain:
                     flow.response.timestamp_end = time.time()
                     self.relay.pipeline.response(flow, collect=True)
                     delivery = await hold.settle(self.ex, flow)
+        except Exception as e:  # noqa: BLE001 - the proxy's own failure: fail closed, on the record
+            log.exception(f"interceptor: session {self.ex.session.id!r}: holding the answer failed")
+            if not self.upstream_done:
+                up.close()
+                self.broken = True
+            with self._exchange():
+                delivery = hold.failed(self.ex, flow, f"holding the answer failed ({type(e).__name__})")
         finally:
             if ticker is not None:
                 ticker.cancel()

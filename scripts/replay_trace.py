@@ -72,6 +72,8 @@ def _call_line(call: ModelCall) -> str:
             f"{usage}  {duration}")
     if call.node is not None:
         line += f"  node {call.node}"
+    if call.delivered_node is not None:
+        line += f"  delivered {call.delivered_node} (a response hook replaced the reply)"
     if call.replay_of:
         line += f"  replay of {call.replay_of}"
     if call.error is not None:

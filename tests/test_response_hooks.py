@@ -311,3 +311,42 @@ def test_keepalive_stop_after_the_headers_is_the_dialects_error_event(kproxy, ks
         with ant.messages.stream(model="claude-x", max_tokens=100, messages=[{"role": "user", "content": "hi"}]) as st:
             st.get_final_message()
     assert "rollout stopped: said_the_answer" in str(e.value)
+
+
+ADD_CALL = """
+from interceptor.hooks import Response, intercept
+from interceptor.trace.messages import ToolCall
+
+@intercept
+def adds(response: Response):
+    response.message.tool_calls.append(ToolCall(id="call_x", name="bash", arguments="{}"))
+    return response
+"""
+
+
+def test_a_hook_may_not_add_a_tool_call(session, tmp_path, msim, mproxy):
+    s = session(hooks={"module": hooks_file(tmp_path, ADD_CALL, "adding.py")})
+    oai, _ = session_clients(s)
+    msim.script(Reply(text="hello"))
+    with pytest.raises(openai.InternalServerError) as e:
+        oai.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    assert "may remove tool calls, not add or edit them" in e.value.message
+    assert e.value.response.headers["x-should-retry"] == "false"
+    trace = sealed(mproxy, s)
+    assert trace.stop_condition == "hook_error" and trace.calls[0].delivered_node is None
+
+
+def test_without_the_relay_a_held_session_is_refused_and_nothing_is_sent(start_proxy, sim, tmp_path, harness_env):
+    proxy = start_proxy({"intercept_drain_timeout": "0"})
+    s = proxy.create_session(upstream={"base_url": sim.url("/v1")},
+                             hooks={"module": hooks_file(tmp_path, RAISE, "raising.py")})
+    harness_env(s["env"])
+    oai, _ = session_clients(s)
+    with pytest.raises(openai.InternalServerError) as e:
+        oai.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert "need the proxy's relay to hold answers" in e.value.message
+    assert sim.model_requests() == []
+    status, _ = proxy.api("DELETE", f"sessions/{s['id']}")
+    assert status == 200
+    [call] = read_trace(s["trace_path"]).calls
+    assert call.error.type == "hold_unavailable"

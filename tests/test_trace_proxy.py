@@ -644,7 +644,17 @@ def test_reads_the_golden_file_of_version_2():
     assert trace.calls[-1].error.type == "interceptor_stopped" and trace.calls[-1].node is None
     assert trace.reward == 0.5 and trace.rewards["tests"].weight == 0.5 and trace.metrics == {"steps": 3}
     assert trace.timing.model > 0 and trace.timing.wall >= trace.timing.model
-    [branch] = trace.branches
+    # the second reply, rewritten by a response hook: the sample ends its own branch
+    sample, branch = trace.branches
+    call = trace.calls[1]
+    assert sample.leaf == call.node and trace.nodes[call.node].message.text() == "Running step 1."
+    delivered = trace.nodes[call.delivered_node]
+    assert delivered.message.text() == "Running step 1, as the evaluator put it." and not delivered.sampled
+    assert delivered.token_ids == [] and call.delivered_node in branch.nodes
+    [rw] = [r for r in trace.response_rewrites if r.by == "hook"]
+    assert (rw.by, rw.node, rw.sampled_node, rw.hooks) == ("hook", call.delivered_node, call.node,
+                                                         ["deliver_other_text"])
     assert branch.messages[-1].role == "tool" and trace.nodes[branch.leaf].token_ids == []
-    assert branch.token_ids is not None and len(branch.sampled_mask) == len(branch.token_ids)
+    for b in (sample, branch):
+        assert b.token_ids is not None and len(b.sampled_mask) == len(b.token_ids)
     assert problems(trace) == []

@@ -6,7 +6,9 @@ so that later readers prove they still fold what this version wrote.
 Run it once when the schema version moves on (it refuses to overwrite a file): a three-turn
 tool conversation with token ids, through mitmdump, from the simulator playing vLLM; since
 version 2 with ``max_turns=3``, so a fourth request is refused (its tool result a prompt
-node, a ``stop`` record), sealed with the evaluator's rewards and metrics.
+node, a ``stop`` record), sealed with the evaluator's rewards and metrics; and a response
+hook that rewrites the second reply's text (its sampled and delivered nodes side by side, a
+response ``rewrite`` record, the third turn chained on the delivered one).
 It also writes ``tests/data/schema-v<SCHEMA_VERSION>.json``, the record models' JSON schema
 that tests/test_record_format.py holds the code to until the version moves on again.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import sys
 from pathlib import Path
 
@@ -32,6 +35,18 @@ from provider import ProviderSimulator  # noqa: E402
 from test_trace_proxy import FakeVLLM, chat_loop, step_reply  # noqa: E402
 
 
+HOOKS = '''
+from interceptor.hooks import Response, intercept
+
+@intercept
+def deliver_other_text(response: Response):
+    if response.message.text() == "Running step 1.":
+        response.message.content = "Running step 1, as the evaluator put it."
+        return response
+    return None
+'''
+
+
 def main() -> int:
     schema = HERE / f"schema-v{SCHEMA_VERSION}.json"
     if not schema.exists():
@@ -41,11 +56,13 @@ def main() -> int:
     if out.exists():
         print(f"{out} exists; a golden file is never rewritten", file=sys.stderr)
         return 1
+    hooks = Path(tempfile.mkdtemp()) / "golden_hooks.py"
+    hooks.write_text(HOOKS)
     with ProviderSimulator() as sim, MitmProcess(
             options={"intercept_upstream": sim.url("/v1"), "intercept_api_key_env": KEY_ENV},
             env={KEY_ENV: REAL_KEY}) as proxy:
         s = proxy.create_session(id="golden", collect_tokens=True, task={"name": "golden"},
-                                 limits={"max_turns": 3},
+                                 limits={"max_turns": 3}, hooks={"module": str(hooks)},
                                  upstream={"base_url": sim.url("/v1")})
         os.environ.update(s["env"])
         sim.default = FakeVLLM([step_reply(k, 3) for k in range(4)])
