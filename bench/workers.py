@@ -14,6 +14,11 @@ by round robin). Two workloads, in rotating path order, ``--reps`` times each:
 - streams: ``--streams`` concurrent streams of ``--tokens`` token events; events/s delivered
   and proxy CPU per event.
 
+Every proxy process runs in its own session, as scripts/serve.py starts its workers: with the
+kernel's autogroup scheduling a shared machine gives each session a share of the CPU, so the
+proxies compete with the machine's other work as separate processes would on a node, and
+the simulator and the clients (this process) keep one share between them.
+
 Reported as each path's figures and the 2-worker/1-worker ratio per repetition (median and
 spread), with the machine and its load average. Each path's traces are checked afterwards:
 every session holds one call per request its client sent and no error.
@@ -51,6 +56,10 @@ from interceptor.trace import read_trace  # noqa: E402
 
 URL = "https://api.openai.com/v1/chat/completions"
 REAL_KEY = "sk-bench-real-key"
+
+
+class _Skip(Exception):
+    pass
 
 
 def rss_kb(pid: int) -> int:
@@ -135,12 +144,11 @@ def warm(path: Path_, sessions, payload: bytes) -> None:
 
 
 def memory(dep: Deployment, sessions: int, turns: int) -> tuple[float, float]:
-    """KB of one worker's RSS per live session (``turns`` growing turns each): a first batch
-    live, then sealed, then a second batch made after it. RSS never falls at a seal (Python
-    keeps freed memory for reuse), so what a sealed session still holds shows as how little
-    the second batch grows it: (second batch's growth) is what a live session costs once the
-    first batch's memory is reused, and the first batch's growth minus it, per session, is an
-    upper bound of what a sealed session keeps."""
+    """KB of one worker's RSS per live session (``turns`` growing turns each), and at most per
+    sealed one. A first batch is made and measured live, then sealed; then a second batch. RSS
+    never falls at a seal (Python keeps freed memory for reuse), but the second batch reuses
+    what the sealed first one freed: it grows RSS only by what it could not reuse, so a sealed
+    session keeps at most that growth per session."""
     proxy = Proxy.attach(dep.url, dep.admin_token)
     pid = dep.workers[0].proc.pid
 
@@ -167,8 +175,7 @@ def memory(dep: Deployment, sessions: int, turns: int) -> tuple[float, float]:
     rss2 = rss_kb(pid)
     for s in second:
         s.close()
-    live_first, live_reused = (rss1 - rss0) / sessions, (rss2 - rss1) / sessions
-    return live_first, max(0.0, live_first - live_reused)
+    return (rss1 - rss0) / sessions, max(0.0, (rss2 - rss1) / sessions)
 
 
 def main() -> int:
@@ -179,8 +186,12 @@ def main() -> int:
     ap.add_argument("--stream-requests", type=int, default=2, help="streams per client per repetition")
     ap.add_argument("--tokens", type=int, default=500)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--memory-sessions", type=int, default=100, help="0: skip the memory figure")
+    ap.add_argument("--memory-sessions", type=int, default=300, help="0: skip the memory figure")
+    ap.add_argument("--reps-only", action="store_true", help="skip the memory figure")
+    ap.add_argument("--memory-only", action="store_true", help="only the memory figure")
     args = ap.parse_args()
+    if args.reps_only:
+        args.memory_sessions = 0
     work = Path(tempfile.mkdtemp(prefix="bench-workers-"))
     script = work / "script.json"
     pieces = [f"w{k} " for k in range(args.tokens)]
@@ -188,7 +199,7 @@ def main() -> int:
     sim, sim_url = start_simulator(work, [sys.executable, "-m", "provider", "--port", "0", "--script", str(script)])
     upstreams = json.dumps({"sim": {"base_url": f"{sim_url}/v1", "api_key_env": KEY_ENV}})
     env = {KEY_ENV: REAL_KEY}
-    alone = MitmProcess(workdir=work / "alone", options={"intercept_upstreams": upstreams}, env=env)
+    alone = MitmProcess(workdir=work / "alone", options={"intercept_upstreams": upstreams}, env=env, new_session=True)
     deps = {n: Deployment(n, listen_port=0, trace_dir=work / f"traces-{n}", confdir=work / f"conf-{n}",
                           options=[f"intercept_upstreams={upstreams}"], env=env, restart=False) for n in (1, 2)}
     json_body = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "x" * 20_000}]}).encode()
@@ -197,6 +208,8 @@ def main() -> int:
     loads = [load()]
     results: dict[str, dict[str, list[dict]]] = {}
     try:
+        if args.memory_only:
+            raise _Skip
         alone.start()
         for d in deps.values():
             d.start()
@@ -221,14 +234,33 @@ def main() -> int:
                 s.close()
                 trace = read_trace(s.trace_path)
                 assert len(trace.calls) == p.turns[s.id] and not trace.errors, (p.name, s.id, len(trace.calls), p.turns[s.id])
-        mem = memory(deps[1], args.memory_sessions, 5) if args.memory_sessions else None
+    except _Skip:
+        pass
     finally:
-        alone.cleanup()
+        if alone.proc is not None:
+            alone.cleanup()
         for d in deps.values():
             d.stop()
         sim.terminate()
         sim.wait(10)
 
+    mem = None
+    if args.memory_sessions:
+        # a fresh worker: one that served the cells above reuses their freed memory
+        sim, sim_url = start_simulator(work, [sys.executable, "-m", "provider", "--port", "0", "--script", str(script)])
+        upstreams = json.dumps({"sim": {"base_url": f"{sim_url}/v1", "api_key_env": KEY_ENV}})
+        fresh = Deployment(1, listen_port=0, trace_dir=work / "traces-mem", confdir=work / "conf-mem",
+                           options=[f"intercept_upstreams={upstreams}"], env=env, restart=False)
+        try:
+            mem = memory(fresh.start(), args.memory_sessions, 5)
+        finally:
+            fresh.stop()
+            sim.terminate()
+            sim.wait(10)
+    if not results:
+        print(f"memory, one fresh worker, 2 x {args.memory_sessions} sessions of 5 turns: {mem[0]:.0f} KB RSS per "
+              f"live session, at most {mem[1]:.0f} KB per sealed one")
+        return 0
     print(f"machine: {machine()}; load average at the start and after each repetition: {' | '.join(loads)}")
     print(f"{args.reps} repetitions, paths in rotating order; one simulator process for all\n")
     for work_name, by_path in results.items():

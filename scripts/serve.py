@@ -236,7 +236,12 @@ class Deployment:
         env.update(self.env)
         env[TOKEN_VARIABLE] = self.admin_token or ""  # never on a command line (ps)
         with open(w.log_path, "ab") as log:
-            w.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+            # Its own session: Ctrl-C at a terminal reaches serve.py alone, which stops the front
+            # before the workers; and the kernel's autogroup scheduler gives each worker its own
+            # share of the CPU, as a service manager's units get (one group for all would cap N
+            # workers at one process's share on a busy machine).
+            w.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                      start_new_session=True)
         w.starts += 1
         w.started_at = time.monotonic()
 
@@ -263,7 +268,7 @@ class Deployment:
             raise RuntimeError(f"haproxy refused {cfg}: {check.stderr or check.stdout}")
         with open(self.log_dir / "haproxy.log", "ab") as log:
             self.front = subprocess.Popen([self.haproxy, "-db", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL)
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.front.poll() is not None:

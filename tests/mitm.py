@@ -44,6 +44,8 @@ class MitmProcess:
     # banner (``--listen-port 0``, ``--mode regular@<port>``).
     listen: list[str] | None = None
     port: int = 0
+    # its own session (and so its own autogroup CPU share), as scripts/serve.py starts workers
+    new_session: bool = False
     proc: subprocess.Popen | None = None
     _tmp: tempfile.TemporaryDirectory | None = None
 
@@ -78,7 +80,8 @@ class MitmProcess:
         env.update(self.env or {})
         self.log_path = self.workdir / f"mitmdump-{self.port}.log"
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir,
+                                     start_new_session=self.new_session)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
