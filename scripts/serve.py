@@ -89,8 +89,9 @@ def haproxy_config(host: str, port: int, workers: dict[str, int], threads: int =
         "defaults",
         "    mode http",
         "    log global",
-        "    option httplog",
-        "    option dontlog-normal",
+        # Per-request lines are info, below the notice level above: none by default. Raised, they
+        # name the path without its query (where a Gemini key could stand), never a header.
+        "    log-format \"%ci:%cp [%tr] %ft %b/%s %TR/%Tw/%Tc/%Tr/%Ta %ST %B %tsc %HM %HPO\"",
         "    timeout connect 5s",
         "    timeout http-request 60s",
         "    timeout http-keep-alive 60s",
