@@ -10,6 +10,8 @@ calls each hook in list order):
 - Egress: a session's tunnel to a host outside its network allow list is refused (403);
 - Claim: which session a request belongs to, or a 401 in the dialect's shape;
 - BodyCap: a request over ``intercept_max_body`` gets 413 before its body is read whole;
+- WsServe: Codex's WebSocket answered by the proxy itself when the upstream serves none (a
+  Chat upstream, a Responses upstream over HTTP only): each frame goes upstream as a POST;
 - Rewrite: the session's model, sampling, key and upstream;
 - Reach: a dead upstream answers 502 in the dialect's shape, on the record;
 - Collect: asks a vLLM upstream for token ids and logprobs, for the trace, not the harness;
@@ -65,11 +67,13 @@ from interceptor.addons.stops import Stops
 from interceptor.addons.tee import Tee
 from interceptor.addons.tlsguard import TlsGuard
 from interceptor.addons.wsrelay import WsRelay
+from interceptor.addons.wsserve import WsServe
 
 registry = Registry()
 settings = Settings(registry)
 collect = Collect()
 retry = Retry()
+wsserve = WsServe(settings)
 refused = Refused()  # what providers refused per model: Feedback learns it, Rewrite and WsRelay apply it
 tee = Tee(strip=collect, capture=retry)  # the answer's pipeline: its stages' order is its own
 reach = Reach()
@@ -82,11 +86,12 @@ addons = guarded([
     Egress(registry, settings),  # before Claim, which takes the CONNECT's Proxy-Authorization
     Claim(registry, settings),
     BodyCap(settings),  # right after Claim: a body over intercept_max_body is never read whole
+    wsserve,  # before Rewrite, which refuses a translated session's upgrade; its response hook before WsRelay's
     Rewrite(refused),
     reach,
     collect,  # after Rewrite: adds its keys to the rewritten body
     retry,  # after Rewrite, which keeps the raw body the digest is of
-    WsRelay(refused),  # before Tee: a WebSocket's frames are its exchanges, not the upgrade
+    WsRelay(refused, wsserve),  # before Tee: a WebSocket's frames are its exchanges, not the upgrade
     Feedback(refused),  # before Tee: a 400 for a parameter the proxy set is undone and sent once more
     Replay(),  # after Retry and WsRelay: answers from a replay source's trace
     Stops(),  # after retry's decision: a replayed or coalesced retry is never refused

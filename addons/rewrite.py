@@ -220,7 +220,8 @@ class Rewrite:
             ex.translation = translation(ex.dialect.name, upstream.dialect)
             if ex.translation is None or ex.route.kind != "model" or flow.request.method != "POST":
                 # Forwarding would send a body the upstream cannot read, with the key. (Codex's
-                # WebSocket upgrade too: it falls back to POST, which is translated.)
+                # WebSocket upgrade is served by WsServe before this; where it cannot be,
+                # Codex falls back to POST, which is translated.)
                 what = ("the proxy does not translate between them" if ex.translation is None
                         else "only model calls over HTTP POST are translated")
                 refuse(flow, error_response(ex.dialect, 400 if ex.translation is None else 404,

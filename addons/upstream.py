@@ -46,6 +46,10 @@ class Upstream(BaseModel):
     # or the upstream the other fields describe (and a new turn). ``pace``: answer after the
     # recorded call's duration instead of at once.
     replay: str | None = None
+    # A Responses upstream that serves no WebSocket (``/v1/responses`` over HTTP only, as
+    # vLLM's): Codex's socket is served by the proxy itself (addons/wsserve.py) from the
+    # first upgrade, not after the upstream refused one.
+    websocket: bool = True
     on_miss: Literal["error", "upstream"] = "error"
     pace: bool = False
 
@@ -112,6 +116,8 @@ class Upstream(BaseModel):
         """What the control API and the trace header may say about it: never the key."""
         out = {"name": self.name, "base_url": self.base_url, "api_key_env": self.api_key_env,
                "dialect": self.dialect, "key_set": bool(self.key())}
+        if not self.websocket:
+            out["websocket"] = False
         if self.replay is not None:
             out.update(replay=self.replay, on_miss=self.on_miss, pace=self.pace)
         return out

@@ -20,8 +20,10 @@ model call; the Tee never sees it) and, per frame:
   prompt) plus those items, so both transports give the same graph.
 
 An upgrade the upstream refuses (an upstream without the transport, e.g. vLLM) is no model
-call either: it is logged once per session, with what to do, and never recorded; Codex falls
-back to ``POST /v1/responses`` by itself after a few seconds of retries.
+call either and is never recorded: the proxy serves Codex's next upgrade itself
+(``addons/wsserve.py``) and sends its frames to the upstream as HTTP. Without that (WsRelay
+alone), it is logged once per session, with what to do; Codex falls back to ``POST
+/v1/responses`` by itself after a few seconds of retries.
 """
 
 from __future__ import annotations
@@ -90,9 +92,10 @@ class Socket:
 
 
 class WsRelay:
-    def __init__(self, learned: Refused | None = None) -> None:
+    def __init__(self, learned: Refused | None = None, served: Any = None) -> None:
         self._refused: set[str] = set()  # sessions already told their upstream refused
         self.learned = learned  # what providers refused per model (Feedback), not sent again
+        self.served = served  # WsServe: serves the next upgrade for an upstream that refused one
 
     # -- the upgrade ---------------------------------------------------------------------
 
@@ -108,6 +111,8 @@ class WsRelay:
         status = flow.response.status_code if flow.response else None
         if ex.committed:
             return  # Reach found the upstream down and recorded it already
+        if self.served is not None and self.served.upstream_refused(ex, status):
+            return  # Codex's next upgrade is served by the proxy (addons/wsserve.py)
         if ex.session.id not in self._refused:
             self._refused.add(ex.session.id)
             log.warning(
