@@ -2,7 +2,9 @@
 
 A session with ``collect_tokens`` asks an OpenAI-compatible upstream (vLLM >= 0.10.2, SGLang)
 for ``return_token_ids`` and ``logprobs`` on every Chat Completions request, JSON and
-streamed. The reply's ``prompt_token_ids`` and completion ``token_ids``/logprobs are what the
+streamed (and vLLM's own Responses route for ``enable_response_messages``: ``ResponsesPlan``;
+the keys are the wire dialect's ``token_keys``). The reply's ``prompt_token_ids`` and
+completion ``token_ids``/logprobs are what the
 trace needs to train on exactly the tokens the model saw; the harness never asked for them,
 so they are taken out of what it receives.
 
@@ -53,6 +55,15 @@ class Plan:
     events: int = 0  # SSE events rewritten
     dropped: int = 0  # SSE events that existed only to carry token ids
     recorded: bool = False
+
+    #: The field whose presence proves the upstream returned token ids (see ``_check``).
+    proof = "prompt_token_ids"
+    #: Chunks that exist only to carry token ids may be dropped (``_only_token_carrier``).
+    carriers = True
+
+    def touches(self, block: bytes) -> bool:
+        """Whether an SSE event's bytes may carry what was added (a cheap test first)."""
+        return b"token_ids" in block or (self.logprobs and b"logprobs" in block)
 
     def strip(self, obj: dict[str, Any]) -> bool:
         """Remove what was added from one ChatCompletion body or chunk, in place; True if
@@ -107,6 +118,36 @@ class Plan:
             ex.session.recorder.record_rewrite(rewrite)
         except Exception:
             log.exception(f"interceptor: session {ex.session.id!r}: could not record the response rewrite")
+
+
+class ResponsesPlan(Plan):
+    """vLLM's Responses route (``enable_response_messages``, see dialects/responses.py): the
+    token ids come as ``input_messages`` / ``output_messages`` on the response object (the
+    JSON body; each event's ``response``, lists on the terminal one); both go."""
+
+    proof = "input_messages"
+    carriers = False
+    KEYS = ("input_messages", "output_messages")
+
+    def touches(self, block: bytes) -> bool:
+        return b"_messages" in block
+
+    def strip(self, obj: dict[str, Any]) -> bool:
+        target = obj.get("response") if isinstance(obj.get("response"), dict) else obj
+        found = False
+        for key in self.KEYS:
+            if self.token_ids and key in target:
+                del target[key]
+                self.removed.add(key)
+                found = True
+        return found
+
+    def stripped(self, payload: bytes) -> dict[str, Any] | None:
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            return None
+        return obj if isinstance(obj, dict) and self.strip(obj) else None
 
 
 def _dumps(obj: Any) -> bytes:
@@ -182,7 +223,7 @@ class EventStrip:
 
     def _event(self, block: bytes) -> bytes:
         plan = self.plan
-        if b"token_ids" not in block and not (plan.logprobs and b"logprobs" in block):
+        if not plan.touches(block):
             return block
         try:
             return self._rewrite(block)
@@ -199,7 +240,7 @@ class EventStrip:
         obj = plan.stripped(b"\n".join(_field_value(lines[k]) for k in data))
         if obj is None:
             return block
-        if plan.token_ids and _only_token_carrier(obj):
+        if plan.token_ids and plan.carriers and _only_token_carrier(obj):
             plan.dropped += 1
             return b""
         plan.events += 1
@@ -281,11 +322,13 @@ class Collect:
                 or not ex.session.config.collect_tokens):
             return
         body = ex.body
-        plan = Plan(token_ids=body.get("return_token_ids") is not True,
-                    logprobs=body.get("logprobs") is not True)
-        if not (plan.token_ids or plan.logprobs):
-            return  # the body asks for both already: nothing added, nothing to strip
-        added = [key for key, add in (("return_token_ids", plan.token_ids), ("logprobs", plan.logprobs)) if add]
+        keys = ex.wire.token_keys
+        asked = [body.get(key) is not True for key in keys]
+        plan = (ResponsesPlan if ex.wire.name == "responses" else Plan)(
+            token_ids=asked[0], logprobs=len(asked) > 1 and asked[1])
+        if not any(asked):
+            return  # the body asks for them already: nothing added, nothing to strip
+        added = [key for key, add in zip(keys, asked) if add]
         present = any(key in body for key in added)  # e.g. "logprobs": false
         for key in added:
             ex.overrides.append(Override(key, body.get(key), True, REASON))
@@ -345,13 +388,13 @@ class Collect:
     def _check(self, ex: Exchange, plan: Plan) -> None:
         """Say once per session when the upstream ignores the request for token ids (not
         vLLM >= 0.10.2 or SGLang): the trace then has no tokens to train on."""
-        if not plan.token_ids or "prompt_token_ids" in plan.removed or ex.session.id in self._warned:
+        if not plan.token_ids or plan.proof in plan.removed or ex.session.id in self._warned:
             return
         if ex.replayed:
             return
         self._warned.add(ex.session.id)
         log.warning(f"interceptor: session {ex.session.id!r} collects tokens, but the upstream "
-                    "returned no prompt_token_ids: use vLLM >= 0.10.2 (or SGLang) as the upstream")
+                    f"returned no {plan.proof}: use vLLM >= 0.10.2 (or SGLang) as the upstream")
 
     @staticmethod
     def _plan(flow: http.HTTPFlow) -> Plan | None:

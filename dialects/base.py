@@ -116,6 +116,9 @@ class Dialect(ABC):
     credential_headers: ClassVar[tuple[str, ...]] = ("authorization", "x-api-key", "api-key")
     #: The dialect can return training tokens (vLLM/SGLang ``return_token_ids``).
     collects_tokens: ClassVar[bool] = False
+    #: The body keys ``collect_tokens`` sets true on this route to get them, the token ids'
+    #: first (addons/collect.py); they come back in fields the harness never asked for.
+    token_keys: ClassVar[tuple[str, ...]] = ()
     #: The body key of a message list whose elements are one canonical message each, parsed
     #: on their own and in order (Chat's ``messages``): the history a request restates is then
     #: recognised from its text and not parsed again (trace/prefix.py), and ``parse_request``

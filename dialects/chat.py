@@ -315,6 +315,7 @@ class ChatDialect(OpenAIDialect):
     knobs = KNOBS
     message_list = "messages"  # one element, one message (_message)
     collects_tokens = True  # vLLM >= 0.10.2 and SGLang return token ids on this route
+    token_keys = ("return_token_ids", "logprobs")
 
     def route(self, method: str, path: str) -> RouteKind | None:
         return super().route(method, path) or models_route(method, path)

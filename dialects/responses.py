@@ -234,6 +234,20 @@ def _tools(tool: dict[str, Any], namespace: str | None = None) -> list[Tool]:
     return [Tool(name=tool.get("name") or kind, type=kind, parameters=rest or None, namespace=namespace)]
 
 
+def _raw_tokens(messages: Any) -> list[int] | None:
+    """vLLM's ``input_messages`` / ``output_messages`` as one list of token ids: each a
+    ``raw_message_tokens`` with its ``tokens`` (harmony-format messages carry none: None)."""
+    if not isinstance(messages, list) or not messages:
+        return None
+    ids: list[int] = []
+    for m in messages:
+        tokens = m.get("tokens") if isinstance(m, dict) and m.get("type") == "raw_message_tokens" else None
+        if not isinstance(tokens, list):
+            return None
+        ids += tokens
+    return ids
+
+
 def _usage(raw: dict[str, Any] | None) -> Usage | None:
     if not raw:
         return None
@@ -381,6 +395,13 @@ class ResponsesDialect(OpenAIDialect):
     # secret); a host that receives a secret must be intercepted, so it is answered locally.
     hosts = ("api.openai.com", "chatgpt.com")
     key_variables = ("OPENAI_API_KEY", "CODEX_API_KEY")
+    # vLLM's own /v1/responses returns the prompt and the output as token ids when asked
+    # (``enable_response_messages``: ``input_messages`` / ``output_messages`` of
+    # ``raw_message_tokens``, ResponseRawMessageAndToken in
+    # vllm/entrypoints/openai/responses/protocol.py; "if message / tokens diverge, tokens is
+    # the source of truth"). Its logprobs cover output text only, so none are asked for.
+    collects_tokens = True
+    token_keys = ("enable_response_messages",)
     routes = {
         ("POST", "/v1/responses"): "model",
         # Codex's WebSocket transport: a GET upgrade on the same path, then response.* frames.
@@ -475,6 +496,9 @@ class ResponsesDialect(OpenAIDialect):
         elif status in ("failed", "cancelled"):
             finish = "error"
             error = error_from(body.get("error") or {"code": status, "message": f"response {status}"}, code_first=True)
+        prompt_ids, token_ids = _raw_tokens(body.get("input_messages")), _raw_tokens(body.get("output_messages"))
+        if token_ids is not None and logprobs is not None and len(logprobs) != len(token_ids):
+            logprobs = None  # output text's alone: not aligned with every sampled token
         return Response(
             id=body.get("id"),
             model=body.get("model"),
@@ -483,6 +507,8 @@ class ResponsesDialect(OpenAIDialect):
             native_finish_reason=native,
             usage=_usage(body.get("usage")),
             logprobs=logprobs,
+            prompt_token_ids=prompt_ids,
+            token_ids=token_ids if prompt_ids is not None else None,
             error=error,
         )
 

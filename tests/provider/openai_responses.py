@@ -11,6 +11,10 @@ Deltas carry `obfuscation` padding, as the real API does unless
 
 The non-streamed body is the same response object the terminal event carries,
 pretty-printed like every OpenAI JSON body.
+
+vLLM mode (request `enable_response_messages: true`, vLLM's own extension): the final
+response object carries `input_messages` / `output_messages`, the prompt's and the output's
+token ids (`raw_message_tokens`), as vLLM's /v1/responses sends them for a non-harmony model.
 """
 
 from __future__ import annotations
@@ -102,6 +106,22 @@ class _Answer:
             "usage": self.usage() if final else None,
             "user": req.get("user"),
             "metadata": req.get("metadata") or {},
+            **(self.raw_messages(final) if req.get("enable_response_messages") else {}),
+        }
+
+    def raw_messages(self, final: bool) -> dict[str, Any]:
+        """vLLM's ``enable_response_messages`` (a non-harmony model): the prompt and the
+        output each one ``raw_message_tokens`` with its token ids, on the final response
+        (None before; vllm/entrypoints/openai/responses/protocol.py ResponseRawMessageAndToken)."""
+        if not final:
+            return {"input_messages": None, "output_messages": None}
+        turn = self.turn
+        pieces = turn.all_pieces()
+        return {
+            "input_messages": [{"type": "raw_message_tokens", "message": "<rendered prompt>",
+                                "tokens": list(turn.prompt_token_ids)}],
+            "output_messages": [{"type": "raw_message_tokens", "message": "".join(p.text for p in pieces),
+                                 "tokens": [p.token_id for p in pieces]}],
         }
 
     def usage(self) -> dict[str, Any]:
