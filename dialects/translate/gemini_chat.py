@@ -39,7 +39,7 @@ from interceptor.dialects.common import first
 from interceptor.dialects.gemini import GEMINI, PLACEHOLDER_SIGNATURE
 from interceptor.dialects.sse import SSEEvent
 from interceptor.dialects.translate import (
-    ChatEvents, Lost, Translation, chat_messages, chat_request, chat_usage, content_text, first_choice,
+    ChatEvents, Lost, Translation, chat_messages, chat_request, chat_usage, compact, content_text, first_choice,
 )
 from interceptor.trace import export
 
@@ -169,7 +169,7 @@ class ChatToGemini(ChatEvents):
 
     @staticmethod
     def _data(obj: dict[str, Any]) -> SSEEvent:
-        return SSEEvent(data=json.dumps(obj, separators=(",", ":"), ensure_ascii=False))
+        return SSEEvent(data=compact(obj))
 
 
 class GeminiOnChat(Translation):
