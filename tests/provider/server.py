@@ -352,6 +352,9 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
+    # socketserver's default backlog is 5: hundreds of connections at once (a proxy's pool
+    # filling up, bench/scale.py) would be reset, which no provider's edge does.
+    request_queue_size = 1024
     sim: ProviderSimulator
 
     def handle_error(self, request: Any, client_address: Any) -> None:
