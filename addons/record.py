@@ -56,6 +56,7 @@ def make_call(ex: Exchange, flow: http.HTTPFlow, response: Response | None, erro
         started_at=ex.started_at,
         first_byte_at=ex.first_byte_at,
         ended_at=time.time(),
+        event_gaps_ms=ex.clock.gaps() if ex.clock is not None else None,
         error=error,
         previous_response_id=ex.previous_response_id,
         previous_response_unknown=ex.previous_response_unknown,

@@ -14,6 +14,12 @@ is the replayed run's, and ``replay_trace.py diff`` can hold it against the sour
 marked ``replayed_from`` (source trace id and call id). The pipeline sees it as an answer: Retry
 captures it, so an SDK retry of a replayed answer gets the same bytes and no second turn.
 
+With ``pace: true`` the answer takes the time the recorded one took: a stream's events each
+at their recorded time (``ModelCall.event_gaps_ms``; over HTTP from the Pacer, a local server
+in the proxy's loop, because mitmproxy sends an answer an addon makes all at once; over the
+WebSocket as frames injected at their times: ``addons/pacer.py``), a JSON answer whole at the
+recorded call's end. Without ``pace`` nothing waits.
+
 A request no turn matches: with ``on_miss: error`` (nothing is ever forwarded; Reach does not
 even probe) an error in the dialect's shape with ``x-should-retry: false`` whose message names
 the nearest recorded turn and the first differing message, one error call on the record;
@@ -41,7 +47,8 @@ from dataclasses import dataclass, field
 from mitmproxy import ctx, http
 
 from interceptor.addons.answers import error_response
-from interceptor.addons.exchange import Exchange, exchange_of
+from interceptor.addons.exchange import Exchange, Step, exchange_of
+from interceptor.addons.pacer import TICKET, Pacer, schedule, send_paced
 from interceptor.addons.record import commit
 from interceptor.addons.upstream import Upstream
 from interceptor.addons.wsrelay import WS_KEY, Socket, WsRelay, is_upgrade
@@ -53,7 +60,6 @@ log = logging.getLogger(__name__)
 
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455 section 1.3
 MISS_STATUS = 400  # not retryable: the same request misses again
-MAX_PACE = 300.0  # seconds: a paced answer never waits longer than this
 HEADER = "x-interceptor-replayed-from"
 
 
@@ -69,21 +75,25 @@ def accept(key: str) -> str:
     return base64.b64encode(hashlib.sha1((key + WS_GUID).encode()).digest()).decode()
 
 
+def _headers(ex: Exchange, source: ReplaySource) -> dict[str, str]:
+    return {HEADER: f"{source.trace}/{source.call}", "x-should-retry": "false",
+            "content-type": "text/event-stream; charset=utf-8" if ex.stream else "application/json"}
+
+
 def rendered(ex: Exchange, response: Response, source: ReplaySource) -> http.Response:
     """The recorded answer as the harness's dialect sends it, JSON or SSE."""
-    headers = {HEADER: f"{source.trace}/{source.call}", "x-should-retry": "false"}
     if ex.stream:
         body = b"".join(e.encode() for e in ex.dialect.stream_events(response))
-        headers["content-type"] = "text/event-stream; charset=utf-8"
     else:
         body = json.dumps(ex.dialect.json_body(response), ensure_ascii=False).encode()
-        headers["content-type"] = "application/json"
-    return http.Response.make(200, body, headers)
+    return http.Response.make(200, body, _headers(ex, source))
 
 
 class Replay:
     def __init__(self) -> None:
         self._matchers: dict[tuple[str, float, tuple[str, ...]], Matcher] = {}
+        self.pacer = Pacer()
+        self._pacing: set[asyncio.Task] = set()  # WebSocket answers being sent at their pace
 
     # -- the source --------------------------------------------------------------------
 
@@ -143,16 +153,42 @@ class Replay:
                 flow.response = error_response(ex.dialect, MISS_STATUS, found.message(), type="invalid_request_error")
                 commit(ex, flow, None, ResponseError(type="replay_miss", message=found.message(), status=MISS_STATUS))
             return  # on_miss upstream: the request goes on and is recorded as new
-        if up.pace:
-            call = found.call
-            await asyncio.sleep(min(MAX_PACE, max(0.0, (call.ended_at or call.started_at) - call.started_at)))
-            if not flow.live:
-                return
         ex.replayed_from = ReplaySource(trace=matcher.trace.id, call=found.call.id)
         ex.translation = None  # answered in the harness's own dialect: nothing to translate back
+        if up.pace and ex.stream:
+            await self._paced(flow, ex, found)
+            return
+        if up.pace:  # a JSON answer arrives whole: at the recorded call's end
+            await asyncio.sleep(schedule(found.call, 1)[1][0])
+            if not flow.live:
+                return
         flow.response = rendered(ex, found.response, ex.replayed_from)
         ex.first_byte_at = ex.first_byte_at or ex.started_at
         commit(ex, flow, found.response)
+
+    async def _paced(self, flow: http.HTTPFlow, ex: Exchange, found: Hit) -> None:
+        """The stream from the Pacer, each event at its recorded time (``addons/pacer.py``)."""
+        await self.pacer.start()
+        events = [e.encode() for e in ex.dialect.stream_events(found.response)]
+        ttfb, times = schedule(found.call, len(events))
+        self.pacer.book(flow, 200, _headers(ex, ex.replayed_from), ttfb, list(zip(times, events)))
+        # Answered from the record, as a retry Retry answers is: never refused by Stops (which
+        # skips a committed exchange), and never sent anywhere but to the Pacer.
+        ex.done |= Step.ADMITTED
+        ex.first_byte_at = ex.started_at
+        commit(ex, flow, found.response, status=200)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        """A paced answer streams on as the Pacer sends it (the Tee, with the turn already
+        committed, would otherwise leave the body to be read whole)."""
+        ex = exchange_of(flow)
+        if ex is not None and ex.replayed_from is not None and flow.response is not None:
+            flow.request.headers.pop(TICKET, None)
+            if not flow.response.stream:
+                flow.response.stream = True
+
+    def done(self) -> None:
+        self.pacer.stop()
 
     @staticmethod
     def _fail(flow: http.HTTPFlow, ex: Exchange, message: str) -> None:
@@ -198,7 +234,17 @@ class Replay:
         ex.replayed_from = ReplaySource(trace=matcher.trace.id, call=found.call.id)
         ex.first_byte_at = ex.started_at
         commit(ex, flow, found.response, status=200)
-        self._send(flow, sock, message, ex.dialect.stream_events(found.response))
+        events = ex.dialect.stream_events(found.response)
+        if up.pace:
+            sock.pending = None
+            message.drop()
+            _, times = schedule(found.call, len(events))
+            task = asyncio.get_running_loop().create_task(
+                send_paced(flow, list(zip(times, (e.data.encode() for e in events)))))
+            self._pacing.add(task)
+            task.add_done_callback(self._pacing.discard)
+            return
+        self._send(flow, sock, message, events)
 
     @staticmethod
     def _send(flow: http.HTTPFlow, sock: Socket, message, events) -> None:

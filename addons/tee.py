@@ -19,7 +19,7 @@ import time
 
 from mitmproxy import http
 
-from interceptor.addons.exchange import Exchange, exchange_of
+from interceptor.addons.exchange import EventClock, Exchange, exchange_of
 from interceptor.addons.hold import Hold
 from interceptor.addons.pipeline import Pipeline, Stage
 from interceptor.addons.record import commit
@@ -34,8 +34,10 @@ log = logging.getLogger(__name__)
 class StreamTee:
     """The callable set as ``flow.response.stream``; see the module docstring."""
 
-    def __init__(self, ex: Exchange, flow: http.HTTPFlow, content_encoding: str, frames: Frames) -> None:
+    def __init__(self, ex: Exchange, flow: http.HTTPFlow, content_encoding: str, frames: Frames,
+                 clock: EventClock | None = None) -> None:
         self.ex = ex
+        self.clock = clock  # None: read whole, so the events' times say nothing
         self.flow = flow
         self.decoder = Decoder.for_encoding(content_encoding)
         self.sse = frames
@@ -63,7 +65,12 @@ class StreamTee:
         return chunk
 
     def _feed(self, events) -> None:
+        # The chunk's arrival, once per event (before the feed: the terminal event commits).
+        stamp = self.clock.times.append if self.clock is not None and events else None
+        now = time.monotonic() if stamp is not None else 0.0
         for event in events:
+            if stamp is not None:
+                stamp(now)
             if self.assembler.feed(event):
                 self.done = True
                 commit(self.ex, self.flow, self.assembler.result())
@@ -95,7 +102,8 @@ class Assemble:
         if frames is not None:
             encoding = flow.response.headers.get("content-encoding", "identity")
             try:
-                ex.tee = StreamTee(ex, flow, encoding, frames)
+                ex.clock = EventClock()
+                ex.tee = StreamTee(ex, flow, encoding, frames, ex.clock)
                 return ex.tee
             except ValueError as e:  # an encoding we cannot read: forward, record the gap
                 commit(ex, flow, None, ResponseError(type="unsupported_encoding", message=str(e), status=200))

@@ -36,7 +36,7 @@ from typing import Any
 
 from mitmproxy import ctx, http
 
-from interceptor.addons.exchange import KEY, Exchange, exchange_of
+from interceptor.addons.exchange import KEY, EventClock, Exchange, exchange_of
 from interceptor.addons.feedback import Refused
 from interceptor.addons.network import mediate
 from interceptor.addons.record import commit
@@ -265,6 +265,9 @@ class WsRelay:
         ex = pending.ex
         if ex.first_byte_at is None:
             ex.first_byte_at = time.time()
+            ex.clock = None if pending.warmup else EventClock()
+        if ex.clock is not None:
+            ex.clock.times.append(time.monotonic())  # each frame is one event of the answer's stream
         if kind == "error" and isinstance(obj.get("status"), int):
             pending.status = obj["status"]
         if pending.warmup:

@@ -209,24 +209,132 @@ def test_a_replay_source_must_exist_when_declared(tmp_path):
         parse_upstreams(json.dumps({"r": {"replay": str(tmp_path / "none.msgpack")}}))
 
 
-def test_pace_answers_after_the_recorded_duration(proxy, start_proxy, sim, harness_env):
+def _timed_chat(client, ask) -> tuple[str, list[float]]:
+    """A streamed Chat answer through the SDK: its text, and when each chunk arrived (seconds
+    after the request was sent), measured here in the client."""
     import time
 
-    sim.script(Reply(text="slowly", first_byte_delay=1.5))
+    started = time.monotonic()
+    text, times = [], []
+    for chunk in client.chat.completions.create(model="m", messages=ask, stream=True,
+                                                stream_options={"include_usage": True}):
+        times.append(time.monotonic() - started)
+        text += [c.delta.content or "" for c in chunk.choices]
+    return "".join(text), times
+
+
+GAPS = [0.25, 0.7, 0.1, 0.45]  # seconds before each event after the first: uneven on purpose
+
+
+def test_a_paced_replay_sends_each_event_at_its_recorded_time(proxy, start_proxy, sim, harness_env):
+    sim.script(Reply(text="slowly", first_byte_delay=0.6, delay=GAPS))
     session = proxy.create_session(id="slow")
     harness_env(session["env"])
     ask = [{"role": "user", "content": "take your time"}]
-    session_clients(session)[0].chat.completions.create(model="m", messages=ask)
+    text, live = _timed_chat(session_clients(session)[0], ask)
     proxy.api("DELETE", "sessions/slow")
     source = proxy.trace_dir / "slow.msgpack"
-    assert _read(source).calls[0].duration >= 1.5
+    call = _read(source).calls[0]
+    # The record: one gap per event the proxy read (the SSE events, [DONE] included).
+    assert len(call.event_gaps_ms) == len(GAPS) + 1
+    assert call.event_gaps_ms[1:] == pytest.approx([g * 1000 for g in GAPS], abs=60)
     replayer = _replayer(start_proxy, source, pace=True)
-    again = replayer.create_session(upstream="yesterday")
+    plain = _replayer(start_proxy, source)
+    sim.stop()  # nothing may reach a model now
+    again = replayer.create_session(id="paced", upstream="yesterday")
     harness_env(again["env"])
+    text_again, paced = _timed_chat(session_clients(again)[0], ask)
+    assert text_again == text == "slowly"
+    # The dialect renders the reply as the simulator streamed it (role, text, finish, usage),
+    # so each chunk arrives at the live run's time for it, within scheduling noise.
+    assert len(paced) == len(live) == 4
+    assert paced == pytest.approx(live, abs=0.25)
+    assert paced[0] >= 0.55 and paced[-1] >= 0.6 + sum(GAPS[:3]) - 0.05
+    # Asked for JSON, the paced replay answers whole at the recorded call's end.
+    import time
+
     started = time.monotonic()
     answer = session_clients(again)[0].chat.completions.create(model="m", messages=ask)
     assert answer.choices[0].message.content == "slowly"
-    assert time.monotonic() - started >= 1.5  # the recorded call's duration, waited out
+    assert time.monotonic() - started >= call.duration - 0.05
+    # Unpaced, the same replay does not wait.
+    quick = plain.create_session(id="quick", upstream="yesterday")
+    harness_env(quick["env"])
+    _, unpaced = _timed_chat(session_clients(quick)[0], ask)
+    assert unpaced[-1] < 0.5
+    replayer.api("DELETE", "sessions/paced")
+    replay = trace_of(replayer, "paced")
+    assert [c.replayed_from.call for c in replay.calls] == [call.id, call.id] and replay.num_turns == 2
+
+
+def test_a_paced_replay_spreads_a_coarser_rendering_over_the_recorded_times(proxy, start_proxy, sim, harness_env):
+    """Anthropic streams text piece by piece; the replay renders it as one delta. The first
+    event and the last still come at their recorded times, and nothing in between is early."""
+    import time
+
+    pieces = ["a", "b", "c", "d", "e", "f"]
+    sim.script(Reply(text=pieces, first_byte_delay=0.4, delay=0.2))
+    session = proxy.create_session(id="pieces")
+    harness_env(session["env"])
+    ask = [{"role": "user", "content": "spell it"}]
+
+    def timed(client):
+        started, times = time.monotonic(), []
+        with client.messages.stream(model="claude-x", max_tokens=64, messages=ask) as s:
+            for _ in s:
+                times.append(time.monotonic() - started)
+            return s.get_final_message(), times
+
+    live_reply, live = timed(session_clients(session)[1])
+    proxy.api("DELETE", "sessions/pieces")
+    source = proxy.trace_dir / "pieces.msgpack"
+    replayer = _replayer(start_proxy, source, pace=True)
+    sim.stop()
+    again = replayer.create_session(id="paced", upstream="yesterday")
+    harness_env(again["env"])
+    reply, paced = timed(session_clients(again)[1])
+    assert reply.content[0].text == live_reply.content[0].text == "abcdef"
+    assert len(paced) < len(live)  # one text delta instead of six
+    assert paced[0] == pytest.approx(live[0], abs=0.25)
+    assert paced[-1] == pytest.approx(live[-1], abs=0.25)
+    assert all(b >= a for a, b in zip(paced, paced[1:]))
+
+
+def test_a_paced_replay_over_codex_websocket_sends_each_frame_at_its_recorded_time(
+        proxy, start_proxy, sim, harness_env):
+    import time
+
+    from wsclient import WSClient
+
+    sim.script(Reply(text="framed", first_byte_delay=0.5, delay=[0.1, 0.6, 0.05, 0.4, 0.1, 0.3, 0.05, 0.2]))
+    user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "frame it"}]}
+
+    def timed(server, session):
+        ws = WSClient("wss://api.openai.com/v1/responses", proxy=server.url, cafile=str(server.ca_bundle),
+                      headers={"Authorization": f"Bearer {session['model_secret']}"})
+        with ws:
+            create = {"type": "response.create", "model": "m", "stream": True}
+            ws.send_json({**create, "generate": False, "input": [user]})
+            warm = ws.until("response.completed")[-1]["response"]["id"]
+            ws.send_json({**create, "previous_response_id": warm, "input": []})
+            started, frames = time.monotonic(), []
+            while not frames or frames[-1][1]["type"] != "response.completed":
+                frame = ws.recv_json()
+                frames.append((time.monotonic() - started, frame))
+        return [t for t, _ in frames], [f["type"] for _, f in frames]
+
+    session = proxy.create_session(id="ws-slow")
+    live, live_types = timed(proxy, session)
+    proxy.api("DELETE", "sessions/ws-slow")
+    source = proxy.trace_dir / "ws-slow.msgpack"
+    assert len(_read(source).calls[0].event_gaps_ms) == len(live)
+    replayer = _replayer(start_proxy, source, pace=True)
+    sim.stop()
+    again = replayer.create_session(id="ws-paced", upstream="yesterday")
+    paced, types = timed(replayer, again)
+    # Rendered as the simulator streamed it, frame for frame: each at its own recorded time.
+    assert types == live_types and types[-1] == "response.completed"
+    assert paced == pytest.approx(live, abs=0.25)
 
 
 # -- the matcher, in process (interceptor.trace.match) ---------------------------------------

@@ -152,6 +152,12 @@ class ModelCall(_Model):
     started_at: float = 0.0
     first_byte_at: float | None = None
     ended_at: float | None = None
+    # A streamed answer's timing, event by event (SSE events, or a WebSocket's frames): the
+    # gap in milliseconds before each event, the first counted from ``first_byte_at``. Gaps,
+    # not offsets, because most are under 128 ms and so one byte each on disk (a 1000-event
+    # answer costs ~1 KB); ``event_offsets`` adds them up. A paced replay sends each event
+    # at its time. None: not streamed (or read whole), or recorded before the field existed.
+    event_gaps_ms: list[int] | None = None
     error: ResponseError | None = None
     replay_of: str | None = None
     # Answered from another trace by a replay upstream (the harness re-ran; no model did).
@@ -189,6 +195,17 @@ class ModelCall(_Model):
         if self.ended_at is None or not self.started_at:
             return None
         return self.ended_at - self.started_at
+
+    @property
+    def event_offsets(self) -> list[float] | None:
+        """Each event's arrival in seconds after ``first_byte_at`` (``event_gaps_ms`` summed)."""
+        if self.event_gaps_ms is None:
+            return None
+        out, at = [], 0
+        for gap in self.event_gaps_ms:
+            at += gap
+            out.append(at / 1000)
+        return out
 
 
 class StateWrite(_Model):

@@ -88,7 +88,8 @@ class Reply:
                       refusal, then tool-call fragments); prompt_token_ids likewise for
                       the prompt; logprobs one float per piece.
     Timing and failure:
-      delay           seconds slept between SSE events.
+      delay           seconds slept between SSE events (WebSocket frames); a list: the gap
+                      before each event in turn (the first entry before the second event).
       first_byte_delay seconds slept before the status line.
       status          >= 400 answers with the dialect's error body (error_type,
                       error_message, error_code, error_param override its fields; error_body replaces
@@ -134,7 +135,7 @@ class Reply:
     prompt_token_ids: Sequence[int] | None = None
     logprobs: Sequence[float] | None = None
 
-    delay: float = 0.0
+    delay: float | Sequence[float] = 0.0
     first_byte_delay: float = 0.0
     status: int = 200
     error_type: str | None = None
@@ -161,6 +162,14 @@ class Reply:
         ]
         if self.content_encoding not in (None, "identity", "gzip", "br", "zstd", "deflate"):
             raise ValueError(f"unknown content_encoding {self.content_encoding!r}")
+
+    def gap(self, index: int) -> float:
+        """Seconds to sleep before event ``index`` (none before the first)."""
+        if not index or not self.delay:
+            return 0.0
+        if isinstance(self.delay, (int, float)):
+            return float(self.delay)
+        return float(self.delay[index - 1]) if index - 1 < len(self.delay) else 0.0
 
     @property
     def is_empty(self) -> bool:

@@ -171,8 +171,8 @@ class _Connection:
             events = [events[0], {**events[-1], "sequence_number": 1,
                                   "response": answer.response(answer.status, final=True)}]
         for index, event in enumerate(events):
-            if index and reply.delay:
-                time.sleep(reply.delay)
+            if reply.gap(index):
+                time.sleep(reply.gap(index))
             if reply.cut_after is not None and index >= reply.cut_after:
                 raise Cut
             if reply.error_after is not None and index >= reply.error_after:

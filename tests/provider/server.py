@@ -651,8 +651,8 @@ class _Handler(BaseHTTPRequestHandler):
             headers["content-encoding"] = encoder.name
         self._start(status, _merged(headers, reply.headers))
         for index, data in enumerate(events):
-            if index and reply.delay:
-                time.sleep(reply.delay)
+            if reply.gap(index):
+                time.sleep(reply.gap(index))
             if reply.cut_after is not None and index >= reply.cut_after:
                 raise _Cut
             if reply.error_after is not None and index >= reply.error_after:
