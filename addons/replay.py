@@ -150,7 +150,8 @@ class Replay:
         if not isinstance(found, Hit):
             log.info(f"interceptor: session {ex.session.id!r}: replay miss: {found.message()}")
             if up.local:
-                flow.response = error_response(ex.dialect, MISS_STATUS, found.message(), type="invalid_request_error")
+                # Each dialect's own type for a 400 (invalid_request_error; Gemini: INVALID_ARGUMENT).
+                flow.response = error_response(ex.dialect, MISS_STATUS, found.message())
                 commit(ex, flow, None, ResponseError(type="replay_miss", message=found.message(), status=MISS_STATUS))
             return  # on_miss upstream: the request goes on and is recorded as new
         ex.replayed_from = ReplaySource(trace=matcher.trace.id, call=found.call.id)

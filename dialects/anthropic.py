@@ -35,6 +35,7 @@ from interceptor.dialects.common import (
     loads_or_raw,
     other_part,
     replace,
+    restorable_ref,
     stop_list,
     without,
 )
@@ -238,6 +239,76 @@ def _native_blocks(message: Message) -> list[dict[str, Any]]:
         elif item.data is not None:
             blocks.append(dict(item.data))
     return blocks
+
+
+def _native_content(content: str | list[Part], where: str) -> str | list[dict[str, Any]]:
+    """User, system and tool-result content as blocks (what ``_content`` reads)."""
+    if isinstance(content, str):
+        return content
+    blocks: list[dict[str, Any]] = []
+    for k, part in enumerate(content):
+        if part.type == "text":
+            block: dict[str, Any] = {"type": "text", "text": part.text or ""}
+            block.update(part.data or {})
+        elif part.type in ("image", "file"):
+            ref = restorable_ref(part, f"{where} part {k}")
+            source = ({"type": "url", "url": ref} if ref.startswith(("http://", "https://"))
+                      else {"type": "file", "file_id": ref})
+            block = {"type": "image" if part.type == "image" else "document", "source": source, **(part.data or {})}
+        else:
+            block = dict(part.data or {})
+        blocks.append(block)
+    return blocks
+
+
+def _native_tool(tool: Tool) -> dict[str, Any]:
+    if tool.type in ("function", "custom"):
+        out: dict[str, Any] = {"name": tool.name, "input_schema": tool.parameters or {"type": "object"}}
+        if tool.description is not None:
+            out["description"] = tool.description
+        return out
+    return {"type": tool.type, "name": tool.name, **(tool.parameters or {})}
+
+
+def _native_request(request: Request) -> dict[str, Any]:
+    """A canonical request as a Messages body (``AnthropicDialect.request_body``): a leading
+    system message is ``system``; a tool result joins the user turn before it when that turn
+    is blocks (as ``_user`` splits one), and user blocks after tool results join them."""
+    body: dict[str, Any] = {}
+    messages: list[dict[str, Any]] = []
+    for k, m in enumerate(request.messages):
+        where = f"message {k} ({m.role})"
+        last = messages[-1] if messages else None
+        if m.role == "system":
+            if k == 0:
+                body["system"] = _native_content(m.content, where)
+            else:
+                messages.append({"role": "system", "content": _native_content(m.content, where)})
+        elif m.role == "assistant":
+            blocks = _native_blocks(m)
+            plain = isinstance(m.content, str) and not m.tool_calls and not m.reasoning
+            messages.append({"role": "assistant", "content": m.content if plain else blocks})
+        elif m.role == "tool":
+            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.tool_call_id or "",
+                                     "content": _native_content(m.content, where)}
+            if m.is_error:
+                block["is_error"] = True
+            if last is not None and last["role"] == "user" and isinstance(last["content"], list):
+                last["content"].append(block)
+            else:
+                messages.append({"role": "user", "content": [block]})
+        else:
+            content = _native_content(m.content, where)
+            after_results = (last is not None and last["role"] == "user" and isinstance(last["content"], list)
+                             and last["content"] and last["content"][-1].get("type") == "tool_result")
+            if isinstance(content, list) and content and after_results:
+                last["content"].extend(content)
+            else:
+                messages.append({"role": "user", "content": content})
+    body["messages"] = messages
+    if request.tools:
+        body["tools"] = [_native_tool(t) for t in request.tools]
+    return body
 
 
 def _native_usage(usage: Usage | None) -> dict[str, Any]:
@@ -457,6 +528,10 @@ class AnthropicDialect(KnobDialect):
     def auth_headers(self, key: str) -> dict[str, str]:
         return {"x-api-key": key}
 
+    def api_headers(self) -> dict[str, str]:
+        # "The anthropic-version header is required" (https://docs.anthropic.com/en/api/versioning).
+        return {"anthropic-version": "2023-06-01"}
+
     def error_body(self, status: int, message: str, type: str | None = None) -> dict[str, Any]:
         return {"type": "error", "error": {"type": type or _ERROR_TYPES.get(status, "api_error"), "message": message}}
 
@@ -464,6 +539,9 @@ class AnthropicDialect(KnobDialect):
         # An ``error`` event with the error body (docs.anthropic.com, "Streaming Messages",
         # Error events); the SDK raises the status error it names.
         return SSEEvent(event="error", data=json.dumps(self.error_body(status, message, type)))
+
+    def request_body(self, request: Request) -> dict[str, Any]:
+        return _native_request(request)
 
     def parse_request(self, body: dict[str, Any]) -> Request:
         messages: list[Message] = []

@@ -170,6 +170,16 @@ class Dialect(ABC):
         model = (body or {}).get("model")
         return model if isinstance(model, str) else None
 
+    def json_path(self, path: str, model: str | None) -> str:
+        """``path``, a model route of this dialect, asking ``model`` for a JSON answer (a
+        dialect that names the model and the streaming in the path changes them there)."""
+        return path
+
+    def api_headers(self) -> dict[str, str]:
+        """Headers the API requires of every request besides the key: a harness's SDK sends
+        them; ``replay_trace.py resend``, which has no SDK, adds them."""
+        return {}
+
     def path_with_model(self, path: str, model: str | None) -> tuple[str, Override | None]:
         """The path with the session's model in it, for a dialect that names the model in
         the path; the model in the body is ``apply_overrides``'s."""
@@ -190,6 +200,14 @@ class Dialect(ABC):
         """The canonical request. ``known`` (only with ``message_list``) are the canonical
         messages of the list's first ``len(known)`` elements, already parsed from the very
         same text: used as they are."""
+
+    def request_body(self, request: Request) -> dict[str, Any]:
+        """A canonical request as this dialect's request body, without model or sampling (the
+        caller lays those on with ``apply_overrides``): the conversation and the tools, so that
+        ``parse_request`` reads the body back to the same messages. ``replay_trace.py resend``
+        asks a recorded prompt again with it. ValueError for what the record cannot restore
+        (inline images and files are kept as digests, not as their bytes)."""
+        raise ValueError(f"the {self.name} dialect cannot render a recorded prompt")
 
     @abstractmethod
     def parse_response(self, body: dict[str, Any]) -> Response: ...

@@ -39,6 +39,7 @@ from interceptor.dialects.common import (
     url_part,
 )
 from interceptor.dialects.sse import SSEEvent
+from interceptor.trace import export
 from interceptor.trace.messages import (
     Choice,
     FinishReason,
@@ -319,6 +320,12 @@ class ChatDialect(OpenAIDialect):
 
     def route(self, method: str, path: str) -> RouteKind | None:
         return super().route(method, path) or models_route(method, path)
+
+    def request_body(self, request: Request) -> dict[str, Any]:
+        body: dict[str, Any] = {"messages": export.chat_messages(request.messages)}
+        if request.tools:
+            body["tools"] = export.chat_tools(request.tools)
+        return body
 
     def parse_request(self, body: dict[str, Any], known: Sequence[Message] = ()) -> Request:
         tools = [_tool(t) for t in body.get("tools") or []]

@@ -60,6 +60,15 @@ def inline_part(kind: Literal["image", "file"], data: str, **extra: Any) -> Part
     return url_part(kind, data if data.startswith("data:") else "data:;base64," + data, **extra)
 
 
+def restorable_ref(part: Part, where: str) -> str:
+    """The reference an image or file part can be sent again with; ValueError for inline data,
+    which the record keeps as a digest only (``inline_ref``)."""
+    if not part.ref or part.ref.startswith("sha256:"):
+        raise ValueError(f"{where} is inline {part.type} data, kept on the record as its digest only: "
+                         f"it cannot be sent again")
+    return part.ref
+
+
 def other_part(block: dict[str, Any]) -> Part:
     """A native block we do not model, kept whole (minus volatile keys) so nothing is lost."""
     return Part(type="other", data=without(block))

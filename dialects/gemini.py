@@ -53,6 +53,7 @@ from interceptor.dialects.common import (
     NativeAssembler,
     inline_part,
     other_part,
+    restorable_ref,
     undo,
     url_part,
 )
@@ -345,6 +346,74 @@ def _native_parts(message: Message) -> list[dict[str, Any]]:
     return parts
 
 
+def _native_user_parts(content: str | list[Part], where: str) -> list[dict[str, Any]]:
+    """User-side content as parts (what ``_text_parts`` reads)."""
+    if isinstance(content, str):
+        return [{"text": content}]
+    parts: list[dict[str, Any]] = []
+    for k, part in enumerate(content):
+        if part.type == "text":
+            parts.append({"text": part.text or ""})
+        elif part.type in ("image", "file"):
+            data = {"fileUri": restorable_ref(part, f"{where} part {k}")}
+            media = part.media_type or (part.data or {}).get("media_type")  # url_part keeps it in data
+            if media:
+                data["mimeType"] = media
+            parts.append({"fileData": data})
+        else:
+            parts.append(dict(part.data or {}))
+    return parts
+
+
+def _native_request(request: Request) -> dict[str, Any]:
+    """A canonical request as a ``generateContent`` body (``GeminiDialect.request_body``): a
+    leading system message is ``systemInstruction``; tool results are ``functionResponse``
+    parts of one user turn (with any user text after them), as ``_user_messages`` reads them."""
+    body: dict[str, Any] = {}
+    contents: list[dict[str, Any]] = []
+    open_results = False  # the last user turn holds tool results: what follows joins it
+    for k, m in enumerate(request.messages):
+        where = f"message {k} ({m.role})"
+        if m.role == "system" and k == 0:
+            body["systemInstruction"] = {"parts": _native_user_parts(m.content, where)}
+            continue
+        if m.role == "assistant":
+            contents.append({"role": "model", "parts": _native_parts(m)})
+            open_results = False
+        elif m.role == "tool":
+            try:
+                response = json.loads(m.content) if isinstance(m.content, str) else None
+            except ValueError:
+                response = None
+            if not isinstance(response, dict):
+                response = {"output": m.text()}
+            part = {"functionResponse": {"name": m.name or "", "response": response}}
+            if open_results:
+                contents[-1]["parts"].append(part)
+            else:
+                contents.append({"role": "user", "parts": [part]})
+                open_results = True
+        else:  # user, or a system message mid-conversation (Gemini has no such role)
+            parts = _native_user_parts(m.content, where)
+            if open_results:
+                contents[-1]["parts"].extend(parts)
+            else:
+                contents.append({"role": "user", "parts": parts})
+            open_results = False
+    body["contents"] = contents
+    if request.tools:
+        declared = [t for t in request.tools if t.type == "function"]
+        tools: list[dict[str, Any]] = []
+        if declared:
+            tools.append({"functionDeclarations": [
+                {k: v for k, v in {"name": t.name, "description": t.description,
+                                   "parametersJsonSchema": t.parameters}.items() if v is not None}
+                for t in declared]})
+        tools += [{t.type: t.parameters or {}} for t in request.tools if t.type != "function"]
+        body["tools"] = tools
+    return body
+
+
 class JSONArrayFrames:
     """``streamGenerateContent`` without ``alt=sse``: one JSON array whose elements arrive
     as they are generated (``[{...}\\r\\n,{...}\\r\\n]``). Each complete top-level element is
@@ -477,6 +546,12 @@ class GeminiDialect(KnobDialect):
         m = _PATH.match(path.split("?", 1)[0])
         return m.group(2) if m else None
 
+    def json_path(self, path: str, model: str | None) -> str:
+        m = _PATH.match(path.split("?", 1)[0])
+        if m is None:
+            return path
+        return f"/{m.group(1)}/models/{model or m.group(2)}:generateContent"
+
     def path_with_model(self, path: str, model: str | None) -> tuple[str, Override | None]:
         route, sep, query = path.partition("?")
         m = _PATH.match(route)
@@ -504,6 +579,9 @@ class GeminiDialect(KnobDialect):
         return changes
 
     # -- bodies ---------------------------------------------------------------------------------
+
+    def request_body(self, request: Request) -> dict[str, Any]:
+        return _native_request(request)
 
     def parse_request(self, body: dict[str, Any]) -> Request:
         messages: list[Message] = []

@@ -32,6 +32,7 @@ from interceptor.dialects.common import (
     NativeAssembler,
     inline_part,
     other_part,
+    restorable_ref,
     Plan,
     reconcile_openai,
     url_part,
@@ -325,6 +326,84 @@ def _native_output(response: Response) -> list[dict[str, Any]]:
     return items
 
 
+def _native_input(content: str | list[Part], where: str) -> str | list[dict[str, Any]]:
+    """User, system and tool-output content as input blocks (what ``_content`` reads)."""
+    if isinstance(content, str):
+        return content
+    blocks: list[dict[str, Any]] = []
+    for k, part in enumerate(content):
+        extra = dict(part.data or {})
+        if part.type == "text":
+            blocks.append({"type": "input_text", "text": part.text or "", **extra})
+        elif part.type == "image":
+            ref = restorable_ref(part, f"{where} part {k}")
+            key = "image_url" if ref.startswith(("http://", "https://")) else "file_id"
+            blocks.append({"type": "input_image", key: ref, **extra})
+        elif part.type == "file":
+            ref = restorable_ref(part, f"{where} part {k}")
+            key = "file_url" if ref.startswith(("http://", "https://")) else "file_id"
+            blocks.append({"type": "input_file", key: ref, **extra})
+        else:
+            blocks.append(extra)
+    return blocks
+
+
+def _native_tools(tools: list[Tool]) -> list[dict[str, Any]]:
+    """Tools as a Responses ``tools`` list (what ``_tools`` reads): a namespace's own tools
+    inside it."""
+    out: list[dict[str, Any]] = []
+    spaces: dict[str, dict[str, Any]] = {}
+    for t in tools:
+        if t.type == "function":
+            item: dict[str, Any] = {"type": "function", "name": t.name, "description": t.description,
+                                    "parameters": t.parameters}
+        elif t.type == "custom":
+            item = {"type": "custom", "name": t.name, "description": t.description, **(t.parameters or {})}
+        elif t.type == "namespace":
+            item = spaces[t.name] = {"type": "namespace", "name": t.name, "description": t.description, "tools": []}
+        else:
+            item = {"type": t.type, **({"name": t.name} if t.name != t.type else {}), **(t.parameters or {})}
+        item = {k: v for k, v in item.items() if v is not None}
+        if t.namespace is not None and t.namespace in spaces:
+            spaces[t.namespace]["tools"].append(item)
+        else:
+            out.append(item)
+    return out
+
+
+def _native_request(request: Request) -> dict[str, Any]:
+    """A canonical request as a Responses body (``ResponsesDialect.request_body``): a leading
+    system message is ``instructions``; a reply is the output items a response would carry,
+    as input (without their ids, status and logprobs); a tool result is the output item of
+    its call's kind."""
+    body: dict[str, Any] = {}
+    items: list[dict[str, Any]] = []
+    kinds: dict[str, str] = {}  # call id -> the call's type
+    for k, m in enumerate(request.messages):
+        where = f"message {k} ({m.role})"
+        if m.role == "system" and k == 0 and m.name != "developer":
+            body["instructions"] = _native_input(m.content, where)
+        elif m.role in ("system", "user"):
+            role = "user" if m.role == "user" else ("developer" if m.name == "developer" else "system")
+            items.append({"type": "message", "role": role, "content": _native_input(m.content, where)})
+        elif m.role == "assistant":
+            for call in m.tool_calls:
+                kinds[call.id] = call.type
+            for item in _native_output(Response(message=m)):
+                if item.get("type") in ("message", "function_call", "custom_tool_call"):
+                    item = {key: v for key, v in item.items() if key not in ("id", "status")}
+                if item.get("type") == "message":
+                    item["content"] = [{key: v for key, v in c.items() if key != "logprobs"} for c in item["content"]]
+                items.append(item)
+        else:
+            kind = "custom_tool_call_output" if kinds.get(m.tool_call_id or "") == "custom" else "function_call_output"
+            items.append({"type": kind, "call_id": m.tool_call_id or "", "output": _native_input(m.content, where)})
+    body["input"] = items
+    if request.tools:
+        body["tools"] = _native_tools(request.tools)
+    return body
+
+
 def _native_usage(usage: Usage) -> dict[str, Any]:
     return {
         "input_tokens": usage.input_tokens,
@@ -423,6 +502,9 @@ class ResponsesDialect(OpenAIDialect):
     def socket_error(self, status: int, message: str, type: str | None = None) -> dict[str, Any]:
         """An error as the API sends it over the WebSocket: the HTTP error body, typed."""
         return {"type": "error", "status": status, **self.error_body(status, message, type)}
+
+    def request_body(self, request: Request) -> dict[str, Any]:
+        return _native_request(request)
 
     def parse_request(self, body: dict[str, Any]) -> Request:
         messages: list[Message] = []

@@ -14,8 +14,10 @@ and land, and the next run with the same ``--out`` reads what landed (the old fi
 earlier copy the store kept beside it) and asks only the rest: no call is asked twice. A 429
 waits its ``retry-after`` (a 5xx a short back-off) and is asked again.
 
-Only Chat Completions prompts are rendered for now (``chat`` calls: vLLM, SGLang, OpenAI);
-a call in another dialect is refused by name before anything is sent.
+Every dialect is rendered (``Dialect.request_body``: Chat Completions, Messages, Responses,
+Gemini), each prompt in the dialect it was asked in and as a JSON request; a prompt the record
+cannot restore (an inline image, kept as its digest) is refused by name before anything is
+sent.
 """
 
 from __future__ import annotations
@@ -32,16 +34,15 @@ import warnings
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from interceptor.addons.upstream import KNOWN, Upstream, parse_upstreams
 from interceptor.dialects import DIALECTS
+from interceptor.dialects.base import Dialect
 from interceptor.trace import ModelCall, Recorder, Request, ResponseError, Sampling, Store, Trace, read_trace
-from interceptor.trace.export import chat_messages, chat_tools
 from interceptor.trace.match import Matcher
 from interceptor.trace.model import ReplaySource
 
-RENDERED = ("chat",)
 ATTEMPTS = 8  # per call, for 429 and 5xx answers
 MAX_WAIT = 120.0  # seconds: a retry-after beyond this is capped
 TIMEOUT = 600.0
@@ -74,41 +75,49 @@ def _prompt(trace: Trace, call: ModelCall) -> Request:
 
 
 def body_of(trace: Trace, call: ModelCall, model: str | None, sampling: Sampling,
-            collect_tokens: bool) -> dict[str, Any]:
-    """The call's prompt as a request body of its dialect: the recorded sampling (what the
-    model received) with ``sampling`` laid over it, ``model`` or the recorded one."""
-    if call.dialect not in RENDERED:
-        raise ResendError(f"call {call.id} was asked in the {call.dialect or 'unknown'} dialect; resend "
-                          f"renders {', '.join(RENDERED)} prompts only (nothing was sent)")
-    dialect = DIALECTS[call.dialect]
-    request = _prompt(trace, call)
-    body: dict[str, Any] = {"model": model or call.model or call.requested_model or "",
-                            "messages": chat_messages(request.messages)}
-    if request.tools:
-        body["tools"] = chat_tools(request.tools)
+            collect_tokens: bool) -> tuple[str, dict[str, Any]]:
+    """The call's prompt as a request of its dialect, JSON: the path and the body, with the
+    recorded sampling (what the model received) and ``sampling`` laid over it, ``model`` or
+    the recorded one (in the body, or in the path where the dialect names it there)."""
+    dialect = DIALECTS.get(call.dialect)
+    if dialect is None:
+        raise ResendError(f"call {call.id} was asked in the {call.dialect or 'unknown'} dialect, which this "
+                          f"version does not know (nothing was sent)")
+    try:
+        rendered = dialect.request_body(_prompt(trace, call))
+    except ValueError as e:
+        raise ResendError(f"call {call.id} cannot be asked again: {e} (nothing was sent)") from e
+    name = model or call.model or call.requested_model or ""
+    path = dialect.json_path(call.endpoint or "", name)
+    in_path = dialect.requested_model({}, path) is not None  # Gemini: /v1beta/models/<m>:generateContent
+    body: dict[str, Any] = rendered if in_path else {"model": name, **rendered}
     merged = Sampling.model_validate({**call.sampling.set_fields(), **sampling.set_fields()})
-    dialect.apply_overrides(body, body["model"], merged)
+    dialect.apply_overrides(body, name, merged, requested=call.model)
     if collect_tokens:  # as a live session's Collect asks a vLLM/SGLang upstream
+        if call.dialect != "chat":
+            raise ResendError(f"--collect-tokens asks a vLLM/SGLang upstream in Chat Completions; call "
+                              f"{call.id} is {call.dialect} (nothing was sent)")
         body["return_token_ids"] = True
         body["logprobs"] = True
-    return body
+    return path, body
 
 
-def _url(up: Upstream, path: str) -> str:
+def _url(up: Upstream, dialect: Dialect, path: str, query: dict[str, str]) -> str:
     u = urlsplit(up.base_url)
-    return urlunsplit((u.scheme, u.netloc, DIALECTS["chat"].upstream_path(u.path, path), "", ""))
+    return urlunsplit((u.scheme, u.netloc, dialect.upstream_path(u.path, path), urlencode(query), ""))
 
 
-def ask(up: Upstream, body: dict[str, Any], stop: threading.Event) -> tuple[int, Any, float, float]:
+def ask(up: Upstream, dialect: Dialect, path: str, body: dict[str, Any],
+        stop: threading.Event) -> tuple[int, Any, float, float]:
     """POST one body; 429 and 5xx are asked again (429 after its retry-after). Returns the
     status, the parsed answer, and when it was sent and answered."""
     data = json.dumps(body).encode()
-    headers = {"content-type": "application/json", **DIALECTS["chat"].auth_headers(up.key() or "")}
-    if not up.key():
-        headers.pop("authorization", None)
+    headers = {"content-type": "application/json", **dialect.api_headers()}
+    query: dict[str, str] = {}
+    dialect.put_key(headers, query, up.key() or None)
     for attempt in range(ATTEMPTS):
         started = time.time()
-        req = urllib.request.Request(_url(up, "/v1/chat/completions"), data=data, headers=headers, method="POST")
+        req = urllib.request.Request(_url(up, dialect, path, query), data=data, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
                 return resp.status, json.loads(resp.read() or b"null"), started, time.time()
@@ -208,14 +217,15 @@ def resend(source_path: str, out: Path, up: Upstream, *, model: str | None, samp
             while queue or running:
                 while queue and len(running) < max(1, concurrency) and not stop.is_set():
                     c = queue.pop(0)
-                    running[pool.submit(ask, up, bodies[c.id], stop)] = c
+                    path, body = bodies[c.id]
+                    running[pool.submit(ask, up, DIALECTS[c.dialect], path, body, stop)] = c
                 if not running:
                     break
                 finished, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
                 for fut in finished:
                     c = running.pop(fut)
                     status, answer, started, ended = fut.result()
-                    ok = _land(recorder, source, c, bodies[c.id], status, answer, started, ended)
+                    ok = _land(recorder, source, c, *bodies[c.id], status, answer, started, ended)
                     asked += 1
                     errors += not ok
                     show()
@@ -235,11 +245,11 @@ def resend(source_path: str, out: Path, up: Upstream, *, model: str | None, samp
     return 1 if errors else 0
 
 
-def _land(recorder: Recorder, source: Trace, c: ModelCall, body: dict[str, Any], status: int, answer: Any,
-          started: float, ended: float) -> bool:
+def _land(recorder: Recorder, source: Trace, c: ModelCall, path: str, body: dict[str, Any], status: int,
+          answer: Any, started: float, ended: float) -> bool:
     dialect = DIALECTS[c.dialect]
-    call = ModelCall(id=uuid.uuid4().hex[:16], dialect=c.dialect, endpoint="/v1/chat/completions",
-                     requested_model=body.get("model"), sampling=dialect.sampling(body), status=status,
+    call = ModelCall(id=uuid.uuid4().hex[:16], dialect=c.dialect, endpoint=path,
+                     requested_model=dialect.requested_model(body, path), sampling=dialect.sampling(body), status=status,
                      started_at=started, first_byte_at=None, ended_at=ended,
                      resent_from=ReplaySource(trace=source.id, call=c.id))
     if status == 200 and isinstance(answer, dict):

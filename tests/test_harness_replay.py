@@ -188,6 +188,30 @@ def test_codex_replays_its_trace_without_a_model(live_sim, tmp_path, transport):
             assert "POST https://api.openai.com/v1/responses" in log and "WebSocket" not in log
 
 
+# -- Gemini CLI ----------------------------------------------------------------------------
+
+# Gemini CLI's shell tool reports the process group it ran the command in.
+PGID = r"Process Group PGID: \d+"
+
+
+def test_gemini_cli_replays_its_trace_without_a_model(live_sim, tmp_path):
+    from test_harness_gemini import SESSION, _script_task
+
+    # -m: a fixed model skips the CLI's routing call (a classifier it asks first on "auto").
+    gemini = [node_harness("gemini"), "-p", PROMPT, "--yolo", "-m", "gemini-2.5-flash"]
+    with replayed(live_sim, gemini, _script_task, tmp_path, SESSION, rules=[TEMP_HOME, PGID]) as run:
+        live, source, again, trace, replayer = run
+        assert all(c.dialect == "gemini" and c.stream for c in trace.calls)
+        assert again.stdout == live.stdout  # gemini -p prints the final answer only
+        # Without the rule the second turn misses, in Gemini's own error shape, naming the PGID.
+        edited, missed = _replay(replayer, gemini, tmp_path, {**SESSION, "replay": {"ignore": [TEMP_HOME]}})
+        assert edited.returncode != 0 and FINAL not in edited.stdout
+        text = output_of(edited)
+        assert '"status":"INVALID_ARGUMENT"' in text and "message 3 (tool) differs" in text, text[-3000:]
+        assert "Process Group PGID" in text and f"call {read_trace(source).calls[1].id}" in text
+        assert missed.num_turns == 1 and missed.calls[-1].error.type == "replay_miss"
+
+
 # -- mini-swe-agent ------------------------------------------------------------------------
 
 def test_mini_swe_agent_replays_its_trace_without_a_model(live_sim, tmp_path):

@@ -111,14 +111,171 @@ def test_resend_refuses_what_it_cannot_send_before_sending_anything(proxy, sim, 
     session = proxy.create_session(id="anthropic")
     harness_env(session["env"])
     _, client = session_clients(session)
-    client.messages.create(model="claude-x", max_tokens=64, messages=[{"role": "user", "content": "hi"}])
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    client.messages.create(model="claude-x", max_tokens=64, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "what is this"}, image]}])
     proxy.api("DELETE", "sessions/anthropic")
     sim.clear()
     run = _resend(proxy.trace_dir / "anthropic.msgpack", tmp_path / "o.msgpack", sim)
     _, err = run.communicate(timeout=60)
-    assert run.returncode == 2 and "asked in the anthropic dialect; resend renders chat prompts only" in err
+    # The record keeps an inline image as its digest: it cannot be sent again, and says where.
+    assert run.returncode == 2, err
+    assert "cannot be asked again: message 0 (user) part 1 is inline image data" in err and "nothing was sent" in err
     assert sim.requests == []
     nowhere = subprocess.run([sys.executable, str(REPLAY_TRACE), "resend", str(proxy.trace_dir / "anthropic.msgpack"),
                               "--upstream", "nowhere", "--out", str(tmp_path / "o.msgpack")],
                              capture_output=True, text=True, timeout=60)
     assert nowhere.returncode == 2 and "'nowhere' is not declared" in nowhere.stderr
+
+
+# -- every dialect --------------------------------------------------------------------------
+
+ANTHROPIC_TOOLS = [{"name": "bash", "description": "run a command",
+                    "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}]
+RESPONSES_TOOLS = [{"type": "function", "name": "bash", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}}}]
+GEMINI_URL = "https://generativelanguage.googleapis.com/v1beta/models"
+
+
+def _anthropic_rollout(client) -> None:
+    """Claude Code's shape: streamed, a system prompt, a tool call, its result, the answer."""
+    messages = [{"role": "user", "content": "list the files"}]
+    for _ in range(2):
+        with client.messages.stream(model="claude-x", max_tokens=256, system="Be brief.", tools=ANTHROPIC_TOOLS,
+                                    messages=messages) as s:
+            reply = s.get_final_message()
+        messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True, exclude={"caller"})
+                                                          for b in reply.content]})
+        tool = next((b for b in reply.content if b.type == "tool_use"), None)
+        if tool is None:
+            return
+        messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool.id,
+                                                      "content": "a.txt b.txt"}]})
+
+
+def _responses_rollout(oai) -> None:
+    items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list the files"}]}]
+    for _ in range(2):
+        r = oai.responses.create(model="gpt-x", instructions="Be brief.", input=items, tools=RESPONSES_TOOLS,
+                                 store=False)
+        items += [o.model_dump(exclude_none=True, exclude={"id", "status"}) for o in r.output]
+        call = next((o for o in r.output if o.type == "function_call"), None)
+        if call is None:
+            return
+        items.append({"type": "function_call_output", "call_id": call.call_id, "output": "a.txt b.txt"})
+
+
+def _gemini_rollout(session) -> None:
+    import httpx2 as httpx
+
+    contents = [{"role": "user", "parts": [{"text": "list the files"}]}]
+    tools = [{"functionDeclarations": [{"name": "run_shell_command", "description": "run",
+                                        "parametersJsonSchema": {"type": "object"}}]}]
+    with httpx.Client(timeout=30, trust_env=True) as http:
+        for _ in range(2):
+            r = http.post(f"{GEMINI_URL}/gemini-2.5-pro:generateContent",
+                          json={"systemInstruction": {"parts": [{"text": "Be brief."}]}, "contents": contents,
+                                "tools": tools},
+                          headers={"x-goog-api-key": session["model_secret"]})
+            assert r.status_code == 200, r.text
+            content = r.json()["candidates"][0]["content"]
+            contents.append(content)
+            calls = [p["functionCall"] for p in content["parts"] if "functionCall" in p]
+            if not calls:
+                return
+            contents.append({"role": "user", "parts": [{"functionResponse": {"name": c["name"], "response": {
+                "output": "a.txt b.txt"}}} for c in calls]})
+
+
+def _refusals(sim) -> list:
+    """What the strict simulator refused, for a failing assertion's message."""
+    return [r.refusal for r in sim.requests if getattr(r, "refusal", None) is not None]
+
+
+ROLLOUTS = {
+    "anthropic": lambda s: _anthropic_rollout(session_clients(s)[1]),
+    "responses": lambda s: _responses_rollout(session_clients(s)[0]),
+    "gemini": _gemini_rollout,
+}
+
+
+def test_resend_asks_each_dialects_prompts_in_that_dialect(proxy, sim, harness_env, tmp_path):
+    """A Messages, a Responses and a Gemini rollout, each re-asked of another model: every
+    prompt reaches the (strict) simulator in the dialect it was recorded in, reads back to the
+    recorded prompt, and its new answer lands as a sibling of the recorded reply."""
+    from interceptor.dialects import DIALECTS
+
+    for name, rollout in ROLLOUTS.items():
+        sim.clear()
+        tool = "run_shell_command" if name == "gemini" else "bash"
+        sim.script(Reply(text="Looking.", tool_calls=[ToolCall(name=tool, arguments={"command": "ls"})]),
+                   Reply(text="Two files."))
+        session = proxy.create_session(id=f"src-{name}")
+        harness_env(session["env"])
+        rollout(session)
+        proxy.api("DELETE", f"sessions/src-{name}")
+        source = proxy.trace_dir / f"src-{name}.msgpack"
+        original = read_trace(source)
+        assert original.num_turns == 2 and {c.dialect for c in original.calls} == {name}, name
+        sim.clear()
+        sim.script(Reply(status=429, retry_after=0.5), *[Reply(text=f"other {k}") for k in range(2)])
+        out = tmp_path / f"{name}.msgpack"
+        run = _resend(source, out, sim)
+        _, err = run.communicate(timeout=120)
+        assert run.returncode == 0, (name, err, _refusals(sim))
+
+        asked = _answered(sim) if name != "gemini" else sim.model_requests()
+        assert [r.reply.status for r in asked].count(429) == 1 and len(asked) == 3, name  # the 429 asked again
+        asked = [r for r in asked if r.reply.status == 200]
+        by_id = {c.id: c for c in original.calls}
+        trace = read_trace(out)
+        resent = [c for c in trace.calls if c.resent_from is not None]
+        assert sorted(c.resent_from.call for c in resent) == sorted(by_id), name
+        for r, c in zip(asked, sorted(resent, key=lambda c: c.started_at)):
+            src = by_id[c.resent_from.call]
+            recorded_prompt = [original.nodes[i].message for i in original.path(src.node)[:-1]]
+            if name == "gemini":
+                assert "/models/other-model:generateContent" in r.route_path
+                assert r.headers["x-goog-api-key"] == REAL_KEY
+            else:
+                assert r.json["model"] == "other-model" and not r.json.get("stream")
+            assert r.json.get("temperature") == 0.9 or r.json.get("generationConfig", {}).get("temperature") == 0.9
+            assert DIALECTS[name].parse_request(r.json).messages in (
+                [original.nodes[i].message for i in original.path(by_id[x].node)[:-1]] for x in by_id)
+            prompt = [trace.nodes[i].message for i in trace.path(c.node)[:-1]]
+            assert prompt == recorded_prompt, name
+            recorded = next(o for o in trace.calls if o.id == src.id)
+            assert trace.nodes[recorded.node].parent == trace.nodes[c.node].parent, name
+            assert trace.nodes[c.node].message.text().startswith("other "), name
+            assert c.dialect == name and c.node is not None
+        assert len(trace.branches) == 3, name  # the recorded path and two one-sample leaves beside it
+
+
+def test_resend_collects_token_ids_from_a_vllm_upstream(proxy, sim, harness_env, tmp_path):
+    sim.script(Reply(text="step", tool_calls=[ToolCall(name="bash", arguments={"command": "ls"})]), Reply(text="done"))
+    session = proxy.create_session(id="two")
+    harness_env(session["env"])
+    oai, _ = session_clients(session)
+    messages = [{"role": "user", "content": "go"}]
+    for _ in range(2):
+        reply = oai.chat.completions.create(model="m", messages=messages, tools=TOOLS).choices[0].message
+        messages.append(reply.model_dump(exclude_none=True))
+        for call in reply.tool_calls or []:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": "a b"})
+    proxy.api("DELETE", "sessions/two")
+    source = proxy.trace_dir / "two.msgpack"
+    sim.clear()
+    sim.strict = False  # vLLM takes return_token_ids; OpenAI's strict rules would refuse it
+    sim.script(Reply(text=["new ", "one"], prompt_token_ids=[1, 2, 3], token_ids=[7, 8], logprobs=[-0.5, -0.25]),
+               Reply(text=["new ", "two"], prompt_token_ids=[1, 2, 3, 4], token_ids=[9, 10], logprobs=[-1.0, -0.1]))
+    out = tmp_path / "tokens.msgpack"
+    run = _resend(source, out, sim, "--collect-tokens")
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 0, (err, _refusals(sim))
+    asked = _answered(sim)
+    assert len(asked) == 2 and all(r.json["return_token_ids"] is True and r.json["logprobs"] is True for r in asked)
+    trace = read_trace(out)
+    resent = sorted((c for c in trace.calls if c.resent_from is not None), key=lambda c: c.started_at)
+    got = [(trace.nodes[c.node].token_ids, trace.nodes[c.node].logprobs) for c in resent]
+    assert got == [([7, 8], [-0.5, -0.25]), ([9, 10], [-1.0, -0.1])]
+    assert all(trace.nodes[c.node].mask == [True, True] for c in resent)
