@@ -229,8 +229,10 @@ class Rewrite:
                                             f"this request is {ex.dialect.name} and {what}; nothing was forwarded"))
                 return
         if flow.request.method == "GET" and is_upgrade(flow.request) and holds(ex):
-            # Response hooks hold answers over HTTP only (addons/hold.py): Codex, refused the
-            # WebSocket, falls back to POST, whose answers are held.
+            # Response hooks hold answers over HTTP only (addons/hold.py). Codex's Responses
+            # socket is served by WsServe (each frame a held POST) before this; an upgrade that
+            # reaches here (another mode, WsServe not running) is refused, and Codex falls
+            # back to POST, whose answers are held.
             refuse(flow, error_response(ex.dialect, 404, "the session's response hooks hold answers over HTTP only; "
                                                          "use POST (nothing was forwarded)"))
             return

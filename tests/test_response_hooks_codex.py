@@ -1,7 +1,8 @@
 """A response hook under the real Codex CLI (issue 12): its default transport is the Responses
-WebSocket, whose answers the proxy does not hold, so the held session's upgrade is refused and
-Codex falls back to HTTPS, where the hook replaces the final reply. Codex prints the
-replacement and exits 0; the trace keeps the model's own reply beside it."""
+WebSocket; the relay holds answers over HTTP only, so the proxy serves a held session's socket
+itself (addons/wsserve.py: each frame a held POST) and the hook replaces the final reply
+without Codex falling back. Codex prints the replacement and exits 0; the trace keeps the
+model's own reply beside it."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def withhold(response: Response):
 """
 
 
-def test_codex_falls_back_to_https_and_prints_the_replacement(hproxy, sim, tmp_path):
+def test_codex_keeps_its_socket_and_prints_the_replacement(hproxy, sim, tmp_path):
     sim.script(
         Reply(reasoning="Run it with exec.", tool_calls=[ToolCall(name="exec", arguments=SCRIPT, type="custom",
                                                                  id="call_codex_exec")]),
@@ -41,9 +42,10 @@ def test_codex_falls_back_to_https_and_prints_the_replacement(hproxy, sim, tmp_p
                          cwd=tmp_path / "work", session=session, extra=["--home", str(_home(tmp_path / "home", "websocket"))],
                          timeout=150)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "the Responses WebSocket is served by the proxy (its response hooks hold answers)" in hproxy.log()
     assert REPLACED in result.stdout and FINAL not in result.stdout, result.stdout[-2000:]
     answered = [r for r in sim.requests if r.route == "responses"]
-    assert answered and all(r.transport == "http" for r in answered)  # no frame reached the simulator
+    assert answered and all(r.transport == "http" for r in answered)  # frames went upstream as held POSTs
     trace = trace_of(hproxy, sid)
     assert problems(trace) == []
     last = trace.calls[-1]
