@@ -38,7 +38,8 @@ The server turns each frame into the HTTP request it stands for:
 Which sessions: those whose upstream speaks another dialect than Responses, those whose
 Responses upstream is declared without the transport (``"websocket": false``), and those
 whose Responses upstream has refused the session's upgrade once (WsRelay reports it;
-Codex's next attempt, a moment later, is served here); only in mitmproxy's regular mode (the
+Codex's next attempt, a moment later, is served here), and those with response hooks (the
+relay holds answers over HTTP only, addons/hold.py); only in mitmproxy's regular mode (the
 POSTs go through the proxy's own port as a proxy request). Listed after Claim (the upgrade's
 session) and before Rewrite (which refuses any upgrade of a translated session): from here
 on the upgrade is unclaimed (no model call, no step waits for it, the harness's credential
@@ -68,6 +69,7 @@ from wsproto.extensions import PerMessageDeflate
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from interceptor.addons.exchange import KEY, Exchange, exchange_of
+from interceptor.addons.hold import holds
 from interceptor.addons.relay import _next as next_event
 from interceptor.addons.settings import Settings
 from interceptor.addons.wsrelay import is_upgrade
@@ -175,7 +177,10 @@ class WsServe:
             return False
         if up.dialect is not None and up.dialect != ex.dialect.name:
             return True
-        return ex.dialect.name == "responses" and (not up.websocket or bool(ex.session.state.get(REFUSED)))
+        # A session with response hooks holds its answers in the relay (addons/hold.py), which
+        # carries HTTP only: served here, each frame is a POST the relay holds, and Codex keeps
+        # its socket instead of falling back after its refused upgrades.
+        return ex.dialect.name == "responses" and (not up.websocket or holds(ex) or bool(ex.session.state.get(REFUSED)))
 
     def upstream_refused(self, ex: Exchange, status: int | None) -> bool:
         """WsRelay saw the session's upstream refuse the upgrade: Codex's next one is served
@@ -230,8 +235,9 @@ class WsServe:
         req.headers[TICKET] = ticket
         flow.metadata[SERVE_KEY] = (req.scheme, req.data.host, req.data.port)
         req.scheme, req.data.host, req.data.port = "http", "127.0.0.1", self.port
+        why = "its response hooks hold answers" if holds(ex) else f"its upstream {ex.session.upstream.name!r} serves none"
         log.info(f"interceptor: session {ex.session.id!r}: the Responses WebSocket is served by the proxy "
-                 f"(its upstream {ex.session.upstream.name!r} serves none); frames go upstream as HTTP")
+                 f"({why}); frames go upstream as HTTP")
 
     def response(self, flow: http.HTTPFlow) -> None:
         target = flow.metadata.pop(SERVE_KEY, None)
