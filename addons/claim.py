@@ -23,7 +23,10 @@ from interceptor.dialects import host_dialect, local_answer, resolve
 log = logging.getLogger(__name__)
 
 
-def _proxy_auth_secret(value: str) -> str | None:
+def proxy_auth_secret(value: str) -> str | None:
+    """The session secret a ``Proxy-Authorization`` value carries (Basic's password, or a
+    Bearer token): the one parser of it, for Claim, the TLS guard, the open-proxy guard, the
+    egress check and the tool route."""
     scheme, _, rest = value.partition(" ")
     if scheme.lower() == "basic":
         try:
@@ -45,7 +48,7 @@ class Claim:
     def http_connect(self, flow: http.HTTPFlow) -> None:
         value = flow.request.headers.pop("proxy-authorization", None)
         if value:
-            secret = _proxy_auth_secret(value)
+            secret = proxy_auth_secret(value)
             if secret:
                 self._tunnel_secrets[flow.client_conn.id] = secret
 
@@ -74,7 +77,7 @@ class Claim:
         dialect = route.dialect
         secret = (
             self._tunnel_secrets.get(flow.client_conn.id)
-            or _proxy_auth_secret(flow.request.headers.get("proxy-authorization", ""))
+            or proxy_auth_secret(flow.request.headers.get("proxy-authorization", ""))
             or dialect.secret(flow.request.headers, flow.request.query)
         )
         if not secret:

@@ -182,10 +182,10 @@ class Egress:
         host = (host or "").lower()
         if host in self.settings.hosts:  # intercepted and claimed: the model routes' own rules apply
             return
-        from interceptor.addons.claim import _proxy_auth_secret  # one parser of the credential
+        from interceptor.addons.claim import proxy_auth_secret  # one parser of the credential
 
         value = flow.request.headers.get("proxy-authorization", "")
-        secret = _proxy_auth_secret(value) if value else None
+        secret = proxy_auth_secret(value) if value else None
         session = self.registry.by_model_secret(secret) if secret else None
         if session is None or session.sealed:
             return

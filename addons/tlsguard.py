@@ -19,7 +19,7 @@ import logging
 
 from mitmproxy import connection, http, tls
 
-from interceptor.addons.claim import _proxy_auth_secret
+from interceptor.addons.claim import proxy_auth_secret
 from interceptor.addons.session import Registry
 from interceptor.addons.settings import Settings
 
@@ -39,7 +39,7 @@ class TlsGuard:
         self._tunnels: dict[str, tuple[str, str | None]] = {}
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
-        secret = _proxy_auth_secret(flow.request.headers.get("proxy-authorization", ""))
+        secret = proxy_auth_secret(flow.request.headers.get("proxy-authorization", ""))
         self._tunnels[flow.client_conn.id] = (flow.request.host.lower(), secret)
 
     def client_disconnected(self, client: connection.Client) -> None:

@@ -28,7 +28,7 @@ from mitmproxy import http
 from pydantic import BaseModel, ConfigDict, Field
 
 from interceptor.addons.answers import api_error as error, json_response, read_body
-from interceptor.addons.claim import _proxy_auth_secret
+from interceptor.addons.claim import proxy_auth_secret
 from interceptor.addons.hookrun import HookFailure, session_context
 from interceptor.addons.intercept import TOOL_ROUTE, rewrite_record, run_hooks
 from interceptor.addons.memory import Remembered, digest
@@ -78,7 +78,7 @@ class ToolRoute:
         """The session whose model secret the request carries, or the 401 saying which
         secret this route needs (the state secret or the admin token opens nothing here)."""
         token = bearer(req) or req.headers.get("x-api-key", "").strip() \
-            or _proxy_auth_secret(req.headers.get("proxy-authorization", "")) or ""
+            or proxy_auth_secret(req.headers.get("proxy-authorization", "")) or ""
         if not token:
             return None, error(401, f"no model secret: {NEED}")
         session = self.registry.by_model_secret(token)
