@@ -47,6 +47,8 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=60)
     ap.add_argument("--tokens", type=int, default=500)
     ap.add_argument("--before", default="none", help="a git revision, or 'none'")
+    ap.add_argument("--relay-off", action="store_true",
+                    help="add this checkout with intercept_drain_timeout=0 (no relay hop) as a path")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-events-"))
     pieces = [f"w{k} " for k in range(args.tokens)]
@@ -60,6 +62,9 @@ def main() -> int:
         "scripts": str(ROOT / "bench" / "stream_sse.py")})}
     if args.before != "none":
         procs["before"] = checkout_proxy(args.before, work, opts, env)
+    if args.relay_off:
+        procs["proxy, relay off"] = MitmProcess(workdir=work / "relay-off", env=env,
+                                                options={**opts, "intercept_drain_timeout": "0"})
     procs["proxy"] = MitmProcess(workdir=work / "proxy", options=opts, env=env)
     per_event: dict[str, list[float]] = {n: [] for n in procs}
     loads = [load()]
