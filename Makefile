@@ -112,8 +112,18 @@ test-latest: $(HARNESS_STAMP)
 	cd $(LATEST)/harnesses && npm ls --depth=0
 	INTERCEPT_HARNESS_BIN=$(CURDIR)/$(LATEST)/harnesses/node_modules/.bin $(LATEST)/bin/pytest $(ARGS)
 
-bench: test-deps
-	$(PY) bench/overhead.py $(ARGS)
+# Issue 16's benchmark in one command: direct, bare mitmdump (plain and streaming), this proxy
+# with 1 and 2 workers, LiteLLM's proxy and verifiers' interception server side by side
+# (bench/compare.py; it installs the two peers into .venv-bench/ on first use). The report
+# goes to bench-results/compare.md, the plot to docs/img/compare.png. ARGS=--quick: a smoke
+# run of every path in a few minutes. The other bench/ scripts run with $(PY) bench/NAME.py.
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[bench]'
+	@touch $@
+
+bench: test-deps $(BENCH_STAMP)
+	$(PY) bench/compare.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(LATEST) *.egg-info build
