@@ -26,6 +26,7 @@ from interceptor.addons.record import commit
 from interceptor.addons.translate import Translate
 from interceptor.dialects.base import Frames
 from interceptor.dialects.encoding import Decoder
+from interceptor.dialects.sse import SSEDecoder
 from interceptor.trace.messages import ResponseError
 
 log = logging.getLogger(__name__)
@@ -45,13 +46,23 @@ class StreamTee:
         self.assembler = ex.translation.assembler() if ex.translation is not None else ex.dialect.assembler()
         self.failed = False
         self.done = False  # the terminal event was assembled (a held answer commits later)
+        # The dialect's shortcut for a chunk that is one usual event (a text delta), read from
+        # its bytes between events instead of cut into lines and parsed (``ChatAssembler.quick``).
+        self.quick = getattr(self.assembler, "quick", None) if isinstance(frames, SSEDecoder) else None
 
     def __call__(self, chunk: bytes) -> bytes:
         if self.failed or self.done or self.ex.committed:
             return chunk
         try:
             if chunk:
-                self._feed(self.sse.feed(self.decoder.decode(chunk)))
+                data = self.decoder.decode(chunk)
+                sse = self.sse
+                if self.quick is not None and data and sse.idle and self.quick(data):
+                    sse.bytes_seen += len(data)
+                    if self.clock is not None:
+                        self.clock.times.append(time.monotonic())
+                    return chunk
+                self._feed(sse.feed(data))
             else:  # end of body
                 tail = self.decoder.flush()
                 events = self.sse.feed(tail) if tail else []

@@ -28,6 +28,7 @@ from interceptor.dialects.common import (
     models_route,
     error_from,
     NativeAssembler,
+    Shape,
     first,
     inline_part,
     inline_ref,
@@ -35,6 +36,7 @@ from interceptor.dialects.common import (
     Plan,
     reconcile_openai,
     replace,
+    shape_of,
     stop_list,
     url_part,
 )
@@ -544,6 +546,10 @@ class _ChoiceState:
 
 _HEAD = ("id", "model", "created", "system_fingerprint", "service_tier")
 _PLAIN = frozenset(("index", "delta", "logprobs", "finish_reason"))  # a choice with nothing more
+# What a text chunk may hold besides its one choice for its shape to be learned: the head, and
+# OpenAI's obfuscation padding (stream_options.include_obfuscation, on by default), a hole.
+_SHAPED = frozenset((*_HEAD, "object", "choices", "obfuscation"))
+_SHAPE_TRIES = 3  # text chunks tried before the stream is read the full way throughout
 
 
 class ChatAssembler(NativeAssembler):
@@ -559,6 +565,42 @@ class ChatAssembler(NativeAssembler):
         self.prompt_token_ids: list[int] | None = None
         self.choices: dict[int, _ChoiceState] = {}
         self._open = list(_HEAD)  # head keys no chunk has given yet
+        # The usual text chunk's shape (``quick``), the choice it feeds, tries left to learn it.
+        self._shape: Shape | None = None
+        self._shaped: _ChoiceState | None = None
+        self._tries = _SHAPE_TRIES
+
+    def quick(self, chunk: bytes) -> bool:
+        """Fold ``chunk`` if it is one whole text chunk shaped like the first one (``Shape``):
+        its text appended as ``fold`` would have, without parsing the rest. False when it is
+        anything else (it then takes the full path). The Tee asks only between events."""
+        shape = self._shape
+        if shape is None or self.done:
+            return False
+        try:
+            text = shape.match(chunk.decode())
+        except UnicodeDecodeError:
+            return False
+        if text is None:
+            return False
+        state = self._shaped
+        state.has_content = True
+        if text:
+            state.content.append(text)
+        return True
+
+    def _learn(self, obj: dict[str, Any], ch: dict[str, Any], state: _ChoiceState, event: SSEEvent) -> None:
+        self._tries -= 1
+        if event.event is not None or len(obj["choices"]) != 1 or not obj.keys() <= _SHAPED:
+            return
+        holes = [(ch["delta"], "content")]
+        if "obfuscation" in obj:
+            if not isinstance(obj["obfuscation"], str):
+                return
+            holes.append((obj, "obfuscation"))
+        shape = shape_of("data: ", event.data, obj, holes)
+        if shape is not None:
+            self._shape, self._shaped = shape, state
 
     def feed(self, event: SSEEvent) -> bool:
         data = event.data
@@ -590,6 +632,8 @@ class ChatAssembler(NativeAssembler):
                     state.has_content = True
                     if delta["content"]:
                         state.content.append(delta["content"])
+                    if self._tries:  # none yet, or this one did not match it (a new head)
+                        self._learn(obj, ch, state, event)
                     continue
             state = self.choices.get(ch.get("index", 0))
             if state is None:

@@ -114,6 +114,82 @@ def json_data(event_data: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+_SCANSTRING = json.decoder.scanstring
+
+
+class Shape:
+    """One streamed event's exact bytes with holes where string values go: what a dialect's
+    usual event (a text delta) looks like on the wire, learned from the first one it parsed
+    (``shape_of``). An event that is the shape's fixed text with a JSON string in each hole
+    parses to the learned event with other strings in them: ``match`` reads the one the
+    record needs (the others, such as OpenAI's ``obfuscation`` padding, are only checked) with
+    the JSON module's C string scanner, without parsing the event or cutting it into lines,
+    exactly as ``json.loads`` would have read it (strict: a raw control character, a quote or
+    a bad escape is no match, and the event takes the full path)."""
+
+    __slots__ = ("first", "rest", "keep")
+
+    def __init__(self, fixed: list[str], keep: int) -> None:
+        self.first = fixed[0]
+        self.rest = tuple(fixed[1:])  # after each hole, the fixed text that follows it
+        self.keep = keep  # the hole whose value ``match`` returns, in wire order
+
+    def match(self, text: str) -> str | None:
+        if not text.startswith(self.first):
+            return None
+        pos, kept = len(self.first), None
+        try:
+            for i, fixed in enumerate(self.rest):
+                if text[pos] != '"':
+                    return None
+                value, pos = _SCANSTRING(text, pos + 1)
+                if not text.startswith(fixed, pos):
+                    return None
+                if i == self.keep:
+                    kept = value
+                pos += len(fixed)
+        except (ValueError, IndexError):
+            return None
+        return kept if pos == len(text) else None
+
+
+_HOLE = "\x00interceptor-hole-{}\x00"
+
+
+def shape_of(framing: str, data: str, obj: dict[str, Any], holes: list[tuple[dict[str, Any], str]]) -> Shape | None:
+    """The shape of one event (``framing`` + ``data`` + a blank line; ``obj`` parsed from
+    ``data``) with a hole at each ``(container, key)`` of ``holes`` (string values inside
+    ``obj``; ``match`` returns the first one's), or None when the event is not written the way
+    ``json.dumps`` writes it compactly (then there is no shape, and every event takes the full
+    path). The shape is checked against the event it was learned from: it must read back the
+    very string it was learned with."""
+    saved = [c[k] for c, k in holes]
+    try:
+        for i, (c, k) in enumerate(holes):
+            c[k] = _HOLE.format(i)
+        dumped = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    finally:
+        for (c, k), v in zip(holes, saved):
+            c[k] = v
+    spans = []
+    for i in range(len(holes)):
+        marker = json.dumps(_HOLE.format(i))
+        at = dumped.find(marker)
+        if at < 0 or dumped.find(marker, at + 1) >= 0:
+            return None
+        spans.append((at, at + len(marker), i))
+    spans.sort()
+    fixed, pos = [], 0
+    for at, after, _ in spans:
+        fixed.append(dumped[pos:at])
+        pos = after
+    fixed.append(dumped[pos:])
+    fixed[0] = framing + fixed[0]
+    fixed[-1] += "\n\n"
+    shape = Shape(fixed, keep=[i for _, _, i in spans].index(0))
+    return shape if shape.match(framing + data + "\n\n") == saved[0] else None
+
+
 def error_from(raw: Any, status: int | None = None, *, code_first: bool = False) -> ResponseError:
     """A provider error object (bare, or wrapped as ``{"error": {...}}``) as a record.
     Responses names the kind in ``code`` (``server_error``), the others in ``type``."""

@@ -79,6 +79,15 @@ class SSEDecoder:
     _started: bool = False
     bytes_seen: int = 0
 
+    @property
+    def idle(self) -> bool:
+        """Between events: no unfinished line or event, no CR whose LF may come next, the
+        byte order mark behind. A chunk that is one whole event may then be read by a
+        dialect's shortcut instead (``ChatAssembler.quick``): feeding it would leave the
+        decoder as it is and dispatch that one event."""
+        return (self._started and not self._line and not self._pending_cr and not self._has_data
+                and self._event is None and self._retry is None and not self._malformed)
+
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         self.bytes_seen += len(chunk)
         events: list[SSEEvent] = []
@@ -92,9 +101,10 @@ class SSEDecoder:
                 start = 3  # a UTF-8 byte order mark is not part of the first line
         if self._pending_cr and chunk[start : start + 1] == b"\n":
             start += 1  # the LF of a CRLF split across chunks
-        if not start and not self._line and b"\r" not in chunk:
+        if not start and not self._line and chunk.find(b"\r") < 0:
             # The usual chunk: whole LF-terminated lines, nothing pending. One split instead
-            # of a scan and a copy per line; the lines are the same.
+            # of a scan and a copy per line; the lines are the same. (``find``, not ``in``:
+            # bytes ``in`` first tries the needle as an integer and clears the TypeError.)
             lines = chunk.split(b"\n")
             rest = lines.pop()
             for raw in lines:

@@ -263,6 +263,9 @@ class TranslatedAssembler(StreamAssembler):
         self.translation = translation
         self.inner = translation.target.assembler()
         assert isinstance(self.inner, NativeAssembler)
+        quick = getattr(self.inner, "quick", None)
+        if quick is not None:  # the upstream's usual events, read from their bytes (the Tee's shortcut)
+            self.quick = quick
 
     @property
     def done(self) -> bool:  # type: ignore[override]
