@@ -503,10 +503,15 @@ def rollout(httpx, paths: list[Path_], turns: int, chunk: int) -> dict[str, dict
     reply = reply_for([{"content": f"chunk={chunk};"}])[0]
     clients = {}
     try:
-        for p in paths:
-            if p.new_session is not None:
-                p.slot(len(p.slots))  # a fresh session: its trace is this rollout alone
-                p.rollout_slot = len(p.slots) - 1
+        for p in list(paths):
+            try:
+                if p.new_session is not None:
+                    p.slot(len(p.slots))  # a fresh session: its trace is this rollout alone
+                    p.rollout_slot = len(p.slots) - 1
+            except Exception as e:  # noqa: BLE001 - the path is marked, the others go on
+                p.problems.append(f"rollout: no session: {type(e).__name__}: {e}"[:300])
+                paths.remove(p)
+                continue
             slot = p.slots[p.rollout_slot] if p.rollout_slot is not None else p.shared
             clients[p.name] = (http_client(httpx, slot, False), slot)
         messages = [{"role": "system", "content": "You are a patient assistant."}]
@@ -715,9 +720,23 @@ def spread(xs: list[float], f: str) -> str:
     return format(med(xs), f) + (f" ({format(min(xs), f)}-{format(max(xs), f)})" if len(xs) > 1 else "")
 
 
+def metrics(cs: list[dict], ds: list[dict] | None, stream: bool) -> dict[str, list[float]]:
+    """Per repetition: p50/p99 (ms), added over direct's of the same repetition, throughput
+    (/s) and its share of direct's (%), CPU per event (µs, streams) or per request (ms), RSS (MB)."""
+    m: dict[str, list[float]] = {
+        "p50": [quantile(c["lat"], 0.5) * 1e3 for c in cs], "p99": [quantile(c["lat"], 0.99) * 1e3 for c in cs],
+        "first": [quantile(c["first"], 0.5) * 1e3 for c in cs], "rate": [c["n"] / c["wall"] for c in cs],
+        "cpu": [c["cpu"] / max(c["events"], 1) / 1e3 if stream else c["cpu"] / max(c["n"], 1) / 1e6 for c in cs],
+        "rss": [c["rss"] / 1024 for c in cs]}
+    ds = ds or []
+    m["add50"] = [a - quantile(d["lat"], 0.5) * 1e3 for a, d in zip(m["p50"], ds)]
+    m["add99"] = [a - quantile(d["lat"], 0.99) * 1e3 for a, d in zip(m["p99"], ds)]
+    m["share"] = [r / (d["n"] / d["wall"]) * 100 for r, d in zip(m["rate"], ds)]
+    return m
+
+
 def cell_table(w: Workload, paths: list[Path_], cells: dict[str, list[dict]]) -> list[str]:
     """One workload's table: per path, medians over repetitions (min-max for the share)."""
-    direct = cells.get("direct")
     unit = "event, µs" if w.stream else "request, ms"
     rows = [f"| path | p50 ms | added p50 ms | p99 ms | added p99 ms | {'first event p50 ms | ' if w.stream else ''}"
             f"throughput/s | share of direct | CPU per {unit} | RSS MB |",
@@ -726,21 +745,20 @@ def cell_table(w: Workload, paths: list[Path_], cells: dict[str, list[dict]]) ->
         cs = cells.get(p.name)
         if not cs:
             continue
-        p50 = [quantile(c["lat"], 0.5) * 1e3 for c in cs]
-        p99 = [quantile(c["lat"], 0.99) * 1e3 for c in cs]
-        rate = [c["n"] / c["wall"] for c in cs]
-        add50 = [a - quantile(d["lat"], 0.5) * 1e3 for a, d in zip(p50, direct)] if direct else []
-        add99 = [a - quantile(d["lat"], 0.99) * 1e3 for a, d in zip(p99, direct)] if direct else []
-        share = [r / (d["n"] / d["wall"]) * 100 for r, d in zip(rate, direct)] if direct else []
-        cpu = [(c["cpu"] / max(c["events"], 1) / 1e3) if w.stream else (c["cpu"] / max(c["n"], 1) / 1e6) for c in cs]
-        mark = " ✗" if p.problems else ""
-        first = f"{med([quantile(c['first'], 0.5) * 1e3 for c in cs]):.2f} | " if w.stream else ""
-        rows.append(f"| {p.name}{mark} | {med(p50):.2f} | {'-' if p.name == 'direct' else f'{med(add50):+.2f}'} | "
-                    f"{med(p99):.2f} | {'-' if p.name == 'direct' else f'{med(add99):+.2f}'} | {first}"
-                    f"{med(rate):.0f} | {'-' if p.name == 'direct' else spread(share, '.0f') + '%'} | "
-                    f"{'-' if not p.pids() else spread(cpu, '.1f' if w.stream else '.2f')} | "
-                    f"{'-' if not p.pids() else format(med([c['rss'] for c in cs]) / 1024, '.0f')} |")
+        m = metrics(cs, cells.get("direct"), w.stream)
+        d = p.name == "direct"
+        proc = bool(p.pids())
+        rows.append(f"| {p.name}{' ✗' if p.problems else ''} | {med(m['p50']):.2f} | {'-' if d else f'{med(m['add50']):+.2f}'} | "
+                    f"{med(m['p99']):.2f} | {'-' if d else f'{med(m['add99']):+.2f}'} | "
+                    f"{f'{med(m['first']):.2f} | ' if w.stream else ''}{med(m['rate']):.0f} | "
+                    f"{'-' if d else spread(m['share'], '.0f') + '%'} | "
+                    f"{spread(m['cpu'], '.1f' if w.stream else '.2f') if proc else '-'} | "
+                    f"{format(med(m['rss']), '.0f') if proc else '-'} |")
     return rows
+
+
+def bands(n: int, band: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    return (0, min(band, n)), (max(0, n - band), n)
 
 
 def rollout_table(paths: list[Path_], data: dict[str, dict[str, list[float]]], band: int) -> list[str]:
@@ -748,7 +766,7 @@ def rollout_table(paths: list[Path_], data: dict[str, dict[str, list[float]]], b
     n = len(direct)
     if not n:
         return ["(the rollout did not run on direct)"]
-    first, last = (0, min(band, n)), (max(0, n - band), n)
+    first, last = bands(n, band)
     rows = [f"| path | CPU per turn ms, turns {first[0] + 1}-{first[1]} | turns {last[0] + 1}-{last[1]} | last / first | "
             f"added p50 ms, first band | last band | added p99 ms, first band | last band | all turns p50 / p99 |",
             "|---" * 9 + "|"]
@@ -770,6 +788,37 @@ def rollout_table(paths: list[Path_], data: dict[str, dict[str, list[float]]], b
     return rows
 
 
+def summary_table(workloads: list[Workload], paths: list[Path_], cells: dict, data: dict, band: int) -> list[str]:
+    """The issue's table: a few figures per workload, the paths as columns (medians)."""
+    proxies = [p for p in paths if p.name != "direct"]
+    rows = ["| workload: figure | " + " | ".join(p.name + (" ✗" if p.problems else "") for p in proxies) + " |",
+            "|---" * (len(proxies) + 1) + "|"]
+    picks = [(workloads[0], "add50", "added p50, ms", "+.2f"), (workloads[0], "add99", "added p99, ms", "+.1f")]
+    for w in workloads[3:5]:
+        picks += [(w, "share", "throughput, share of direct %", ".0f"), (w, "add99", "added p99, ms", "+.1f")]
+    picks += [(w, "cpu", "proxy CPU per event, µs", ".1f") for w in workloads[5:]]
+    picks += [(workloads[1], "cpu", "proxy CPU per event, µs", ".1f"), (workloads[0], "cpu", "proxy CPU per request, ms", ".2f"),
+              (workloads[0], "rss", "RSS, MB", ".0f")]
+    for w, key, label, f in picks:
+        vals = []
+        for p in proxies:
+            cs = cells[w.name].get(p.name)
+            xs = metrics(cs, cells[w.name].get("direct"), w.stream)[key] if cs else []
+            vals.append(format(med(xs), f) if xs else "-")
+        rows.append(f"| {w.name}: {label} | " + " | ".join(vals) + " |")
+    direct = data.get("direct", {}).get("lat", [])
+    if direct:
+        first, last = bands(len(direct), band)
+        for label, fn in ((f"rollout: CPU per turn, ms, turns {first[0] + 1}-{first[1]} / {last[0] + 1}-{last[1]}",
+                           lambda d: f"{med(d['cpu'][first[0]:first[1]]) / 1e6:.2f} / {med(d['cpu'][last[0]:last[1]]) / 1e6:.2f}"),
+                          ("rollout: added p50 / p99, ms, all turns",
+                           lambda d: (lambda a: f"{quantile(a, 0.5) * 1e3:+.2f} / {quantile(a, 0.99) * 1e3:+.1f}")(
+                               [x - y for x, y in zip(d["lat"], direct)]))):
+            rows.append(f"| {label} | " + " | ".join(
+                fn(data[p.name]) if p.name in data and len(data[p.name]["lat"]) == len(direct) else "-" for p in proxies) + " |")
+    return rows
+
+
 def plot(out_dir: Path, workloads: list[Workload], paths: list[Path_], cells: dict, rollout_data: dict) -> list[Path]:
     import matplotlib
 
@@ -783,13 +832,11 @@ def plot(out_dir: Path, workloads: list[Workload], paths: list[Path_], cells: di
     for i, p in enumerate(proxies):
         added, share, cpu = [], [], []
         for w in workloads:
-            cs, ds = cells[w.name].get(p.name), cells[w.name].get("direct")
-            if not cs or not ds:
-                added.append(float("nan")), share.append(float("nan")), cpu.append(float("nan"))
-                continue
-            added.append(med([(quantile(c["lat"], 0.5) - quantile(d["lat"], 0.5)) * 1e3 for c, d in zip(cs, ds)]))
-            share.append(med([(c["n"] / c["wall"]) / (d["n"] / d["wall"]) * 100 for c, d in zip(cs, ds)]))
-            cpu.append(med([c["cpu"] / max(c["n"], 1) / 1e6 for c in cs]))
+            cs = cells[w.name].get(p.name)
+            m = metrics(cs, cells[w.name].get("direct"), False) if cs else {}
+            added.append(med(m.get("add50", [])))
+            share.append(med(m.get("share", [])))
+            cpu.append(med(m.get("cpu", [])))
         offs = [k + (i - len(proxies) / 2 + 0.5) * width for k in x]
         axes[0][0].bar(offs, added, width, label=p.name)
         axes[0][1].bar(offs, share, width, label=p.name)
@@ -831,6 +878,8 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=None, help="rollout turns (default 300, quick 20; 0 skips it)")
     ap.add_argument("--paths", default=",".join(ALL), help=f"comma-separated, of: {', '.join(ALL)}")
     ap.add_argument("--no-peers", action="store_true", help="leave out litellm and verifiers")
+    ap.add_argument("--workloads", default=None, help="only the workloads whose names contain one of these "
+                    "comma-separated words (e.g. '64,sequential'); the rollout is --turns")
     ap.add_argument("--report", default=str(ROOT / "bench-results" / "compare.md"))
     ap.add_argument("--plots", default=None, help="PNG folder (default docs/img; quick: beside the report)")
     args = ap.parse_args()
@@ -862,6 +911,10 @@ def main() -> int:
         Workload(f"500-token streams, {c16} concurrent", c16, 1 if quick else 2, True, 500, True, size=2_000),
         Workload(f"500-token streams, {c64} concurrent", c64, 1, True, 500, True, size=2_000),
     ]
+    base_workloads = list(workloads)
+    if args.workloads:
+        wanted = [x.strip() for x in args.workloads.split(",") if x.strip()]
+        workloads = [w for w in workloads if any(x in w.name for x in wanted)]
     work = Path(tempfile.mkdtemp(prefix="bench-compare-"))
     report = Path(args.report)
     report.parent.mkdir(parents=True, exist_ok=True)
@@ -876,7 +929,7 @@ def main() -> int:
     sim_url = sim.stdout.readline().strip().split()[-1]
     skipped: dict[str, str] = {}
     paths: list[Path_] = []
-    cells: dict[str, dict[str, list[dict]]] = {w.name: {} for w in workloads}
+    cells: dict[str, dict[str, list[dict]]] = {w.name: {} for w in base_workloads}
     rollout_data: dict = {}
     run_problems: list[str] = []
     try:
@@ -889,7 +942,12 @@ def main() -> int:
                 if r % 2:
                     order.reverse()
                 for p in order:
-                    cell = run_cell(httpx, p, w)
+                    try:
+                        cell = run_cell(httpx, p, w)
+                    except Exception as e:  # noqa: BLE001 - the path is marked, the run goes on
+                        p.problems.append(f"{w.name}: {type(e).__name__}: {e}"[:300])
+                        read_tally(httpx, sim_url)
+                        continue
                     cells[w.name].setdefault(p.name, []).append(cell)
                     done = cell["n"] + w.clients  # the warm-up requests count too
                     for problem in tally_problems({p.upstream_model: (done, p.swaps_key)}, read_tally(httpx, sim_url)):
@@ -937,12 +995,15 @@ def main() -> int:
              "| path | what |", "|---|---|"]
     lines += [f"| {p.name} | {p.what} |" for p in paths]
     lines += [f"| {n} | SKIPPED: {why} |" for n, why in skipped.items()]
+    band = max(5, turns // 12)
+    if all(cells[w.name] for w in base_workloads):
+        lines += ["", "**summary** (medians over repetitions; every figure relative to direct where it says so)", ""]
+        lines += summary_table(base_workloads, paths, cells, rollout_data, band)
     for w in workloads:
         lines += ["", f"**{w.name}** ({w.clients} client{'s' * (w.clients > 1)} x {w.count} request(s), "
                   f"{'streams of ' + str(w.tokens) + ' events' if w.stream else 'JSON'}, {w.size // 1000} KB request)", ""]
         lines += cell_table(w, paths, cells[w.name])
     if turns:
-        band = max(5, turns // 12)
         lines += ["", f"**growing rollout** ({turns} turns, 570 characters a side per turn; bands of {band} turns)", ""]
         lines += rollout_table(paths, rollout_data, band)
     lines += ["", "**checks** (the simulator's tally of models and keys per cell, every answer whole, "
