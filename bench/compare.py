@@ -539,6 +539,8 @@ def rollout(httpx, paths: list[Path_], turns: int, chunk: int) -> dict[str, dict
                 if text != reply:
                     p.problems.append(f"rollout turn {k + 1}: answer not whole: {text[:60]!r}")
             messages.append({"role": "assistant", "content": reply})
+            if k % 50 == 49:
+                print(f"  rollout: turn {k + 1} of {turns}", flush=True)
     finally:
         for client, _ in clients.values():
             client.close()
