@@ -261,7 +261,8 @@ def ensure_venv(name: str, requirements: list[str], log: Path) -> Path:
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
             tail = [line for line in log.read_text(errors="replace").splitlines()
                     if line.strip() and not line.startswith("WARNING: Location")][-3:]
-            raise Unavailable(f"pip install into {venv} failed ({e}): {' / '.join(tail)}") from None
+            raise Unavailable(f"pip install {' '.join(requirements[:1])} ... into {venv.relative_to(ROOT)} failed "
+                              f"(exit {getattr(e, 'returncode', e)}): {' / '.join(tail)[-400:]} (the whole log: {log})") from None
     stamp.write_text(want)
     return venv
 
