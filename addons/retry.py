@@ -88,10 +88,11 @@ class _Capture:
     def __init__(self, inner, rec: Recorded) -> None:
         self.inner = inner
         self.rec = rec
+        self._call = inner if callable(inner) else None  # once, not per chunk
 
     def __call__(self, chunk: bytes) -> bytes | list[bytes]:
-        out = self.inner(chunk) if callable(self.inner) else chunk
-        if not isinstance(out, bytes):  # an iterable of chunks
+        out = self._call(chunk) if self._call is not None else chunk
+        if out.__class__ is not bytes:  # an iterable of chunks
             out = b"".join(out)
         self.rec.body += out
         return out or []  # never b"": mitmproxy would send it as a chunked body's last chunk

@@ -1,12 +1,13 @@
 """Proxy CPU per streamed event: bare streaming mitmdump against this proxy, side by side.
 
-    .venv/bin/python bench/events.py [--streams 60] [--tokens 500] [--before REV]
+    .venv/bin/python bench/events.py [--streams 60] [--tokens 500] [--before REV] [--relay-off]
 
 Chat Completions streams of ``--tokens`` events each (one token per event, as providers
 send them), sequential, through: bare mitmdump streaming SSE (``bench/stream_sse.py``, the
 fair baseline: by default mitmproxy buffers whole bodies), this proxy at ``--before``
-(omit with ``--before none``), and this checkout. The paths alternate stream by stream
-(rotating order), so the machine's load hits them alike. Per stream: the CPU time of all of
+(omit with ``--before none``), and this checkout; with ``--relay-off`` each proxy also
+with ``intercept_drain_timeout=0``, to tell the relay's cost per event from the pipeline's.
+The paths alternate stream by stream (rotating order), so the machine's load hits them alike. Per stream: the CPU time of all of
 the mitmdump process's threads (``/proc/<pid>/task/*/schedstat``) from before the request
 to 5 ms after its end, divided by the events the client received. Reported: µs per event,
 median (p10-p90), and each proxy's excess over bare. Each proxy's trace is checked
@@ -48,7 +49,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=500)
     ap.add_argument("--before", default="none", help="a git revision, or 'none'")
     ap.add_argument("--relay-off", action="store_true",
-                    help="add this checkout with intercept_drain_timeout=0 (no relay hop) as a path")
+                    help="add this checkout (and --before) with intercept_drain_timeout=0 (no relay hop) as paths")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-events-"))
     pieces = [f"w{k} " for k in range(args.tokens)]
@@ -62,6 +63,9 @@ def main() -> int:
         "scripts": str(ROOT / "bench" / "stream_sse.py")})}
     if args.before != "none":
         procs["before"] = checkout_proxy(args.before, work, opts, env)
+        if args.relay_off:
+            (work / "off").mkdir()
+            procs["before, relay off"] = checkout_proxy(args.before, work / "off", {**opts, "intercept_drain_timeout": "0"}, env)
     if args.relay_off:
         procs["proxy, relay off"] = MitmProcess(workdir=work / "relay-off", env=env,
                                                 options={**opts, "intercept_drain_timeout": "0"})

@@ -1,13 +1,13 @@
 """The answer pipeline's own CPU per streamed event, in process (no sockets, no mitmproxy
 layers): what ``bench/events.py`` measures end to end, minus mitmproxy.
 
-    .venv/bin/python bench/pipeline.py [--streams 40] [--tokens 500] [--vllm]
+    .venv/bin/python bench/pipeline.py [--streams 40] [--tokens 500] [--vllm] [--messages]
 
 One session, the script's request-side addons (Claim, Rewrite, Collect, Retry) and the Tee
 with its stages (``addons/pipeline.py``) under ``mitmproxy.test.taddons``; per stream a new
 flow: its request hooks, ``responseheaders``, the stream callable once per chunk (the
-simulator's Chat stream, one event per chunk, as providers flush them), its end, and
-``response``. Timed apart (``time.perf_counter_ns``, min and median of ``--streams``):
+simulator's Chat stream, or with ``--messages`` its Messages stream, one event per chunk,
+as providers flush them), its end, and ``response``. Timed apart (``time.perf_counter_ns``, min and median of ``--streams``):
 
 - *chunks*: the stream callable over every chunk, terminal commit included, per event;
 - *answer*: that plus ``responseheaders`` and ``response`` (the per-stream set-up and close),
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from mitmproxy import http  # noqa: E402
 from mitmproxy.test import taddons, tflow  # noqa: E402
-from provider import Reply, openai_chat  # noqa: E402
+from provider import Reply, anthropic_messages, openai_chat  # noqa: E402
 from provider.turn import Turn  # noqa: E402
 
 from interceptor.addons.claim import Claim  # noqa: E402
@@ -48,16 +48,19 @@ from interceptor.addons.upstream import Upstream  # noqa: E402
 
 ENV = "INTERCEPT_BENCH_KEY"
 URL = "https://api.openai.com/v1/chat/completions"
+MESSAGES_URL = "https://api.anthropic.com/v1/messages"
+REQUEST = {"model": "gpt-4o", "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 4096,
+           "messages": [{"role": "user", "content": "count"}]}
 
 
-def stream_chunks(tokens: int, vllm: bool) -> tuple[list[bytes], str]:
-    """The simulator's Chat stream of ``tokens`` one-token deltas, one event per chunk."""
+def stream_chunks(tokens: int, vllm: bool = False, messages: bool = False) -> tuple[list[bytes], str]:
+    """The simulator's stream of ``tokens`` one-token deltas, one event per chunk."""
     pieces = [f"w{k} " for k in range(tokens)]
-    request = {"model": "gpt-4o", "stream": True, "stream_options": {"include_usage": True},
-               "messages": [{"role": "user", "content": "count"}]}
+    request = dict(REQUEST)
     if vllm:
         request.update(return_token_ids=True, logprobs=True)
-    return openai_chat.stream_events(Turn(request, Reply(text=pieces), default_model="gpt-4o")), "".join(pieces)
+    writer = anthropic_messages if messages else openai_chat
+    return writer.stream_events(Turn(request, Reply(text=pieces), default_model="gpt-4o")), "".join(pieces)
 
 
 def main() -> int:
@@ -65,11 +68,11 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=40)
     ap.add_argument("--tokens", type=int, default=500)
     ap.add_argument("--vllm", action="store_true", help="token ids and logprobs on every chunk")
+    ap.add_argument("--messages", action="store_true", help="an Anthropic Messages stream")
     args = ap.parse_args()
     os.environ[ENV] = "sk-bench-real-key"
-    chunks, text = stream_chunks(args.tokens, args.vllm)
-    body = json.dumps({"model": "gpt-4o", "stream": True, "stream_options": {"include_usage": True},
-                       "messages": [{"role": "user", "content": "count"}]}).encode()
+    chunks, text = stream_chunks(args.tokens, args.vllm, args.messages)
+    body = json.dumps(REQUEST).encode()
     registry = Registry()
     settings = Settings(registry)
     retry, collect = Retry(), Collect()
@@ -85,9 +88,9 @@ def main() -> int:
             return loop.run_until_complete(value) if hasattr(value, "__await__") else value
 
         for k in range(args.streams + 1):
-            flow = tflow.tflow(req=http.Request.make("POST", URL, body, {
-                "content-type": "application/json", "authorization": f"Bearer {session.model_secret}"}),
-                client_conn=tflow.tclient_conn())
+            key = {"x-api-key": session.model_secret} if args.messages else {"authorization": f"Bearer {session.model_secret}"}
+            flow = tflow.tflow(req=http.Request.make("POST", MESSAGES_URL if args.messages else URL, body, {
+                "content-type": "application/json", **key}), client_conn=tflow.tclient_conn())
             t0 = time.perf_counter_ns()
             for hook in (claim.requestheaders, retry.requestheaders, rewrite.request, collect.request, retry.request):
                 run(hook(flow))
@@ -111,10 +114,11 @@ def main() -> int:
                 chunk_ns.append((t4 - t3) / len(chunks))
                 answer_ns.append((t5 - t2) / len(chunks))
         trace = session.recorder.trace
-        replies = [n.message.content for n in trace.nodes if n.sampled]
+        replies = [n.message.text() for n in trace.nodes if n.sampled]
         assert replies == [text], "the same prompt and reply each time: one sampled node"
         assert len(trace.calls) == args.streams + 1 and all(c.error is None and c.finish_reason == "stop"
                                                             for c in trace.calls), trace.calls[-1]
+        assert all(len(c.event_gaps_ms) == len(chunks) for c in trace.calls)
         registry.seal_all("bench")
         registry.store.close()
 
@@ -122,7 +126,8 @@ def main() -> int:
         xs = [x / scale for x in xs]
         return f"| {name} | {min(xs):.2f} | {statistics.median(xs):.2f} | {unit} |"
 
-    print(f"{args.streams} streams of {len(chunks)} chunks (one event each){', vLLM token fields' if args.vllm else ''}; "
+    print(f"{args.streams} {'Messages' if args.messages else 'Chat'} streams of {len(chunks)} chunks (one event each)"
+          f"{', vLLM token fields' if args.vllm else ''}; "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print()
     print("| part | min | median | unit |")

@@ -854,11 +854,22 @@ class AnthropicAssembler(NativeAssembler):
     ``error`` (Anthropic sends ``event: error`` after a 200 when it is overloaded mid-way)."""
 
     terminal = "message_stop"
+    shapes = True  # a block's delta (``_learn``)
+    shape_tries = 8  # a shape per block: thinking, text, tool input, each learned again
 
     def __init__(self, dialect: AnthropicDialect):
         super().__init__(dialect)
         self.message: dict[str, Any] | None = None
         self.blocks: dict[int, _Block] = {}
+
+    def _learn(self, obj: dict[str, Any], delta: dict[str, Any], key: str, pieces: list[str], event: SSEEvent) -> None:
+        """A delta folded the full way: its shape, the string at ``key`` its hole, for the
+        next deltas of its block (``quick`` appends them to ``pieces`` as ``fold`` does)."""
+        if not isinstance(delta.get(key), str):
+            self._tries -= 1
+            return
+        framing = "data: " if event.event is None else f"event: {event.event}\ndata: "
+        self.learn(framing, event, obj, [(delta, key)], pieces.append)
 
     def fold(self, obj: dict[str, Any], event: SSEEvent) -> bool:
         kind = obj.get("type") or event.event
@@ -869,10 +880,16 @@ class AnthropicAssembler(NativeAssembler):
                 dtype = d.get("type")
                 if dtype == "text_delta":
                     block.text.append(d.get("text", ""))
+                    if self._tries:
+                        self._learn(obj, d, "text", block.text, event)
                 elif dtype == "input_json_delta":
                     block.json.append(d.get("partial_json", ""))
+                    if self._tries:
+                        self._learn(obj, d, "partial_json", block.json, event)
                 elif dtype == "thinking_delta":
                     block.thinking.append(d.get("thinking", ""))
+                    if self._tries:
+                        self._learn(obj, d, "thinking", block.thinking, event)
                 elif dtype == "signature_delta":
                     block.signature = d.get("signature", "")
                 elif dtype == "citations_delta":

@@ -28,7 +28,6 @@ from interceptor.dialects.common import (
     models_route,
     error_from,
     NativeAssembler,
-    Shape,
     first,
     inline_part,
     inline_ref,
@@ -36,7 +35,6 @@ from interceptor.dialects.common import (
     Plan,
     reconcile_openai,
     replace,
-    shape_of,
     stop_list,
     url_part,
 )
@@ -501,6 +499,11 @@ class _ChoiceState:
     refusal_logprobs: list[Any] | None = None
     token_ids: list[int] | None = None
 
+    def add_text(self, text: str) -> None:
+        self.has_content = True
+        if text:
+            self.content.append(text)
+
     def add_call(self, position: int, frag: dict[str, Any]) -> None:
         slot = self.calls.get(frag.get("index", position))
         if slot is None:
@@ -549,7 +552,6 @@ _PLAIN = frozenset(("index", "delta", "logprobs", "finish_reason"))  # a choice 
 # What a text chunk may hold besides its one choice for its shape to be learned: the head, and
 # OpenAI's obfuscation padding (stream_options.include_obfuscation, on by default), a hole.
 _SHAPED = frozenset((*_HEAD, "object", "choices", "obfuscation"))
-_SHAPE_TRIES = 3  # text chunks tried before the stream is read the full way throughout
 
 
 class ChatAssembler(NativeAssembler):
@@ -557,6 +559,7 @@ class ChatAssembler(NativeAssembler):
     ``{"error": ...}`` event, after which OpenAI closes the stream)."""
 
     terminal = "data: [DONE]"
+    shapes = True  # a text chunk (``_learn``)
 
     def __init__(self, dialect: ChatDialect):
         super().__init__(dialect)
@@ -565,42 +568,20 @@ class ChatAssembler(NativeAssembler):
         self.prompt_token_ids: list[int] | None = None
         self.choices: dict[int, _ChoiceState] = {}
         self._open = list(_HEAD)  # head keys no chunk has given yet
-        # The usual text chunk's shape (``quick``), the choice it feeds, tries left to learn it.
-        self._shape: Shape | None = None
-        self._shaped: _ChoiceState | None = None
-        self._tries = _SHAPE_TRIES
-
-    def quick(self, chunk: bytes) -> bool:
-        """Fold ``chunk`` if it is one whole text chunk shaped like the first one (``Shape``):
-        its text appended as ``fold`` would have, without parsing the rest. False when it is
-        anything else (it then takes the full path). The Tee asks only between events."""
-        shape = self._shape
-        if shape is None or self.done:
-            return False
-        try:
-            text = shape.match(chunk.decode())
-        except UnicodeDecodeError:
-            return False
-        if text is None:
-            return False
-        state = self._shaped
-        state.has_content = True
-        if text:
-            state.content.append(text)
-        return True
 
     def _learn(self, obj: dict[str, Any], ch: dict[str, Any], state: _ChoiceState, event: SSEEvent) -> None:
-        self._tries -= 1
+        """A text chunk folded the full way: its shape, if it is nothing but the head, one
+        choice's text and the padding (``quick`` then reads the next ones)."""
         if event.event is not None or len(obj["choices"]) != 1 or not obj.keys() <= _SHAPED:
+            self._tries -= 1
             return
         holes = [(ch["delta"], "content")]
         if "obfuscation" in obj:
             if not isinstance(obj["obfuscation"], str):
+                self._tries -= 1
                 return
             holes.append((obj, "obfuscation"))
-        shape = shape_of("data: ", event.data, obj, holes)
-        if shape is not None:
-            self._shape, self._shaped = shape, state
+        self.learn("data: ", event, obj, holes, state.add_text)
 
     def feed(self, event: SSEEvent) -> bool:
         data = event.data
@@ -629,10 +610,8 @@ class ChatAssembler(NativeAssembler):
                 # The usual chunk: one piece of text and nothing else.
                 state = self.choices.get(ch.get("index", 0))
                 if state is not None:
-                    state.has_content = True
-                    if delta["content"]:
-                        state.content.append(delta["content"])
-                    if self._tries:  # none yet, or this one did not match it (a new head)
+                    state.add_text(delta["content"])
+                    if self._tries:  # no shape yet, or this one did not match it (a new head)
                         self._learn(obj, ch, state, event)
                     continue
             state = self.choices.get(ch.get("index", 0))

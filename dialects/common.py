@@ -121,17 +121,20 @@ class Shape:
     """One streamed event's exact bytes with holes where string values go: what a dialect's
     usual event (a text delta) looks like on the wire, learned from the first one it parsed
     (``shape_of``). An event that is the shape's fixed text with a JSON string in each hole
-    parses to the learned event with other strings in them: ``match`` reads the one the
-    record needs (the others, such as OpenAI's ``obfuscation`` padding, are only checked) with
-    the JSON module's C string scanner, without parsing the event or cutting it into lines,
-    exactly as ``json.loads`` would have read it (strict: a raw control character, a quote or
-    a bad escape is no match, and the event takes the full path)."""
+    (and any run of spaces before its last brace, as Anthropic pads its events) parses to
+    the learned event with other strings in them: ``match`` reads the one the record needs
+    (the others, such as OpenAI's ``obfuscation`` padding, are only checked) with the JSON
+    module's C string scanner, without parsing the event or cutting it into lines, exactly as
+    ``json.loads`` would have read it (strict: a raw control character, a quote or a bad
+    escape is no match, and the event takes the full path)."""
 
     __slots__ = ("first", "rest", "keep")
 
     def __init__(self, fixed: list[str], keep: int) -> None:
         self.first = fixed[0]
-        self.rest = tuple(fixed[1:])  # after each hole, the fixed text that follows it
+        # After each hole, the fixed text that follows it; the last one without the closing
+        # brace and blank line, which ``match`` finds at the end, after any spaces.
+        self.rest = tuple(fixed[1:])
         self.keep = keep  # the hole whose value ``match`` returns, in wire order
 
     def match(self, text: str) -> str | None:
@@ -150,7 +153,10 @@ class Shape:
                 pos += len(fixed)
         except (ValueError, IndexError):
             return None
-        return kept if pos == len(text) else None
+        end = len(text) - 3
+        if pos > end or not text.endswith("}\n\n") or text.count(" ", pos, end) != end - pos:
+            return None
+        return kept
 
 
 _HOLE = "\x00interceptor-hole-{}\x00"
@@ -183,9 +189,8 @@ def shape_of(framing: str, data: str, obj: dict[str, Any], holes: list[tuple[dic
     for at, after, _ in spans:
         fixed.append(dumped[pos:at])
         pos = after
-    fixed.append(dumped[pos:])
+    fixed.append(dumped[pos:-1])  # the closing brace is matched at the end (``match``)
     fixed[0] = framing + fixed[0]
-    fixed[-1] += "\n\n"
     shape = Shape(fixed, keep=[i for _, _, i in spans].index(0))
     return shape if shape.match(framing + data + "\n\n") == saved[0] else None
 
@@ -213,11 +218,45 @@ class NativeAssembler(StreamAssembler):
     """
 
     terminal: ClassVar[str]
+    #: Learns its usual event's shape (``learn``), so the Tee may hand it such a chunk whole
+    #: (``quick``); how many events per stream may try (``json.dumps`` each).
+    shapes: ClassVar[bool] = False
+    shape_tries: ClassVar[int] = 3
 
     def __init__(self, dialect: Dialect):
         self.dialect = dialect
         self.done = False
         self.error: ResponseError | None = None
+        self._shape: Shape | None = None
+        self._sink: Callable[[str], Any] | None = None  # where a matching event's string goes
+        self._tries = self.shape_tries if self.shapes else 0
+
+    def quick(self, chunk: bytes) -> bool:
+        """Fold ``chunk`` if it is one whole event of the learned shape (``Shape``): its string
+        goes where ``fold`` would have put it, without parsing the rest. False for anything
+        else (it then takes the full path). The Tee asks only between events (``SSEDecoder.idle``)."""
+        shape = self._shape
+        if shape is None or self.done:
+            return False
+        try:
+            value = shape.match(chunk.decode())
+        except UnicodeDecodeError:
+            return False
+        if value is None:
+            return False
+        self._sink(value)
+        return True
+
+    def learn(self, framing: str, event: SSEEvent, obj: dict[str, Any], holes: list[tuple[dict[str, Any], str]],
+              sink: Callable[[str], Any]) -> None:
+        """``fold`` just took ``event`` in the full way, and folding it again with another
+        string at ``holes[0]`` (the others ignored) would only hand that string to ``sink``:
+        its shape, so the next events like it are read from their bytes (``quick``). A new
+        shape replaces the old (a stream whose head changed, another block)."""
+        self._tries -= 1
+        shape = shape_of(framing, event.data, obj, holes)
+        if shape is not None:
+            self._shape, self._sink = shape, sink
 
     def feed(self, event: SSEEvent) -> bool:
         if self.done:

@@ -263,9 +263,8 @@ class TranslatedAssembler(StreamAssembler):
         self.translation = translation
         self.inner = translation.target.assembler()
         assert isinstance(self.inner, NativeAssembler)
-        quick = getattr(self.inner, "quick", None)
-        if quick is not None:  # the upstream's usual events, read from their bytes (the Tee's shortcut)
-            self.quick = quick
+        # The upstream's usual events, read from their bytes (the Tee's shortcut).
+        self.shapes, self.quick = self.inner.shapes, self.inner.quick
 
     @property
     def done(self) -> bool:  # type: ignore[override]
