@@ -581,7 +581,9 @@ class ChatAssembler(NativeAssembler):
                 self._tries -= 1
                 return
             holes.append((obj, "obfuscation"))
-        self.learn("data: ", event, obj, holes, state.add_text)
+        # The sink appends the text as the full path does: this chunk set has_content, and an
+        # empty string appended changes nothing the record joins.
+        self.learn("data: ", event, obj, holes, state.content.append)
 
     def feed(self, event: SSEEvent) -> bool:
         data = event.data

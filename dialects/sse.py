@@ -78,15 +78,11 @@ class SSEDecoder:
     _malformed: bool = False
     _started: bool = False
     bytes_seen: int = 0
-
-    @property
-    def idle(self) -> bool:
-        """Between events: no unfinished line or event, no CR whose LF may come next, the
-        byte order mark behind. A chunk that is one whole event may then be read by a
-        dialect's shortcut instead (``ChatAssembler.quick``): feeding it would leave the
-        decoder as it is and dispatch that one event."""
-        return (self._started and not self._line and not self._pending_cr and not self._has_data
-                and self._event is None and self._retry is None and not self._malformed)
+    #: Between events: no unfinished line or event, no CR whose LF may come next, the byte
+    #: order mark behind (kept by ``feed``, read per chunk). A chunk that is one whole event
+    #: may then be read by a dialect's shortcut instead (``NativeAssembler.quick``): feeding
+    #: it would dispatch that one event and leave the decoder as it is.
+    idle: bool = False
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         self.bytes_seen += len(chunk)
@@ -113,6 +109,8 @@ class SSEDecoder:
                     events.append(ev)
             self._line += rest
             self._pending_cr = False
+            self.idle = (not rest and not self._has_data and self._event is None and self._retry is None
+                         and not self._malformed)
             return events
         i = start
         for begin, end, i in split_lines(chunk, start):
@@ -123,11 +121,14 @@ class SSEDecoder:
                 events.append(ev)
         self._line += chunk[i:]
         self._pending_cr = chunk.endswith(b"\r")
+        self.idle = (not self._line and not self._pending_cr and not self._has_data and self._event is None
+                     and self._retry is None and not self._malformed)
         return events
 
     def flush(self) -> list[SSEEvent]:
         """End of stream: a final event without its blank line is still dispatched, as
         browsers do not but SDKs (httpx-sse, the OpenAI SDK) do."""
+        self.idle = False  # the body ended: no chunk comes after
         events = []
         if self._line:
             ev = self._line_done(bytes(self._line))

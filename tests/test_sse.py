@@ -97,3 +97,20 @@ def test_any_chunking_gives_the_same_events(cuts):
     points = sorted({0, len(STREAM), *cuts})
     chunks = [STREAM[a:b] for a, b in zip(points, points[1:])]
     assert pairs(decode(*chunks)) == [("a", "one"), (None, "x\ny"), (None, "été"), ("last", '{"k": "€"}')]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, len(STREAM)), max_size=20))
+def test_idle_says_exactly_when_the_decoder_is_between_events(cuts):
+    """``idle`` (the Tee then lets a dialect read a whole event from its bytes) is kept by
+    ``feed``: true exactly when nothing is pending, whatever the chunking; and then a chunk
+    that is one whole event dispatches it and leaves the decoder idle."""
+    points = sorted({0, len(STREAM), *cuts})
+    d = SSEDecoder()
+    for a, b in zip(points, points[1:]):
+        d.feed(STREAM[a:b])
+        between = (d._started and not d._line and not d._pending_cr and not d._has_data and d._event is None
+                   and d._retry is None and not d._malformed)
+        assert d.idle == between
+        if d.idle:
+            assert [ev.data for ev in d.feed(b'data: {"a":1}\n\n')] == ['{"a":1}'] and d.idle
