@@ -35,7 +35,10 @@ So for a model POST the proxy owns the upstream connection, and mitmproxy stays 
 - An upstream that cannot be reached or closes without answering gets a 502 in the dialect's
   shape (mitmproxy's own is an HTML page no SDK reads as a provider error), retryable.
 
-The cost is one loopback hop and h11 framing per model exchange (``docs/benchmarks.md``).
+The answer goes down the loopback as the upstream framed it (h11 parses its head;
+``addons/framing.py`` tracks where its body ends and keeps the body for the Drain): decoding
+and encoding every chunk again cost more per streamed event than the rest of the proxy's
+hop. What is left is one loopback hop per model exchange (``docs/benchmarks.md``, "The relay").
 ``intercept_drain_timeout=0`` turns the relay off: mitmproxy talks to the upstream itself, and
 an answer the client abandons is lost as before. Upstream-proxy modes and client certificates
 are left to mitmproxy (the relay would bypass them).
@@ -50,7 +53,7 @@ import secrets
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import certifi
@@ -61,6 +64,7 @@ from mitmproxy import flow as mflow
 from interceptor.addons import hold
 from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import KEY, Exchange, exchange_of
+from interceptor.addons.framing import CLOSE, Body, FramingError
 from interceptor.addons.record import commit, mark_undelivered
 from interceptor.trace.messages import ResponseError
 
@@ -101,12 +105,13 @@ class Target:
 
 @dataclass(eq=False)
 class Upstream:
-    """One connection to an upstream, with its h11 state; pooled between exchanges."""
+    """One connection to an upstream; pooled between exchanges. Each exchange parses its
+    answer's head with an h11 connection of its own, and its body with ``framing.Body``."""
 
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
-    conn: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD))
     idle_since: float = 0.0
+    reusable: bool = False  # the last answer ended cleanly and both sides keep the connection
 
     def usable(self) -> bool:
         return (not self.writer.is_closing() and not self.reader.at_eof()
@@ -124,16 +129,44 @@ async def _next(conn: h11.Connection, reader: asyncio.StreamReader):
         conn.receive_data(await reader.read(READ))
 
 
-async def _body(up: Upstream):
-    """The upstream answer's body, a chunk at a time, to its end; UpstreamBroke if it breaks."""
+# What ends an exchange with the upstream early: its connection, its head (h11), its body.
+BROKE = (OSError, h11.ProtocolError, UpstreamBroke, FramingError)
+
+
+def _keep_alive(event: h11.Request | h11.Response) -> bool:
+    """h11's rule: HTTP/1.1 and no ``Connection: close``."""
+    return event.http_version >= b"1.1" and not any(
+        k == b"connection" and b"close" in v.lower() for k, v in event.headers)
+
+
+def _head(event: h11.Response) -> bytes:
+    """The upstream's status line and headers as it sent them (framing headers included:
+    its body follows as it framed it)."""
+    lines = [b"HTTP/%s %d %s\r\n" % (event.http_version, event.status_code, event.reason)]
+    lines += [k + b": " + v + b"\r\n" for k, v in event.headers.raw_items()]
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+async def _reads(up: Upstream, frame: Body, data: bytes, body: bytearray):
+    """The answer's raw bytes a read at a time, to its end (``data``: what came with its
+    head), the body each carries appended to ``body`` first; UpstreamBroke (or FramingError)
+    if it breaks. Bytes after the answer's end make the connection unusable again."""
     while True:
-        event = await _next(up.conn, up.reader)
-        if isinstance(event, h11.Data):
-            yield bytes(event.data)
-        elif isinstance(event, h11.EndOfMessage):
+        if data:
+            used = frame.feed(data, body)
+            if used < len(data):
+                up.reusable = False
+            data = frame.passed(data, used)
+            if data:
+                yield data
+        if frame.done:
             return
-        else:
-            raise UpstreamBroke(type(event).__name__)
+        data = await up.reader.read(READ)
+        if not data:
+            frame.eof()
+            if not frame.done:
+                raise UpstreamBroke("ConnectionClosed")
 
 
 class _Meter:
@@ -238,15 +271,17 @@ class Drain:
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
             reason = type(e).__name__ if isinstance(e, asyncio.TimeoutError) else (getattr(e, "strerror", None) or str(e))
             return await self._refuse(down, writer, f"the session's upstream {self.target.where()} is unreachable ({reason})")
+        conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         try:
-            up.writer.write(up.conn.send(out) + up.conn.send(h11.Data(data=body)) + up.conn.send(h11.EndOfMessage()))
+            up.writer.write(conn.send(out) + conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
             await up.writer.drain()
-            event = await _next(up.conn, up.reader)
+            event = await _next(conn, up.reader)
             while isinstance(event, h11.InformationalResponse):
-                event = await _next(up.conn, up.reader)
+                event = await _next(conn, up.reader)
             if not isinstance(event, h11.Response):
                 raise UpstreamBroke(type(event).__name__)
-        except (OSError, h11.ProtocolError, UpstreamBroke) as e:
+            frame = Body.of(request.method, event.status_code, event.headers)
+        except BROKE as e:
             up.close()
             if self.expired:
                 self._give_up(self._expiry())
@@ -254,27 +289,31 @@ class Drain:
             return await self._refuse(down, writer, f"the session's upstream {self.target.where()} closed the "
                                                     f"connection without answering ({type(e).__name__})")
         self.head = (event.status_code, event.reason, list(event.headers))
+        up.reusable = _keep_alive(out) and _keep_alive(event) and frame.kind != CLOSE
+        rest = conn.trailing_data[0]  # the body's first bytes, read with the head
         if self.relay.reached is not None:
             self.relay.reached(self.target.host, self.target.port)
         if self.ex.hold is not None:
-            return await self._held(down, writer, up)
+            return await self._held(down, writer, up, frame, rest)
+        # The answer goes down as the upstream framed it (``addons/framing.py``): mitmproxy
+        # reads the same bytes it would have read from the upstream; the Drain keeps the body.
         if self.taken:
             self._guarded(self._headers)
         else:
-            self._down(writer, down.send(h11.Response(status_code=event.status_code, reason=event.reason,
-                                                      headers=list(event.headers))))
+            self._down(writer, _head(event))
+        transport = writer.transport
         try:
-            async for data in _body(up):
-                self.buf += data
+            async for data in _reads(up, frame, rest, self.buf):
                 if self.taken:
                     self._guarded(self._feed)
                 elif self.down_alive:
-                    self._down(writer, down.send(h11.Data(data=data)))
-                    try:
-                        await writer.drain()
-                    except OSError:
-                        self.down_alive = False
-        except (OSError, h11.ProtocolError, UpstreamBroke) as e:
+                    self._down(writer, data)
+                    if transport.get_write_buffer_size():  # else drain() has nothing to wait for
+                        try:
+                            await writer.drain()
+                        except OSError:
+                            self.down_alive = False
+        except BROKE as e:
             up.close()
             self.broken = True
             self._give_up(self._expiry() if self.expired else f"the upstream connection broke ({type(e).__name__})")
@@ -284,10 +323,11 @@ class Drain:
         if self.taken:
             self._guarded(self._finish)
             return False
-        self._down(writer, down.send(h11.EndOfMessage()))
-        return self.down_alive
+        # A close-delimited answer ends with the connection; so does one that says so.
+        return self.down_alive and up.reusable
 
-    async def _held(self, down: h11.Connection, writer: asyncio.StreamWriter, up: Upstream) -> bool:
+    async def _held(self, down: h11.Connection, writer: asyncio.StreamWriter, up: Upstream, frame: Body,
+                    rest: bytes) -> bool:
         """A held answer (``addons/hold.py``): collected through the pipeline up to the hold,
         decided, then sent to mitmproxy (or, the harness gone, handed to the stages after it)."""
         held = self.ex.hold
@@ -302,14 +342,18 @@ class Drain:
             self._down(writer, down.send(h11.Response(status_code=200, headers=_framed(flow.response.headers.fields))))
             ticker = asyncio.ensure_future(self._keepalive(down, writer, held.keepalive))
         try:
+            piece = bytearray()
             try:
-                async for data in _body(up):
+                async for _ in _reads(up, frame, rest, piece):
+                    if not piece:
+                        continue  # framing only (b"" would end the stream)
                     with self._exchange():
                         if callable(stream):
-                            stream(data)
+                            stream(bytes(piece))
                         else:
-                            self.buf += data
-            except (OSError, h11.ProtocolError, UpstreamBroke) as e:
+                            self.buf += piece
+                    piece.clear()
+            except BROKE as e:
                 up.close()
                 self.broken = True
                 reason = self._expiry() if self.expired else f"the upstream connection broke ({type(e).__name__})"
@@ -360,7 +404,7 @@ class Drain:
         if self.broken and held.head_sent:
             return False  # the error event went out; the stream is cut, as the upstream's was
         self._down(writer, down.send(h11.EndOfMessage()))
-        return self.down_alive and not self.broken
+        return self.down_alive and not self.broken and down.our_state is h11.DONE
 
     async def _keepalive(self, down: h11.Connection, writer: asyncio.StreamWriter, every: float) -> None:
         while self.down_alive:
@@ -606,9 +650,14 @@ class Relay:
     # -- the relay server -------------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        down = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+        leftover = b""
         try:
             while True:
+                # An h11 connection per request: an answer passed on as the upstream framed it
+                # is not sent through h11, so its state could not go on to the next cycle.
+                down = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+                if leftover:
+                    down.receive_data(leftover)
                 request = await _next(down, reader)
                 if not isinstance(request, h11.Request):
                     return
@@ -625,9 +674,11 @@ class Relay:
                     return
                 if not await drain.run(down, writer, request, bytes(body)):
                     return
-                if down.our_state is not h11.DONE or down.their_state is not h11.DONE:
+                if down.their_state is not h11.DONE:  # the request said close
                     return
-                down.start_next_cycle()
+                leftover, closed = down.trailing_data
+                if closed:
+                    return
         except (OSError, h11.ProtocolError, asyncio.IncompleteReadError):
             return
         except Exception:  # noqa: BLE001 - one exchange's bug must not end the proxy's loop
@@ -662,8 +713,7 @@ class Relay:
         return Upstream(reader, writer)
 
     def checkin(self, target: Target, up: Upstream) -> None:
-        if up.conn.our_state is h11.DONE and up.conn.their_state is h11.DONE:
-            up.conn.start_next_cycle()
+        if up.reusable:
             up.idle_since = time.monotonic()
             idle = self._idle.setdefault(target.key, [])
             if len(idle) < POOL:

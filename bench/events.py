@@ -43,6 +43,32 @@ from interceptor.trace import read_trace  # noqa: E402
 URL = "https://api.openai.com/v1/chat/completions"
 
 
+def chat_stream(client: httpx.Client, payload: bytes, secret: str) -> tuple[int, str]:
+    """One streamed Chat turn read to its end: the events received, the text they carry."""
+    events, text = 0, []
+    with client.stream("POST", URL, content=payload, headers={
+            "authorization": f"Bearer {secret}", "content-type": "application/json"}) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                events += 1
+                if line.startswith("data: {"):
+                    text += [c["delta"].get("content") or "" for c in json.loads(line[6:])["choices"]]
+    return events, "".join(text)
+
+
+def check_traces(procs: dict[str, MitmProcess], sessions: dict[str, dict], turns: int, text: str) -> None:
+    """Each path's session sealed and its trace checked: ``turns`` turns, every reply ``text``
+    (a benchmark of a path that did not do the work is worthless)."""
+    for n, s in sessions.items():
+        procs[n].api("DELETE", f"sessions/{s['id']}")
+    time.sleep(1)
+    for n, s in sessions.items():
+        trace = read_trace(s["trace_path"])
+        assert trace.num_turns == turns, (n, trace.num_turns)
+        assert all(node.message.content == text for node in trace.nodes if node.sampled), n
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, default=60)
@@ -85,17 +111,7 @@ def main() -> int:
                 clients[n] = stack.enter_context(httpx.Client(proxy=p.url, verify=str(ca), timeout=120))
 
             def stream(n: str) -> tuple[int, str]:
-                secret = sessions[n]["model_secret"] if n in sessions else "sk-unused"
-                events, text = 0, []
-                with clients[n].stream("POST", URL, content=payload, headers={
-                        "authorization": f"Bearer {secret}", "content-type": "application/json"}) as r:
-                    r.raise_for_status()
-                    for line in r.iter_lines():
-                        if line.startswith("data:"):
-                            events += 1
-                            if line.startswith("data: {"):
-                                text += [c["delta"].get("content") or "" for c in json.loads(line[6:])["choices"]]
-                return events, "".join(text)
+                return chat_stream(clients[n], payload, sessions[n]["model_secret"] if n in sessions else "sk-unused")
 
             names = list(procs)
             for n in names:
@@ -110,13 +126,7 @@ def main() -> int:
                     assert text == "".join(pieces), (n, text[:60])
                 if k % 20 == 19:
                     loads.append(load())
-        for n, s in sessions.items():
-            procs[n].api("DELETE", f"sessions/{s['id']}")
-        time.sleep(1)
-        for n, s in sessions.items():
-            trace = read_trace(s["trace_path"])
-            assert trace.num_turns == args.streams + 1, (n, trace.num_turns)
-            assert all(node.message.content == "".join(pieces) for node in trace.nodes if node.sampled)
+        check_traces(procs, sessions, args.streams + 1, "".join(pieces))
     finally:
         for p in procs.values():
             p.cleanup()

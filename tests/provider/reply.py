@@ -114,6 +114,11 @@ class Reply:
                       the real API does (default True for Anthropic streams).
       chunked         JSON sent chunked (default: 2xx chunked, errors Content-Length,
                       as in the captures).
+      framing         how a chunked body is put on the wire (JSON and SSE): "extensions"
+                      (chunk extensions on every chunk, trailers after the last, RFC 9112
+                      7.1.1-7.1.2), "split" (each chunk header, chunk and CRLF cut in pieces
+                      written apart, so a client reads them apart), "close" (no chunking nor
+                      length: the body ends when the connection closes, RFC 9112 6.3 item 8).
     """
 
     text: str | Sequence[str] | None = None
@@ -155,6 +160,7 @@ class Reply:
     content_encoding: str | None = None
     pad: bool | None = None
     chunked: bool | None = None
+    framing: str | None = None
 
     def __post_init__(self) -> None:
         self.tool_calls = [
@@ -162,6 +168,8 @@ class Reply:
         ]
         if self.content_encoding not in (None, "identity", "gzip", "br", "zstd", "deflate"):
             raise ValueError(f"unknown content_encoding {self.content_encoding!r}")
+        if self.framing not in (None, "extensions", "split", "close"):
+            raise ValueError(f"unknown framing {self.framing!r}")
 
     def gap(self, index: int) -> float:
         """Seconds to sleep before event ``index`` (none before the first)."""

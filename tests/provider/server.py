@@ -448,6 +448,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self) -> None:
         sim = self.server.sim
+        self._framing = None  # this answer's Reply.framing, once it has one
         try:
             body = self._read_body()
             path = self.path
@@ -609,13 +610,52 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def _chunk(self, data: bytes) -> None:
-        if data:  # an empty chunk would end the body
+        if not data:  # an empty chunk would end the body
+            return
+        framing = self._framing
+        if framing == "extensions":
+            self.wfile.write(b"%x;sim-ext=1;q=\"a b\"\r\n%s\r\n" % (len(data), data))
+        elif framing == "split":
+            # Every piece in its own write, apart in time, so a client reads them apart: the
+            # chunk header cut inside, the data in two, its CRLF in two.
+            half = len(data) // 2
+            line = b"%X\r\n" % len(data)
+            for piece in (line[:1], line[1:], data[:half], data[half:], b"\r", b"\n"):
+                if piece:
+                    self.wfile.write(piece)
+                    time.sleep(0.003)
+        elif framing == "close":
+            self.wfile.write(data)  # no framing: the body ends with the connection
+        else:
             self.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
+
+    def _last_chunk(self) -> None:
+        framing = self._framing
+        if framing == "close":
+            self.close_connection = True
+        elif framing == "extensions":
+            self.wfile.write(b"0;sim-end=1\r\nx-sim-trailer: done\r\nx-sim-other: 2\r\n\r\n")
+        elif framing == "split":
+            for piece in (b"0\r", b"\n\r", b"\n"):
+                self.wfile.write(piece)
+                time.sleep(0.003)
+        else:
+            self.wfile.write(b"0\r\n\r\n")
+
+    def _framed(self, headers: dict[str, str], reply: Reply) -> dict[str, str]:
+        """Reply.framing: the chunked headers it says (none for a close-delimited body)."""
+        self._framing = reply.framing
+        if reply.framing == "close":
+            headers.pop("transfer-encoding", None)
+            headers["connection"] = "close"
+        elif reply.framing == "extensions":
+            headers["trailer"] = "x-sim-trailer, x-sim-other"
+        return headers
 
     def _send_body(self, status: int, body: bytes, content_type: str, reply: Reply, base: dict[str, str]) -> None:
         encoder = wire.Encoder(reply.content_encoding)
         data = encoder.whole(body)
-        chunked = reply.chunked if reply.chunked is not None else status < 400
+        chunked = reply.framing is not None or (reply.chunked if reply.chunked is not None else status < 400)
         headers = {"content-type": content_type, **base}
         if encoder.name:
             headers["content-encoding"] = encoder.name
@@ -623,14 +663,14 @@ class _Handler(BaseHTTPRequestHandler):
             headers["transfer-encoding"] = "chunked"
         else:
             headers["content-length"] = str(len(data))
-        self._start(status, _merged(headers, reply.headers))
+        self._start(status, _merged(self._framed(headers, reply), reply.headers))
         if reply.cut_after is not None:
             part = data[: reply.cut_after]
             self._chunk(part) if chunked else self.wfile.write(part)
             raise _Cut
         if chunked:
             self._chunk(data)
-            self.wfile.write(b"0\r\n\r\n")
+            self._last_chunk()
         else:
             self.wfile.write(data)
 
@@ -649,7 +689,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {"content-type": content_type, "cache-control": "no-cache", **base, "transfer-encoding": "chunked"}
         if encoder.name:
             headers["content-encoding"] = encoder.name
-        self._start(status, _merged(headers, reply.headers))
+        self._start(status, _merged(self._framed(headers, reply), reply.headers))
         for index, data in enumerate(events):
             if reply.gap(index):
                 time.sleep(reply.gap(index))
@@ -662,7 +702,7 @@ class _Handler(BaseHTTPRequestHandler):
         if reply.cut_after is not None:
             raise _Cut  # every event sent, but the body never properly ends
         self._chunk(encoder.finish())
-        self.wfile.write(b"0\r\n\r\n")
+        self._last_chunk()
 
     # -- the standalone server's control API -----------------------------------
 

@@ -1,0 +1,148 @@
+"""Framing: where an HTTP/1.1 answer's body ends, read off its raw bytes.
+
+The relay (``addons/relay.py``) passes an upstream's answer down its loopback connection to
+mitmproxy byte for byte, as the upstream framed it: decoding each chunk with h11 and encoding
+it again for mitmproxy to decode a third time cost more per streamed event than the rest of
+the hop (``docs/benchmarks.md``, "The relay"). What the relay still has to know is where the
+answer ends (to put the connection back in the pool, or to finish an abandoned answer) and
+the body's bytes themselves (the Drain's buffer, which the takeover feeds through the
+pipeline). That is this: a tracker fed each read, which says how many of its bytes belong to
+the answer and appends the body they carry to a buffer.
+
+h11 parses the head (its checks and size limit apply: a single ``Transfer-Encoding:
+chunked``, consistent ``Content-Length`` values); ``of`` picks the body's framing exactly as
+h11's ``_body_framing`` does (RFC 9112 section 6.3): no body for 204, 304 and a HEAD's
+answer; chunked; a length; else up to the connection's close. A chunk header, a chunk's end
+and the trailers are checked as h11 checks them (``chunk-size [; extensions] CRLF``, 1-20 hex
+digits; extensions are passed on, not read), so a malformed answer breaks here, before any of
+the read it was in is passed on.
+"""
+
+from __future__ import annotations
+
+import re
+
+LENGTH, CHUNKED, CLOSE = "length", "chunked", "close"
+MAX_LINE = 1 << 16  # a chunk header line, or the trailers together
+_SIZE = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;[^\r\n]*)?\r\n")
+# chunked states
+_HEAD, _DATA, _END, _TRAILER = 0, 1, 2, 3
+
+
+class FramingError(Exception):
+    """The answer's body is not framed as its head says."""
+
+
+class Body:
+    """One answer's body on the wire; ``feed`` each read to it until ``done``."""
+
+    __slots__ = ("kind", "left", "done", "drop", "_state", "_line", "_trailer")
+
+    def __init__(self, kind: str, length: int = 0) -> None:
+        self.kind = kind
+        self.left = length  # LENGTH: bytes still to come; CHUNKED: of the chunk (or its CRLF)
+        self.done = kind == LENGTH and length == 0
+        self.drop = 0  # of the last read's bytes that belong to the answer, the trailers at their end
+        self._state = _HEAD
+        self._line = b""  # a chunk header (or a trailer line) split across reads
+        self._trailer = 0
+
+    @classmethod
+    def of(cls, method: bytes, status: int, headers) -> Body:
+        """The framing of an answer to ``method`` with this status and h11's (validated)
+        headers, as h11 decides it."""
+        if status in (204, 304) or method == b"HEAD" or (method == b"CONNECT" and 200 <= status < 300):
+            return cls(LENGTH, 0)
+        length = None
+        for name, value in headers:
+            if name == b"transfer-encoding":
+                return cls(CHUNKED)  # h11 admits only "chunked"; it beats a Content-Length
+            if name == b"content-length" and length is None:
+                length = int(value)
+        return cls(CLOSE) if length is None else cls(LENGTH, length)
+
+    def feed(self, data: bytes, body: bytearray) -> int:
+        """Take a read: append the body bytes it carries to ``body``; return how many of its
+        bytes belong to the answer (all, unless the answer ended inside it). FramingError if
+        it breaks the framing (nothing of it appended then is to be trusted)."""
+        self.drop = 0
+        if self.done:
+            return 0
+        if self.kind == CHUNKED:
+            return self._chunked(data, body)
+        if self.kind == CLOSE:
+            body += data
+            return len(data)
+        n = min(self.left, len(data))
+        body += data if n == len(data) else memoryview(data)[:n]
+        self.left -= n
+        self.done = not self.left
+        return n
+
+    def eof(self) -> None:
+        """The upstream closed its connection: the end of a close-delimited answer, else a
+        FramingError (the answer was cut)."""
+        if self.kind == CLOSE:
+            self.done = True
+        elif not self.done:
+            raise FramingError("the connection closed before the answer's end")
+
+    def passed(self, data: bytes, used: int) -> bytes:
+        """Of a read and what ``feed`` said of it, the bytes to pass on: up to the answer's
+        end, and a chunked answer's trailers left out (the blank line that ends the answer
+        in their place): mitmproxy 12 cannot read HTTP/1 trailers (``Http1Connection``
+        raises NotImplementedError and the flow hangs), and h11 dropped them before."""
+        if self.drop:
+            return data[:used - self.drop] + (b"\r\n" if self.done else b"")
+        return data if used == len(data) else data[:used]
+
+    def _chunked(self, data: bytes, body: bytearray) -> int:
+        i, n = 0, len(data)
+        while i < n:
+            state = self._state
+            if state == _DATA:
+                take = min(self.left, n - i)
+                body += memoryview(data)[i:i + take]
+                i += take
+                self.left -= take
+                if not self.left:
+                    self._state, self.left = _END, 2
+            elif state == _END:
+                take = min(self.left, n - i)
+                if data[i:i + take] != b"\r\n"[2 - self.left:2 - self.left + take]:
+                    raise FramingError("a chunk does not end with CRLF")
+                i += take
+                self.left -= take
+                if not self.left:
+                    self._state = _HEAD
+            else:
+                j = data.find(b"\n", i)
+                if j < 0:
+                    self._line += data[i:]
+                    if len(self._line) + self._trailer > MAX_LINE:
+                        raise FramingError("a chunk header or the trailers are too long")
+                    if state == _TRAILER:
+                        self.drop += n - i
+                    return n
+                line = self._line + data[i:j + 1] if self._line else data[i:j + 1]
+                self._line = b""
+                if state == _TRAILER:
+                    self.drop += j + 1 - i
+                i = j + 1
+                if state == _HEAD:
+                    m = _SIZE.fullmatch(line)
+                    if m is None:
+                        raise FramingError(f"illegal chunk header {line[:40]!r}")
+                    size = int(m.group(1), 16)
+                    if size:
+                        self._state, self.left = _DATA, size
+                    else:
+                        self._state = _TRAILER
+                elif line == b"\r\n":
+                    self.done = True
+                    return i
+                else:
+                    self._trailer += len(line)
+                    if not line.endswith(b"\r\n") or b":" not in line or self._trailer > MAX_LINE:
+                        raise FramingError("malformed trailers")
+        return n

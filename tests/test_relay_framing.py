@@ -1,0 +1,213 @@
+"""The relay passes an upstream's answer on as the upstream framed it (addons/framing.py).
+
+The relay no longer decodes and re-encodes an answer's body (issue 16): it forwards the
+upstream's bytes and tracks where the body ends itself. What must hold whatever the framing:
+the harness gets the whole answer, the turn is recorded whole, a kept-alive upstream connection
+is reused (a close-delimited one is not), an answer the harness abandons is still read to its
+end and recorded from the tracked body, and a malformed body breaks the exchange instead of
+reaching the harness as a whole answer. The tracker's own edge cases are checked in process
+over every split of the bytes (a read can end anywhere).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx2 as httpx
+import pytest
+
+from clients import session_clients
+from interceptor.addons.framing import CHUNKED, CLOSE, LENGTH, Body, FramingError
+from interceptor.trace import read_trace
+from provider import Reply
+
+MESSAGES = [{"role": "user", "content": "count"}]
+FRAMINGS = [None, "extensions", "split", "close"]
+PIECES = ["one ", "two ", "three ", "four"]
+
+
+# -- the tracker, in process ---------------------------------------------------------------
+
+CHUNKED_BODY = (b"4\r\nWiki\r\n5;name=value;q=\"a b\"\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n"
+                b"0;end\r\nx-trailer: 1\r\nx-other: two\r\n\r\n")
+
+
+def fed(frame: Body, wire: bytes, cuts: list[int], passed: bytearray | None = None) -> tuple[bytes, int]:
+    """Feed ``wire`` cut at ``cuts``: the body tracked, and the bytes that belonged to the
+    answer; what is passed on appended to ``passed``."""
+    body, used, start = bytearray(), 0, 0
+    for end in [*cuts, len(wire)]:
+        n = frame.feed(wire[start:end], body)
+        if passed is not None:
+            passed += frame.passed(wire[start:end], n)
+        used += n
+        start = end
+    return bytes(body), used
+
+
+@pytest.mark.parametrize("tail", [b"", b"HTTP/1.1 200 OK\r\n"])
+def test_every_split_of_a_chunked_body_tracks_the_same_body_and_end(tail):
+    """Extensions, trailers, a chunk that contains CRLF; the answer's end found at every
+    split into two or three reads, nothing after it taken (a pipelined next answer), and what
+    is passed on the wire as sent but for the trailers (mitmproxy cannot read them)."""
+    wire = CHUNKED_BODY + tail
+    n = len(wire)
+    splits = [[i] for i in range(n + 1)] + [[i, j] for i in range(0, n, 3) for j in range(i, n + 1, 5)]
+    for cuts in splits:
+        frame, passed = Body(CHUNKED), bytearray()
+        body, used = fed(frame, wire, cuts, passed)
+        assert frame.done, cuts
+        assert (body, used) == (b"Wikipedia in\r\n\r\nchunks.", len(CHUNKED_BODY)), cuts
+        assert bytes(passed) == CHUNKED_BODY[:CHUNKED_BODY.index(b"x-trailer")] + b"\r\n", cuts
+    plain = CHUNKED_BODY[:CHUNKED_BODY.index(b"x-trailer")] + b"\r\n"
+    for cut in range(len(plain) + 1):
+        passed = bytearray()
+        fed(Body(CHUNKED), plain, [cut], passed)
+        assert bytes(passed) == plain, cut
+
+
+def test_one_byte_at_a_time():
+    frame, body = Body(CHUNKED), bytearray()
+    for i in range(len(CHUNKED_BODY)):
+        assert not frame.done
+        assert frame.feed(CHUNKED_BODY[i:i + 1], body) == 1
+    assert frame.done and bytes(body) == b"Wikipedia in\r\n\r\nchunks."
+    assert frame.passed(b"\n", 1) == b"\r\n"  # the blank line that ends it, in the trailers' place
+
+
+@pytest.mark.parametrize("wire", [
+    b"4x\r\nWiki\r\n0\r\n\r\n",  # not hex
+    b"\r\nWiki\r\n0\r\n\r\n",  # no size
+    b"4 \r\nWiki\r\n0\r\n\r\n",  # whitespace h11 refuses
+    b"4\r\nWikiXY0\r\n\r\n",  # the chunk does not end with CRLF
+    b"4\nWiki\r\n0\r\n\r\n",  # a bare LF
+    b"4\r\nWiki\r\n0\r\nnot a header\r\n\r\n",  # a trailer without a colon
+    b"123456789012345678901\r\n",  # more than 20 hex digits
+])
+def test_a_malformed_chunked_body_is_a_framing_error(wire):
+    for cut in range(len(wire) + 1):
+        with pytest.raises(FramingError):
+            fed(Body(CHUNKED), wire, [cut])
+
+
+def test_an_endless_chunk_header_is_refused():
+    frame = Body(CHUNKED)
+    with pytest.raises(FramingError):
+        for _ in range(100):
+            frame.feed(b"a" * 1000, bytearray())
+
+
+def test_content_length_stops_at_its_length_and_a_cut_is_an_error():
+    frame = Body(LENGTH, 10)
+    assert fed(frame, b"0123456789HTTP/1.1", [3, 7]) == (b"0123456789", 10) and frame.done
+    short = Body(LENGTH, 10)
+    fed(short, b"01234", [2])
+    with pytest.raises(FramingError):
+        short.eof()
+    cut = Body(CHUNKED)
+    fed(cut, CHUNKED_BODY[:-3], [])
+    with pytest.raises(FramingError):
+        cut.eof()
+
+
+def test_a_close_delimited_body_ends_with_the_connection():
+    frame = Body(CLOSE)
+    assert fed(frame, b"all of it", [3]) == (b"all of it", 9) and not frame.done
+    frame.eof()
+    assert frame.done
+
+
+@pytest.mark.parametrize(("method", "status", "headers", "kind", "length"), [
+    (b"POST", 200, [(b"transfer-encoding", b"chunked"), (b"content-length", b"5")], CHUNKED, 0),
+    (b"POST", 200, [(b"content-length", b"5")], LENGTH, 5),
+    (b"POST", 200, [(b"content-type", b"text/event-stream")], CLOSE, 0),
+    (b"POST", 204, [(b"content-length", b"5")], LENGTH, 0),
+    (b"POST", 304, [(b"transfer-encoding", b"chunked")], LENGTH, 0),
+    (b"HEAD", 200, [(b"content-length", b"5")], LENGTH, 0),
+])
+def test_the_framing_is_h11s(method, status, headers, kind, length):
+    frame = Body.of(method, status, headers)
+    assert (frame.kind, frame.left) == (kind, length)
+    assert frame.done == (kind == LENGTH and length == 0)
+
+
+# -- through a real mitmdump -----------------------------------------------------------------
+
+def turns(proxy, session):
+    proxy.api("DELETE", f"sessions/{session['id']}")
+    return read_trace(session["trace_path"])
+
+
+def chat(client: httpx.Client, session: dict, stream: bool) -> str:
+    """One chat turn read to the end of its body (an SDK stops reading at ``[DONE]``, which
+    with the terminal chunk written apart would make it a client that left), its text."""
+    r = client.post("https://api.openai.com/v1/chat/completions",
+                    json={"model": "gpt-4.1", "messages": MESSAGES, "stream": stream},
+                    headers={"authorization": f"Bearer {session['model_secret']}"})
+    assert r.status_code == 200, r.text[:300]
+    if not stream:
+        return r.json()["choices"][0]["message"]["content"]
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    return "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
+
+
+@pytest.mark.parametrize("framing", FRAMINGS)
+def test_every_framing_reaches_the_harness_whole_and_is_recorded(framing, sim, proxy, new_session):
+    """JSON and SSE answers, twice each, in every framing, on one client connection; after the
+    first turn, no new upstream connection (the pooled one is reused), except when the answer
+    is close-delimited (a connection per turn)."""
+    sim.script(*[Reply(text=PIECES, framing=framing) for _ in range(4)])
+    session = new_session()
+    opened = lambda: sim.connections()["accepted"] - sim.connections()["probes"]  # noqa: E731
+    with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle), timeout=30) as client:
+        assert chat(client, session, False) == "".join(PIECES)
+        before = opened()  # (and Reach's first look at the upstream)
+        assert chat(client, session, True) == "".join(PIECES)
+        assert chat(client, session, False) == "".join(PIECES)
+        assert chat(client, session, True) == "".join(PIECES)
+    assert opened() - before == (3 if framing == "close" else 0)
+    trace = turns(proxy, session)
+    assert trace.num_turns == 4, trace.calls
+    assert all(c.error is None and c.delivered is not False for c in trace.calls), trace.calls
+    assert [trace.nodes[c.node].message.text() for c in trace.calls] == ["".join(PIECES)] * 4
+
+
+@pytest.mark.parametrize("framing", FRAMINGS)
+def test_an_abandoned_answer_in_any_framing_is_read_to_its_end_and_recorded(framing, sim, proxy, new_session, harness_env):
+    """The client stops after the first event; the rest comes 0.3 s apart: the Drain finishes
+    the answer from the body it tracked, and the SDK's retry is answered from the record."""
+    sim.script(Reply(text=PIECES, delay=0.3, framing=framing))
+    session = new_session()
+    harness_env(session["env"])
+    oai, _ = session_clients(session)
+    stream = oai.chat.completions.create(model="gpt-4.1", messages=MESSAGES, stream=True)
+    next(iter(stream))
+    stream.close()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not read_trace(session["trace_path"]).calls:
+        time.sleep(0.1)
+    flag = {"x-stainless-retry-count": "1"}
+    with oai.chat.completions.stream(model="gpt-4.1", messages=MESSAGES, extra_headers=flag) as s:
+        assert s.get_final_completion().choices[0].message.content == "".join(PIECES)
+    assert len(sim.model_requests()) == 1
+    trace = turns(proxy, session)
+    call = next(c for c in trace.calls if c.node is not None)
+    assert trace.num_turns == 1 and call.delivered is False and call.error is None
+    assert trace.nodes[call.node].message.text() == "".join(PIECES)
+
+
+def test_a_malformed_chunk_breaks_the_answer_and_is_never_a_whole_one(sim, proxy, new_session):
+    """An upstream whose chunk header is not hex: the harness sees the body cut (as mitmproxy
+    would show a broken upstream), the record an error, and nothing is sent again."""
+    bad = b'{"x": 1}'
+    sim.script(Reply(raw=b"zz\r\n" + bad, content_type="application/json", chunked=False,
+                     headers={"transfer-encoding": "chunked"}))
+    session = new_session()
+    with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle), timeout=30) as client:
+        r = client.post("https://api.openai.com/v1/chat/completions", json={"model": "gpt-4.1", "messages": MESSAGES},
+                        headers={"authorization": f"Bearer {session['model_secret']}"})
+    assert r.status_code >= 500 and bad not in r.content, (r.status_code, r.content[:200])
+    assert len(sim.model_requests()) == 1
+    trace = turns(proxy, session)
+    assert trace.num_turns == 0 and [c.error is not None for c in trace.calls] == [True]
