@@ -99,7 +99,8 @@ def test_claude_code_and_codex_at_once_each_on_its_own_worker(front, msim, tmp_p
     # every connection either harness opened reached the worker holding its secret: none was
     # refused (a harness that retries a 407 from the wrong worker could still finish its task)
     for w in front.workers:
-        refused = [line for line in w.log_path.read_text(errors="replace").splitlines() if "refused" in line]
+        refused = [line for line in w.log_path.read_text(errors="replace").splitlines()
+                   if "interceptor: refused" in line or "<< 407" in line]
         assert not refused, (w.tag, refused[:5])
     # each worker knows only its own session
     for s, tag, other in ((a, wa, b), (b, wb, a)):
