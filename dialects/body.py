@@ -134,15 +134,23 @@ class Body:
     text: str | None = None
     spans: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (start of key, end of value)
     listed: Listed | None = None  # the message list, element by element (``parse_body(listed=...)``)
+    raw: bytes | None = None  # the UTF-8 bytes ``text`` was decoded from
 
     def encode(self, changed: set[str], edits: list[Edit] = ()) -> bytes:
         """The body with the top-level keys in ``changed`` written from ``data`` (or left
         out, if no longer there) and every other key copied byte for byte, in order.
         ``edits`` replace values deeper inside a key that is not in ``changed`` (a hook's
         new tool result): only the edited values are written anew, every byte around them is
-        the harness's. ``data`` must already hold the edited values (``Edit.apply``)."""
+        the harness's. ``data`` must already hold the edited values (``Edit.apply``).
+
+        Without ``edits`` the untouched spans are copied from the harness's bytes, not from
+        the text: one copy of the history into the new body instead of four (slice, join,
+        concatenation, UTF-8 encoding), each a fresh allocation the size of the body, which
+        at turn 300 (363 KB) was most of Rewrite's time (issue 16)."""
         if self.text is None:
             return _dumps(self.data).encode()
+        if not edits and self.raw is not None:
+            return self._encode_bytes(changed)
         nested: dict[str, list[Edit]] = {}
         for edit in edits:
             nested.setdefault(edit.path[0], []).append(edit)
@@ -167,6 +175,51 @@ class Body:
             if key not in self.spans:
                 out.append(f"{_dumps(key)}:{_dumps(self.data[key])}")
         return ("{" + ",".join(out) + "}").encode()
+
+    def _encode_bytes(self, changed: set[str]) -> bytes:
+        """``encode`` without edits, as one join of views into ``raw`` and the new keys."""
+        at = self._byte_offsets()
+        raw = memoryview(self.raw)
+        out: list[Any] = []
+        for key, (start, end) in self.spans.items():
+            if key in changed:
+                if key in self.data:
+                    out.append(f"{_dumps(key)}:{_dumps(self.data[key])}".encode())
+            else:
+                out.append(raw[at[start]:at[end]])
+        if self.spans and self.data.keys() == self.spans.keys():
+            # The same keys in the same places: the harness's whitespace between them stays too.
+            bounds = list(self.spans.values())
+            pieces = [raw[:at[bounds[0][0]]]]
+            for k, piece in enumerate(out):
+                if k:
+                    pieces.append(raw[at[bounds[k - 1][1]]:at[bounds[k][0]]])
+                pieces.append(piece)
+            pieces.append(raw[at[bounds[-1][1]]:])
+            return b"".join(pieces)
+        for key in self.data:
+            if key not in self.spans:
+                out.append(f"{_dumps(key)}:{_dumps(self.data[key])}".encode())
+        return b"{" + b",".join(out) + b"}"
+
+    def _byte_offsets(self) -> dict[int, int]:
+        """Where each span's start and end (indices into ``text``) stand in ``raw``. ASCII
+        text: the same. Otherwise the UTF-8 length of every segment between them is measured
+        except the longest (the history, as a rule), which is what remains of ``raw``; ``raw``
+        is exactly ``text`` encoded (strict UTF-8 decodes one way only)."""
+        points = sorted({0, len(self.text), *(i for span in self.spans.values() for i in span)})
+        if len(self.raw) == len(self.text):
+            return {i: i for i in points}
+        lengths = [b - a for a, b in zip(points, points[1:])]
+        longest = max(range(len(lengths)), key=lengths.__getitem__)
+        sizes = [0 if k == longest else len(self.text[a:b].encode()) for k, (a, b) in enumerate(zip(points, points[1:]))]
+        sizes[longest] = len(self.raw) - sum(sizes)
+        at = {0: 0}
+        total = 0
+        for p, size in zip(points[1:], sizes):
+            total += size
+            at[p] = total
+        return at
 
 
 def parse_body(raw: bytes, listed: str | None = None, prefixes: Prefixes | None = None) -> Body:
@@ -195,7 +248,7 @@ def parse_body(raw: bytes, listed: str | None = None, prefixes: Prefixes | None 
     i = _skip(text, i + 1)
     if i < n and text[i] == "}":
         _end(text, i + 1)
-        return Body(data, text, spans)
+        return Body(data, text, spans, raw=raw)
     while True:
         if i >= n or text[i] != '"':
             raise json.JSONDecodeError("Expecting property name enclosed in double quotes", text, i)
@@ -227,7 +280,7 @@ def parse_body(raw: bytes, listed: str | None = None, prefixes: Prefixes | None 
             continue
         if i < n and text[i] == "}":
             _end(text, i + 1)
-            return Body(data, text, spans, listing)
+            return Body(data, text, spans, listing, raw)
         raise json.JSONDecodeError("Expecting ',' delimiter", text, i)
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from interceptor.dialects.body import parse_body
+from interceptor.dialects.body import Body, parse_body
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4), max_leaves=12)
@@ -40,6 +40,8 @@ def test_splice_equals_reserialising_and_keeps_untouched_bytes(obj, style, edits
             expected[k] = v
     out = body.encode(set(edits))
     assert json.loads(out) == expected
+    # Copied from the harness's bytes (the fast path) exactly as from its decoded text.
+    assert out == Body(body.data, body.text, body.spans).encode(set(edits))
     for k in obj:
         if k not in edits:
             start, end = body.spans[k]
@@ -68,3 +70,14 @@ def test_unchanged_history_is_copied_as_written():
     out = body.encode({"temperature", "model"})
     assert b'"messages": [ {"role":"user", "content":"caf\\u00e9"} ]' in out
     assert json.loads(out) == {"model": "m", "messages": [{"role": "user", "content": "café"}], "temperature": 0.2}
+
+
+def test_a_non_ascii_history_is_spliced_at_the_right_bytes():
+    """The spans are indices into the text; the copy is made from the bytes, where a
+    non-ASCII character before, inside or after the history takes two to four bytes."""
+    raw = json.dumps({"system": "naïve ☃", "messages": [{"role": "user", "content": "𝄞 " * 50}],
+                      "model": "gpt-4o", "tools": ["é"]}, ensure_ascii=False).encode()
+    body = parse_body(raw, "messages")
+    body.data["model"] = "m—2"
+    out = body.encode({"model"})
+    assert out == raw.replace('"model": "gpt-4o"'.encode(), '"model":"m—2"'.encode())
