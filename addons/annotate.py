@@ -95,16 +95,27 @@ def _error_message(flow: http.HTTPFlow) -> str | None:
 def _find_call(ex, numbers: bool) -> tuple[int | None, int | None, object | None]:
     """(call number, turn number, the call) of the exchange on its session's trace. Scans
     from the end, where a just-finished exchange is; a released (sealed) trace has none.
-    The turn number costs a pass over the calls, so only ``numbers`` asks for it."""
+    Only ``numbers`` asks for the turn number (``_turn_number``)."""
     calls = ex.session.recorder.trace.calls
     for k in range(len(calls) - 1, -1, -1):
         c = calls[k]
         if (ex.call_id and c.id == ex.call_id) or c.started_at == ex.started_at:
-            turn = None
-            if numbers and c.node is not None:
-                turn = sum(1 for x in calls[:k + 1] if x.node is not None)
+            turn = _turn_number(ex.session, calls, k) if numbers and c.node is not None else None
             return k + 1, turn, c
     return None, None, None
+
+
+def _turn_number(session, calls: list, k: int) -> int:
+    """How many of ``calls[:k + 1]`` committed a turn. Counted on from where the session's
+    last count stopped (kept in its state, gone with it), so a rollout's annotations cost
+    what its new calls cost, not a pass over all of them at every turn (issue 16); a call
+    before that point (answers finishing out of order) is counted from the start."""
+    seen = session.state.setdefault("annotate_turns", [0, 0])  # [calls counted, turns among them]
+    if k + 1 < seen[0] or seen[0] > len(calls):
+        return sum(1 for x in calls[:k + 1] if x.node is not None)
+    seen[1] += sum(1 for x in calls[seen[0]:k + 1] if x.node is not None)
+    seen[0] = k + 1
+    return seen[1]
 
 
 def outcome(flow: http.HTTPFlow, *, numbers: bool = True) -> Outcome:

@@ -154,3 +154,18 @@ def test_a_session_model_shows_as_a_rewrite(sim, web, harness_env):
     oai.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}], temperature=1.0)
     flow = wait_for(lambda: next((f for f in web.flows() if f["request"]["path"] == "/v1/chat/completions"), None))
     assert "rewritten: model, temperature" in flow["comment"]
+
+
+def test_the_turn_number_counts_committed_calls_in_any_order_of_answers():
+    """Annotate's turn number is counted on from its last count (not a pass over every call
+    at every turn); an answer that finishes before an earlier one still gets its own number."""
+    from types import SimpleNamespace
+
+    from interceptor.addons.annotate import _turn_number
+
+    session = SimpleNamespace(state={})
+    calls = [SimpleNamespace(node=n) for n in (1, None, 3, 5, None, 7, 9)]
+    expected = [sum(1 for c in calls[:k + 1] if c.node is not None) for k in range(len(calls))]
+    for k in (0, 2, 3, 6, 5, 3, 0):  # in order, then answers that finished late
+        assert _turn_number(session, calls, k) == expected[k], k
+    assert _turn_number(SimpleNamespace(state={}), calls, 6) == 5

@@ -140,7 +140,8 @@ class Recorder:
             log.exception(f"trace: {self.path.name}: turn {call.id} recorded as an error call")
             self.record_call(call, rewrites)
             return call
-        self._record_rewrites(rewrites, self._trace.path(call.node)[:-1] if call.node is not None else [], call)
+        if rewrites:  # the path is a walk from the root: only a rewrite needs it
+            self._record_rewrites(rewrites, self._trace.path(call.node)[:-1] if call.node is not None else [], call)
         return call
 
     def _record_rewrites(self, rewrites: list[Rewrite], path: list[int], call: ModelCall | None = None) -> None:
