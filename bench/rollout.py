@@ -13,7 +13,9 @@ alike:
   (``map_remote``): mitmproxy's own cost for the same bytes;
 - ``before``: this proxy at ``--before`` (default: the last commit before issue 16's prefix
   recognition), exported with ``git archive`` and run from there (omit with ``--before none``);
-- ``proxy``: this checkout.
+- ``proxy``: this checkout;
+- ``no relay`` (with ``--relay-off``): this checkout with ``intercept_drain_timeout=0``, so
+  mitmproxy talks to the upstream itself: the relay's loopback hop told apart from the addons.
 
 Each proxy session imposes a model (so every request is rewritten, as in an evaluation).
 Per turn and path: the wall time of the request, and the CPU time all of the mitmdump
@@ -76,6 +78,7 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=570)
     ap.add_argument("--band", type=int, default=25, help="turns per band of the table")
     ap.add_argument("--before", default=None, help="a git revision, or 'none'")
+    ap.add_argument("--relay-off", action="store_true", help="also this checkout without the relay")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
     reply = ("The answer, at length. " * (args.chunk // 23 + 1))[:args.chunk]
@@ -92,6 +95,8 @@ def main() -> int:
         rev = args.before or before_rev()
         procs["before"] = checkout_proxy(rev, work, opts, env)
     procs["proxy"] = MitmProcess(workdir=work / "proxy", options=opts, env=env)
+    if args.relay_off:
+        procs["no relay"] = MitmProcess(workdir=work / "norelay", options={**opts, "intercept_drain_timeout": 0}, env=env)
     names = ["direct", *procs]
     cpu: dict[str, list[int]] = {n: [] for n in procs}
     lat: dict[str, list[float]] = {n: [] for n in names}

@@ -1,0 +1,154 @@
+"""Which addon hook costs what, per request, in process: a growing rollout and a fixed 20 KB body.
+
+    .venv/bin/python bench/hooks.py [--turns 300] [--mode rollout|fixed] [--band 25]
+
+Every hook of ``addons/interception.py``'s list, in its order, on ``tflow`` flows (mitmproxy's
+``taddons``; no sockets, no TLS, the relay off, since there is no upstream to relay to), with
+the start-up tuning (``GcTuning.running``) done first, as in the proxy. Per request: the CPU
+time of this thread (``time.thread_time_ns``, so the shared machine's load mostly cancels)
+in each addon's ``requestheaders``, ``request``, ``responseheaders`` and ``response`` hook,
+and the collector's passes (``gc.callbacks``). ``rollout``: issue 16's conversation (a
+570-character user message and reply added per turn, the whole history restated, the session
+imposing a model); ``fixed``: the same ~20 KB one-message request every time (bench/overhead.py's
+small JSON body). The answer is a Chat Completions JSON reply. Prints, for the first and the
+last band of turns, the median per hook, largest first, and the sum of all hooks.
+
+What this leaves out is what only a real mitmdump does: TLS, HTTP framing, the event loop's
+round trips and the relay's loopback hop (bench/rollout.py and bench/relay.py measure those).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import gc
+import importlib.util
+import inspect
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from mitmproxy import http
+from mitmproxy.test import taddons, tflow
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY_ENV = "BENCH_HOOKS_KEY"
+MODEL = "gpt-4o-bench"
+URL = "https://api.openai.com/v1/chat/completions"
+HOOKS = ("requestheaders", "request", "responseheaders", "response")
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("interception_bench_hooks", ROOT / "addons" / "interception.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def answer(i: int, reply: str) -> bytes:
+    return json.dumps({"id": f"chatcmpl-{i}", "object": "chat.completion", "created": 1, "model": MODEL,
+                       "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
+                                    "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}}).encode()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--turns", type=int, default=300)
+    ap.add_argument("--mode", choices=("rollout", "fixed"), default="rollout")
+    ap.add_argument("--chunk", type=int, default=570)
+    ap.add_argument("--band", type=int, default=25)
+    args = ap.parse_args()
+    os.environ[KEY_ENV] = "sk-bench-real-key"
+    script = load_script()
+    from interceptor.addons.gctuning import GcTuning
+    from interceptor.addons.session import SessionConfig
+    from interceptor.addons.upstream import Upstream
+
+    addons = script.addons
+    work = Path(tempfile.mkdtemp(prefix="bench-hooks-"))
+    reply = ("The answer, at length. " * (args.chunk // 23 + 1))[:args.chunk]
+    rows: list[dict[str, int]] = []
+    upstream = socket.create_server(("127.0.0.1", 0))  # listening is all Reach's probe needs
+    with upstream, taddons.context(*addons) as tctx:
+        tctx.configure(addons[0], intercept_trace_dir=str(work), confdir=str(work / "conf"), intercept_drain_timeout=0)
+        next(a for a in addons if isinstance(a, GcTuning)).running()
+        session = script.registry.create(
+            SessionConfig(model=MODEL), work, "never",
+            Upstream(base_url=f"http://127.0.0.1:{upstream.getsockname()[1]}/v1", api_key_env=KEY_ENV))
+        loop = tctx.master.event_loop
+        per: dict[str, int] = defaultdict(int)
+        started = [0]
+
+        def collected(phase: str, info: dict) -> None:
+            if phase == "start":
+                started[0] = time.thread_time_ns()
+            else:
+                per[f"gc (generation {info['generation']})"] += time.thread_time_ns() - started[0]
+
+        gc.callbacks.append(collected)
+
+        def run(hook: str, flow: http.HTTPFlow) -> None:
+            for addon in addons:
+                method = getattr(addon, hook, None)
+                if method is None:
+                    continue
+                t0 = time.thread_time_ns()
+                value = method(flow)
+                if inspect.isawaitable(value):
+                    loop.run_until_complete(value)
+                per[f"{type(getattr(addon, 'addon', addon)).__name__}.{hook}"] += time.thread_time_ns() - t0
+
+        auth = {"authorization": f"Bearer {session.model_secret}", "content-type": "application/json",
+                "proxy-authorization": "Basic " + base64.b64encode(f"session:{session.model_secret}".encode()).decode()}
+        messages = [{"role": "system", "content": "You are a patient assistant."}]
+        filler = "x" * 20_000
+        for k in range(args.turns):
+            if args.mode == "rollout":
+                messages.append({"role": "user", "content": (f"turn {k}: " + "please go on. " * (args.chunk // 14 + 1))[:args.chunk]})
+                payload = json.dumps({"model": "gpt-4o", "messages": messages}).encode()
+            else:
+                payload = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": f"{k} {filler}"}]}).encode()
+            flow = tflow.tflow(req=http.Request.make("POST", URL, payload, auth), client_conn=tflow.tclient_conn())
+            per.clear()
+            run("requestheaders", flow)
+            run("request", flow)
+            if flow.response is not None:
+                raise SystemExit(f"turn {k} was answered by the proxy: {flow.response.content[:200]!r}")
+            flow.response = http.Response.make(200, answer(k, reply), {"content-type": "application/json"})
+            run("responseheaders", flow)
+            run("response", flow)
+            rows.append(dict(per))
+            if args.mode == "rollout":
+                messages.append({"role": "assistant", "content": reply})
+        gc.callbacks.remove(collected)
+        script.registry.store.flush(timeout=60)
+        trace = session.recorder.trace
+        if trace.num_turns != args.turns or len(trace.branches) != (1 if args.mode == "rollout" else args.turns):
+            raise SystemExit(f"the trace does not hold the run: {trace.num_turns} turns, {len(trace.branches)} branches")
+        script.registry.seal_all("bench")
+        script.registry.store.close()
+
+    print(f"{args.mode}, {args.turns} requests, last body {len(payload) / 1e3:.0f} KB; CPU of this thread, us")
+    for lo, hi in ((0, args.band), (args.turns - args.band, args.turns)):
+        band = rows[lo:hi]
+        keys = set().union(*band)
+        hooks = {key: statistics.median(r.get(key, 0) for r in band) / 1e3 for key in keys if not key.startswith("gc")}
+        total = statistics.median(sum(v for key, v in r.items() if not key.startswith("gc")) for r in band) / 1e3
+        collector = {key: statistics.mean(r.get(key, 0) for r in band) / 1e3 for key in keys if key.startswith("gc")}
+        print(f"\nrequests {lo + 1}-{hi}: all hooks {total:.0f} (median)"
+              + "".join(f"; {key} {v:.0f} (mean)" for key, v in sorted(collector.items())))
+        for key, v in sorted(hooks.items(), key=lambda kv: -kv[1]):
+            if v >= 5:
+                print(f"  {key:40s} {v:8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
