@@ -211,3 +211,17 @@ def test_a_malformed_chunk_breaks_the_answer_and_is_never_a_whole_one(sim, proxy
     assert len(sim.model_requests()) == 1
     trace = turns(proxy, session)
     assert trace.num_turns == 0 and [c.error is not None for c in trace.calls] == [True]
+
+
+def test_the_request_leaves_the_relay_without_its_ticket_and_framed_by_its_length(sim, proxy, new_session):
+    """The relay writes the upstream request itself: mitmproxy's request as it came, the
+    ticket (the relay's own header) never sent, one Host, one Content-Length that is the body's."""
+    sim.script(Reply(text="ok"))
+    session = new_session()
+    with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle), timeout=30) as client:
+        assert chat(client, session, False) == "ok"
+    [seen] = sim.model_requests()
+    names = [k.lower() for k, _ in seen.headers.items()]
+    assert "x-interceptor-relay" not in names
+    assert names.count("host") == 1 and names.count("content-length") == 1 and "transfer-encoding" not in names
+    assert int(seen.headers["content-length"]) == len(seen.body) and seen.json["messages"] == MESSAGES
