@@ -31,6 +31,9 @@ calls each hook in list order):
 - Annotate, Status: what the proxy did, on each flow (mitmweb) and in a status line;
 - GcTuning: once started, what is alive is frozen out of the garbage collector's passes, so
   a full collection does not stall every session (``intercept_gc_tuning``);
+- MallocTrim: after sessions are sealed, glibc's free pages go back to the system (in a
+  thread, at most once per ``intercept_malloc_trim`` seconds), so the resident set follows
+  what the live sessions hold rather than the peak of the turns once in flight;
 - Redact: no key or secret in what mitmproxy prints, saves or shows (last: after every addon
   that still needs them, before mitmproxy's own dumper, save and view).
 
@@ -52,6 +55,7 @@ from interceptor.addons.control import Control
 from interceptor.addons.feedback import Feedback, Refused
 from interceptor.addons.gate import Gate, guarded
 from interceptor.addons.gctuning import GcTuning
+from interceptor.addons.malloctrim import MallocTrim
 from interceptor.addons.network import Egress
 from interceptor.addons.openproxy import OpenProxyGuard
 from interceptor.addons.reach import Reach
@@ -101,5 +105,6 @@ addons = guarded([
     Gate(settings),  # after every step, and never guarded: it is what answers their faults
     Annotate(), Status(registry),  # observers after the Gate (they see its answers too); never raise
     GcTuning(),  # its one hook is ``running``: after the addons above have started
+    MallocTrim(registry),  # a sealed session's freed heap back to the system, off the event loop
     Redact(settings),  # last, unguarded (it fails closed itself): after everything that needs a secret
 ]

@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -239,6 +240,8 @@ class Registry:
         # file and secret it makes starts with the tag, so the front routes by them without
         # knowing any session, and workers sharing one trace folder never pick the same name.
         self.worker: str | None = None
+        # Called after each release (addons/malloctrim.py: the freed heap back to the system).
+        self.on_release: Callable[[], None] | None = None
 
     def session_id(self, requested: str | None) -> str:
         """The id a session gets: the requested one (else a random one), behind the worker's tag."""
@@ -306,6 +309,8 @@ class Registry:
                 self._by_model_secret.pop(old.model_secret, None)
                 self._by_state_secret.pop(old.state_secret, None)
                 self._dropped[old.id] = old.trace_path
+        if self.on_release is not None:
+            self.on_release()
 
     def dropped(self, sid: str) -> Path | None:
         """The trace file of a session dropped from memory, None if there is no such session."""

@@ -152,6 +152,38 @@ def kib(n: float) -> str:
     return f"{n / 2**10:.0f} KiB"
 
 
+SETTLE = 22.0  # seconds after the last seal before the "settled" reading: two of intercept_malloc_trim's 10 s
+
+
+def run_batch(name: str, proxy: MitmProcess, sim: ProviderSimulator, size: int, seed: int, args) -> tuple:
+    """One batch of ``size`` sessions at once on ``proxy``: its table row, and its figures."""
+    before = proxy.memory()["VmRSS"]
+    sessions = [proxy.create_session() for _ in range(size)]
+    made = proxy.memory()["VmRSS"]
+    rollouts = [Rollout(i, s, proxy, sim, args, seed) for i, s in enumerate(sessions)]
+    attempts = len(sim.model_requests())
+    threads = [threading.Thread(target=r.run) for r in rollouts]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    done = proxy.memory()["VmRSS"]
+    attempts = len(sim.model_requests()) - attempts
+    for r in rollouts:
+        r.verify(proxy)
+    sealed = proxy.memory()["VmRSS"]
+    time.sleep(SETTLE)
+    settled = proxy.memory()["VmRSS"]
+    problems = [p for r in rollouts for p in r.problems]
+    turns = size * args.turns
+    row = (f"| {name} | {turns} | {sum(len(r.faults) for r in rollouts)} | "
+           f"{sum(r.seen_errors for r in rollouts)} | {attempts} | {wall:.1f} | {turns / wall:.1f} | "
+           f"{mib(before)} | {mib(made)} | {mib(done)} | {mib(sealed)} | {mib(settled)} | {len(problems)} |")
+    return row, problems, (before, made, done, sealed, proxy.memory()["VmHWM"], size, settled)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sessions", type=int, default=256)
@@ -159,71 +191,70 @@ def main() -> int:
     ap.add_argument("--batches", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=64, help="sessions in a first batch that pays one-time costs")
     ap.add_argument("--faults", type=float, default=0.3, help="share of turns whose first attempt fails")
+    ap.add_argument("--trim-ab", action="store_true",
+                    help="also a second proxy with intercept_malloc_trim=0, each batch run on both in turn")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     sim = ProviderSimulator(default=scripted).start()
-    proxy = MitmProcess(workdir=work, options={"intercept_upstream": sim.url("/v1"), "intercept_api_key_env": KEY_ENV},
-                        env={KEY_ENV: "sk-bench-real-key"})
+    opts = {"intercept_upstream": sim.url("/v1"), "intercept_api_key_env": KEY_ENV}
+    env = {KEY_ENV: "sk-bench-real-key"}
+    proxies = {"proxy": MitmProcess(workdir=work / "proxy", options=opts, env=env)}
+    if args.trim_ab:
+        proxies["trim off"] = MitmProcess(workdir=work / "notrim", options={**opts, "intercept_malloc_trim": "0"},
+                                          env=env)
     failed = False
     try:
-        proxy.start()
+        for proxy in proxies.values():
+            proxy.start()
         load = os.getloadavg()
         print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
               f"{platform.platform()}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
         print(f"{args.sessions} sessions at once x {args.turns} turns, one worker, faults on {args.faults:.0%} "
-              f"of turns ({', '.join(FAULTS)}), a warm-up batch of {args.warmup}, then {args.batches} batches\n")
+              f"of turns ({', '.join(FAULTS)}), a warm-up batch of {args.warmup}, then {args.batches} batches"
+              + (f"; each batch on {' and '.join(proxies)} in turn (order alternating)" if args.trim_ab else "")
+              + f"; settled = RSS {SETTLE:.0f} s after the seal\n")
         print("| batch | turns | faults | errors the harness saw | attempts at the simulator | wall s | turns/s | "
-              "RSS before | made | done (live) | sealed | problems |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-        rss = [proxy.memory()["VmRSS"]]
-        figures = []
+              "RSS before | made | done (live) | sealed | settled | problems |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        figures: dict[str, list] = {n: [] for n in proxies}
         sizes = [args.warmup] * bool(args.warmup) + [args.sessions] * args.batches
         for batch, size in enumerate(sizes):
-            before = rss[-1]
-            sessions = [proxy.create_session() for _ in range(size)]
-            made = proxy.memory()["VmRSS"]
-            rollouts = [Rollout(i, s, proxy, sim, args, batch) for i, s in enumerate(sessions)]
-            attempts = len(sim.model_requests())
-            threads = [threading.Thread(target=r.run) for r in rollouts]
-            t0 = time.perf_counter()
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            wall = time.perf_counter() - t0
-            done = proxy.memory()["VmRSS"]
-            attempts = len(sim.model_requests()) - attempts
-            for r in rollouts:
-                r.verify(proxy)
-            sealed = proxy.memory()["VmRSS"]
-            rss.append(sealed)
-            problems = [p for r in rollouts for p in r.problems]
-            failed |= bool(problems)
-            turns = size * args.turns
-            name = "warm-up" if args.warmup and batch == 0 else str(batch + (0 if args.warmup else 1))
-            print(f"| {name} | {turns} | {sum(len(r.faults) for r in rollouts)} | "
-                  f"{sum(r.seen_errors for r in rollouts)} | {attempts} | {wall:.1f} | {turns / wall:.1f} | "
-                  f"{mib(before)} | {mib(made)} | {mib(done)} | {mib(sealed)} | {len(problems)} |", flush=True)
-            for p in problems[:10]:
-                print(f"  problem: {p}")
-            figures.append((before, made, done, sealed, proxy.memory()["VmHWM"], size))
-            sim.clear()
-        # Freed memory is reused, never returned: a batch's growth over the high-water mark
-        # of the batch before is what the sessions it has beyond that one's cost.
-        if args.warmup and len(figures) > 1:
-            (_, _, _, _, hwm, warm), (_, _, done, _, _, size) = figures[0], figures[1]
-            print(f"\nper live session (after {args.turns} turns): {kib((done - hwm) / (size - warm))} "
-                  f"(first batch's RSS when done over the warm-up's peak, / {size - warm} more sessions)")
-        for i in range(1 + bool(args.warmup), len(figures)):
-            left = (figures[i][4] - figures[i - 1][4]) / figures[i][5]
-            print(f"per sealed session (kept in memory up to intercept_keep_sealed): {kib(left)} "
-                  f"(batch {i + (0 if args.warmup else 1)}'s peak over the one before, / {figures[i][5]})")
-        print(f"peak RSS {mib(proxy.memory()['VmHWM'])}; load average at the end: "
-              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+            order = list(proxies) if batch % 2 == 0 else list(proxies)[::-1]
+            for k, pname in enumerate(order):
+                label = "warm-up" if args.warmup and batch == 0 else str(batch + (0 if args.warmup else 1))
+                if args.trim_ab:
+                    label = f"{pname}: {label}"
+                seed = batch * len(proxies) + list(proxies).index(pname)  # every session's key its own
+                row, problems, fig = run_batch(label, proxies[pname], sim, size, seed, args)
+                print(row, flush=True)
+                for p in problems[:10]:
+                    print(f"  problem: {p}")
+                failed |= bool(problems)
+                figures[pname].append(fig)
+                sim.clear()
+        for pname, figs in figures.items():
+            print(f"\n{pname}:")
+            # Freed memory is reused, never returned (without a trim): a batch's growth over the
+            # high-water mark of the batch before is what the sessions it has beyond that one's cost.
+            if args.warmup and len(figs) > 1:
+                (_, _, _, _, hwm, warm, _), (_, _, done, _, _, size, _) = figs[0], figs[1]
+                print(f"per live session (after {args.turns} turns): {kib((done - hwm) / (size - warm))} "
+                      f"(first batch's RSS when done over the warm-up's peak, / {size - warm} more sessions)")
+            for i in range(1 + bool(args.warmup), len(figs)):
+                left = (figs[i][4] - figs[i - 1][4]) / figs[i][5]
+                print(f"per sealed session (kept in memory up to intercept_keep_sealed): {kib(left)} "
+                      f"(batch {i + (0 if args.warmup else 1)}'s peak over the one before, / {figs[i][5]})")
+            for i, (before, _, done, sealed, _, size, settled) in enumerate(figs):
+                print(f"batch {i}: live {kib((done - before) / size)} per session over the RSS before it; settled "
+                      f"{SETTLE:.0f} s after the seal {kib((settled - before) / size)} per session "
+                      f"({mib(done - settled)} given back)")
+            print(f"peak RSS {mib(proxies[pname].memory()['VmHWM'])}, now {mib(proxies[pname].memory()['VmRSS'])}")
+        print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         print("\nRESULT:", "FAILED (problems above)" if failed else
               "every turn answered, every fault on the record once, one branch per session, no torn record")
     finally:
-        proxy.cleanup()
+        for proxy in proxies.values():
+            proxy.cleanup()
         sim.stop()
     return 1 if failed else 0
 
