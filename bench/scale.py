@@ -1,7 +1,7 @@
 """Sessions at scale (issue 16): 256 sessions at once x 20 turns on one worker, with random
 faults, and what each session costs in memory, live and sealed.
 
-    .venv/bin/python bench/scale.py [--sessions 256] [--turns 20] [--batches 2] [--faults 0.3]
+    .venv/bin/python bench/scale.py [--sessions 256] [--turns 20] [--batches 2] [--faults 0.3] [--trim-ab]
 
 One mitmdump with the entry script, the simulator in this process (plain HTTP; the faults are
 scripted per session by ``x-sim-key``), one thread per session with an openai SDK client of its
@@ -17,8 +17,10 @@ if any does not hold:
   one branch and ``--turns`` turns.
 
 Memory is the proxy's resident set (``VmRSS``): before the first batch, after each batch's
-sessions are made, when its turns are done (live) and after all are sealed (DELETE), which keeps
-them in memory up to ``intercept_keep_sealed``. Per live session: (done - before) / sessions
+sessions are made, when its turns are done (live), after all are sealed (DELETE), which keeps
+them in memory up to ``intercept_keep_sealed``, and settled (22 s later: what
+``intercept_malloc_trim`` gave back). ``--trim-ab``: each batch also on a second proxy with
+``intercept_malloc_trim=0``, the two in turn, order alternating. Per live session: (done - before) / sessions
 for the first batch. Per sealed session: what a whole batch leaves behind once sealed, from the
 second batch on (the first batch's freed memory is reused by the next, so that difference is
 what a sealed session holds, not allocator slack).
