@@ -70,6 +70,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from interceptor.client.proxy import stop_process  # noqa: E402
+
 REAL_KEY = "sk-bench-real-key"  # the operator's key, which only the proxies hold
 KEY_ENV = "BENCH_PROVIDER_KEY"
 TALLY = "__bench_tally__"  # a request naming this model gets the simulator's tally back
@@ -650,12 +652,12 @@ def start_paths(httpx, work: Path, sim_url: str, names: list[str], skipped: dict
             except httpx.HTTPError:
                 pass
             if time.time() > deadline:
-                _stop(proc)
+                stop_process(proc)
                 raise Unavailable(f"litellm did not answer /health/liveliness in 180 s; its log: {log}")
             time.sleep(0.5)
         return Path_("litellm", f"LiteLLM's proxy ({LITELLM[0]}), base URL + master key, a model alias",
                      f"{base}/v1/chat/completions", "bench-litellm-alias", "bench-litellm", True,
-                     pids=lambda: tree(proc.pid), shared=(master, None, True), stop=lambda: (_stop(proc), out.close()))
+                     pids=lambda: tree(proc.pid), shared=(master, None, True), stop=lambda: (stop_process(proc), out.close()))
 
     def verifiers() -> Path_:
         venv = ensure_venv("verifiers", VERIFIERS, work / "verifiers-install.log")
@@ -678,7 +680,7 @@ def start_paths(httpx, work: Path, sim_url: str, names: list[str], skipped: dict
 
         return Path_("verifiers", f"verifiers' InterceptionServer ({VERIFIERS[0]}), base URL + rollout secret",
                      f"{base}/v1/chat/completions", "gpt-4o", model, True, pids=lambda: tree(proc.pid),
-                     new_session=new, traces=traces, stop=lambda: _stop(proc))
+                     new_session=new, traces=traces, stop=lambda: stop_process(proc))
 
     add("litellm", litellm)
     add("verifiers", verifiers)
@@ -693,16 +695,6 @@ def _free_port() -> int:
 def _clean_env() -> dict[str, str]:
     from interceptor.client.proxy import PROXY_VARIABLES
     return {k: v for k, v in os.environ.items() if k not in PROXY_VARIABLES and not k.startswith("VIRTUAL_ENV")}
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 # -- the report --------------------------------------------------------------------------------
@@ -989,7 +981,7 @@ def main() -> int:
                 p.stop()
             except Exception as e:  # noqa: BLE001
                 print(f"  {p.name}: stopping failed: {e}", flush=True)
-        _stop(sim)
+        stop_process(sim)
 
     lines = [f"# bench/compare.py{' --quick (a smoke run)' if quick else ''}", "",
              f"machine: {machine()}; load average (1, 5, 15 min) at the start and after each workload: {' | '.join(loads)}",

@@ -93,6 +93,19 @@ def call(url: str, token: str | None, method: str, path: str, body: Any = None,
         return status, raw.decode(errors="replace")[:500]
 
 
+def stop_process(proc: subprocess.Popen | None, sig: int = signal.SIGTERM) -> None:
+    """Stop a process this program started, by its PID: ``sig`` (SIGTERM: a mitmdump seals every
+    open session on the way out), then SIGKILL if it is still there after 15 s."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 def with_userinfo(proxy_url: str, secret: str) -> str:
     """``http://session:<secret>@host:port``: the proxy knows the session of a connection from
     its CONNECT, before any TLS, so even a harness that rejects the CA is tied to its session."""
@@ -204,14 +217,7 @@ class Proxy:
         """Stop a proxy this object started (by PID: SIGTERM, which seals every open session,
         then SIGKILL after 15 s). An attached proxy is left running."""
         atexit.unregister(self.stop)
-        proc = self.proc
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        stop_process(self.proc)
         if self._own_workdir and self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)  # its confdir holds the CA's private key
             self._own_workdir = False

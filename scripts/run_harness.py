@@ -66,7 +66,7 @@ from urllib.parse import urlsplit
 from interceptor.client import InterceptorError
 from interceptor.dialects import default_hosts
 from interceptor.client.proxy import (
-    PROXY_VARIABLES, TOKEN_VARIABLE, call, free_port, mitmdump_bin, with_userinfo)
+    PROXY_VARIABLES, TOKEN_VARIABLE, call, free_port, mitmdump_bin, stop_process, with_userinfo)
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "addons" / "interception.py"
@@ -169,14 +169,7 @@ class Proxy:
             raise Failure(f"the proxy at {self.url} does not answer: {e}") from e
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)  # it seals every open session on the way out
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+        stop_process(self.proc)  # SIGTERM: it seals every open session on the way out
 
     def log_tail(self, lines: int = 30) -> str:
         if self.log_path is None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from interceptor.trace.store import UNPACKABLE
-from interceptor.client.proxy import PROXY_VARIABLES, free_port, mitmdump_bin  # one definition of each
+from interceptor.client.proxy import PROXY_VARIABLES, free_port, mitmdump_bin, stop_process  # one definition of each
 from interceptor.client.proxy import call as control_api
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,13 +119,7 @@ class MitmProcess:
         return self.proc.wait(timeout)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, sig)
         if getattr(self, "_log", None):
             self._log.close()
 
