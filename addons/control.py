@@ -30,6 +30,9 @@ PREFIX = "/_interceptor/"
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
+# How long a DELETE waits for the sealed trace to reach the disk before answering 503 ("retry
+# the GET"): under the control client's own 15 s timeout, so the caller hears why.
+FLUSH_WAIT = 10
 
 
 def summary_from_file(sid: str, path: Path) -> dict:
@@ -89,22 +92,25 @@ class Control:
             # A sealed session's file is complete when DELETE answers: the orchestrator reads
             # it next. The wait happens in a thread, never on the event loop.
             try:
-                await asyncio.to_thread(self.registry.store.flush, 30)
+                await asyncio.to_thread(self.registry.store.flush, FLUSH_WAIT)
             except TimeoutError as e:
                 log.error(f"interceptor: {e}")
                 flow.response = _error(503, "the trace writer is behind; the footer is queued, retry the GET later")
 
     def _health(self) -> http.Response:
         """Not ok (503) while any live session's trace cannot be written (held records, or
-        a degraded file): a rollout recorded with holes must not look healthy. Names the
+        a degraded file, or a writer thread dead or stuck): a rollout recorded with holes must not look healthy. Names the
         sessions, never their secrets."""
         sessions = self.registry.all()
         failing = {s.id: s.recorder.write_health().as_dict() for s in sessions
                    if not s.sealed and not s.recorder.write_health().ok}
-        body = {"ok": not failing, "sessions": len(sessions)}
+        trouble = self.registry.store.trouble  # no writer, or one stuck on the disk: all records wait
+        body = {"ok": not failing and not trouble, "sessions": len(sessions)}
         if failing:
             body["store"] = failing
-        return json_response(503 if failing else 200, body)
+        if trouble:
+            body["writer"] = trouble
+        return json_response(200 if body["ok"] else 503, body)
 
     def _authorized(self, flow: http.HTTPFlow) -> bool:
         auth = flow.request.headers.get("authorization", "")

@@ -38,6 +38,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.proxy)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failed test's report ends with the last lines of every mitmdump still running: a
+    module-scoped proxy that stopped answering is otherwise gone, log and all, by the time
+    anyone looks."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and call.when in ("setup", "call"):
+        for proc in list(MitmProcess.live.values()):
+            tail = "\n".join(proc.log().splitlines()[-80:])
+            report.sections.append((f"mitmdump on port {proc.port} (last 80 lines)", tail))
+
+
 @pytest.fixture(autouse=True)
 def _no_ambient_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in PROXY_VARIABLES:

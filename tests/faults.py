@@ -11,6 +11,9 @@ time, what should fail:
   can catch it);
 - ``{"disk_full": true}``: every trace write puts half its bytes on the file and then fails
   with ENOSPC, as a full disk does in the middle of a record;
+- ``{"writer_dies": true}``: the trace writer thread ends (``SystemExit``, which no
+  ``except Exception`` stops; mitmproxy's own terminal log raises it when it cannot print)
+  half-way through its next write;
 - ``{}``: nothing fails.
 
 The hooks are replaced on the addon instances inside their ``Guard``s, so the mechanism under
@@ -68,6 +71,9 @@ class Faults:
         write_all = store._write_all
 
         def full_disk(fd: int, data: bytes) -> None:
+            if self.spec().get("writer_dies"):
+                os.write(fd, data[: len(data) // 2])
+                raise SystemExit("injected: the writer thread ends")
             if self.spec().get("disk_full"):
                 os.write(fd, data[: len(data) // 2])
                 raise OSError(errno.ENOSPC, "No space left on device")

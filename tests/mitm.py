@@ -15,9 +15,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from interceptor.trace.store import UNPACKABLE
 from interceptor.client.proxy import PROXY_VARIABLES, free_port, mitmdump_bin, stop_process  # one definition of each
@@ -48,6 +49,9 @@ class MitmProcess:
     new_session: bool = False
     proc: subprocess.Popen | None = None
     _tmp: tempfile.TemporaryDirectory | None = None
+    # Every process started and not yet stopped: a failing test's report shows their logs'
+    # tails (tests/conftest.py), since a fixture's log is gone once it cleans up.
+    live: ClassVar[weakref.WeakValueDictionary] = weakref.WeakValueDictionary()  # id -> process
 
     def start(self, timeout: float = 30.0, expect_failure: bool = False) -> MitmProcess:
         if self.workdir is None:
@@ -82,6 +86,7 @@ class MitmProcess:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir,
                                      start_new_session=self.new_session)
+        MitmProcess.live[id(self)] = self
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -119,6 +124,7 @@ class MitmProcess:
         return self.proc.wait(timeout)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
+        MitmProcess.live.pop(id(self), None)
         stop_process(self.proc, sig)
         if getattr(self, "_log", None):
             self._log.close()

@@ -280,6 +280,32 @@ def test_a_full_disk_mid_session_loses_no_turn_and_health_says_so_while_it_lasts
     assert r.proxy.log().count(f"cannot write {r.session['trace_path']}") == 1  # once per session
 
 
+def test_a_writer_thread_that_ends_is_reported_replaced_and_loses_no_turn(r):
+    """The trace writer's thread ends in the middle of a write (once, from a module-scoped
+    proxy, this left every later DELETE waiting out its flush and health saying ok): health
+    names it (503) while it lasts, the next record starts a new writer that writes what the
+    old one held, in order, and the DELETE answers in time."""
+    r.sim.script(Reply(text="one"), Reply(text="two"), Reply(text="three"))
+    r.inject({"writer_dies": True})
+    assert r.ask("first").content[0].text == "one"
+    deadline = time.time() + 10
+    while (health := r.proxy.api("GET", "health", token=None))[0] == 200 and time.time() < deadline:
+        time.sleep(0.1)
+    status, body = health
+    assert status == 503 and body["ok"] is False and "SystemExit: injected" in body["writer"]
+    r.inject({})
+    history = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "one"},
+               {"role": "user", "content": "second"}]
+    assert r.client.messages.create(model="claude-harness", max_tokens=64, messages=history).content[0].text == "two"
+    history += [{"role": "assistant", "content": "two"}, {"role": "user", "content": "third"}]
+    assert r.client.messages.create(model="claude-harness", max_tokens=64, messages=history).content[0].text == "three"
+    assert r.proxy.api("GET", "health", token=None)[0] == 200
+    trace = r.sealed()
+    assert [trace.nodes[c.node].message.text() for c in trace.calls] == ["one", "two", "three"]
+    assert len(trace.branches) == 1 and not trace.errors
+    assert "the writer thread stopped" in r.proxy.log() and "starting a new one" in r.proxy.log()
+
+
 @pytest.mark.parametrize("step", hooks_of("error"))
 def test_a_fault_in_an_error_hook_still_leaves_one_error_call(r, step):
     """The upstream cuts the stream (mitmproxy's ``error`` hook) and the hook that would

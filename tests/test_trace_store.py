@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -222,6 +223,92 @@ def test_a_failing_file_does_not_stop_other_sessions(tmp_path):
     store.flush(timeout=10)
     assert "store_error" in bad.summary()
     assert read_trace(good.path).num_turns == 2
+    store.close()
+
+
+def test_a_bug_in_a_write_holds_the_records_and_the_writer_carries_on(tmp_path, monkeypatch):
+    """Not only the disk's OSError: any error while writing a file (a bug, a hook) holds that
+    file's records and retries, as a full disk does. It once ended the writer thread, and then
+    every flush (a DELETE's) waited for a writer that was gone, and health said ok."""
+    monkeypatch.setattr(store_module, "RETRY_INTERVAL", 0.05)
+    write_all, failing = store_module._write_all, [True]
+
+    def buggy(fd, data):
+        if failing[0]:
+            raise ValueError("a bug in the writer")
+        write_all(fd, data)
+
+    monkeypatch.setattr(store_module, "_write_all", buggy)
+    store = Store()
+    r = Rollout(tmp_path / "b.msgpack", store=store)
+    r.send(*tool_turns(1)[0])
+    store.flush(timeout=10)  # answers: the barrier is set whatever the write did
+    health = store.health(r.path)
+    assert health.held >= 1 and "ValueError: a bug in the writer" in health.error
+    assert store.stopped is None
+    failing[0] = False
+    deadline = time.monotonic() + 10
+    while not store.health(r.path).ok and time.monotonic() < deadline:
+        time.sleep(0.02)  # the writer retries on its own
+    assert store.health(r.path).ok and store.health(r.path).late >= 1
+    r.recorder.seal()
+    store.flush(timeout=10)
+    trace = read_trace(r.path)
+    assert trace.num_turns == 1 and problems(trace) == []
+    store.close()
+
+
+def test_a_writer_that_died_fails_flush_at_once_and_the_next_append_restarts_it(tmp_path, monkeypatch):
+    """Whatever ends the thread (here an error outside any file's write), a flush says so at
+    once instead of waiting out its timeout, ``stopped`` names the error for health, and the
+    next record starts a new writer."""
+    store = Store()
+    r = Rollout(tmp_path / "d.msgpack", store=store)
+    store.flush(timeout=10)
+    batch = store._write_batch
+
+    def dies(items):
+        raise SystemExit("the writer is gone")
+
+    monkeypatch.setattr(store, "_write_batch", dies)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="stopped before it drained: SystemExit: the writer is gone"):
+        store.flush(timeout=30)  # its barrier is what the writer dies on
+    assert time.monotonic() - t0 < 5
+    assert "the writer is gone" in store.stopped
+    monkeypatch.setattr(store, "_write_batch", batch)
+    r.send(*tool_turns(1)[0])
+    store.flush(timeout=10)
+    assert store.stopped is None
+    r.recorder.seal()
+    store.flush(timeout=10)
+    trace = read_trace(r.path)
+    assert trace.num_turns == 1 and problems(trace) == []
+    store.close()
+
+
+def test_a_write_that_takes_too_long_is_reported_as_stalled(tmp_path, monkeypatch):
+    """A disk that sits on one fsync holds every session's records behind it: ``trouble``
+    says which file and for how long while it lasts (health answers 503 with it), and
+    nothing once the write is through."""
+    import threading
+    monkeypatch.setattr(store_module, "STALL_SECONDS", 0.2)
+    release = threading.Event()
+    write_all = store_module._write_all
+
+    def slow(fd, data):
+        release.wait(10)
+        write_all(fd, data)
+
+    monkeypatch.setattr(store_module, "_write_all", slow)
+    store = Store()
+    r = Rollout(tmp_path / "s.msgpack", store=store)
+    assert store.trouble is None
+    time.sleep(0.4)
+    assert f"writing {r.path} for" in store.trouble
+    release.set()
+    store.flush(timeout=10)
+    assert store.trouble is None
     store.close()
 
 

@@ -47,6 +47,8 @@ MAX_OPEN_FILES = 256
 RETRY_INTERVAL = 1.0
 MAX_HELD_BYTES = 64 << 20
 MAX_HELD_SECONDS = 600.0
+# One file's write and fsync taking longer than this: the writer is stalled (``Store.stalled``).
+STALL_SECONDS = 10.0
 # Test hook, never set in production: write each record in two halves this many seconds
 # apart, so a test can SIGKILL the proxy in the middle of a record and check the reader.
 TORN_WRITE_PAUSE = float(os.environ.get("INTERCEPT_TEST_TORN_WRITES") or 0)
@@ -145,6 +147,8 @@ class Store:
         self.errors: dict[Path, str] = {}  # path -> the first failure's message
         self.bytes_written = 0
         self.records_written = 0
+        self.died: str | None = None  # the error that ended a writer thread (see ``stopped``)
+        self._busy: tuple[float, Path] | None = None  # (since, file) while the writer does I/O
         atexit.register(self._atexit)
 
     # --- producer side (event loop) --------------------------------------------------
@@ -171,15 +175,47 @@ class Store:
         the proxy's status line shows it as the writer's lag."""
         return self._queue.qsize()
 
+    @property
+    def stopped(self) -> str | None:
+        """Why the writer thread is gone while records may wait for it (its last error), or
+        None. ``_run`` never lets an error end it, so this is a bug's (or the interpreter's)
+        doing; the next ``append`` starts a new writer, and until then health says so."""
+        thread = self._thread
+        if thread is None or thread.is_alive():
+            return None
+        return self.died or "the trace writer thread stopped"
+
+    @property
+    def stalled(self) -> str | None:
+        """The write (or fsync) the writer has been inside for more than ``STALL_SECONDS``, or
+        None: a disk that takes that long for one file's batch holds every session's records
+        behind it, and health must not say ok meanwhile."""
+        busy = self._busy
+        if busy is None or time.monotonic() - busy[0] < STALL_SECONDS:
+            return None
+        return f"the trace writer has been writing {busy[1]} for {time.monotonic() - busy[0]:.0f}s"
+
+    @property
+    def trouble(self) -> str | None:
+        """Why records may not reach the disk whatever the files' health says (``stopped``,
+        ``stalled``), or None."""
+        return self.stopped or self.stalled
+
     def flush(self, timeout: float | None = None) -> None:
         """Block until everything queued so far was written, or tried once (held records
-        stay held). Raises ``TimeoutError`` if the writer did not get there in ``timeout``."""
+        stay held). Raises ``TimeoutError`` if the writer did not get there in ``timeout``,
+        at once if there is no writer alive to get there (a dead one never would)."""
         if self._thread is None:
             return
+        self._start()  # a writer that died is replaced: its queue and files carry on
         barrier = _Barrier()
         self._queue.put(barrier)
-        if not barrier.done.wait(timeout):
-            raise TimeoutError(f"trace writer did not drain within {timeout}s")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not barrier.done.wait(0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))):
+            if self.stopped:
+                raise TimeoutError(f"trace writer stopped before it drained: {self.stopped}")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"trace writer did not drain within {timeout}s")
 
     def close(self) -> None:
         """Drain, stop the thread and close every file. A later ``append`` restarts it."""
@@ -200,17 +236,33 @@ class Store:
             log.exception("trace store: could not drain at exit")
 
     def _start(self) -> None:
-        if self._thread is not None:
+        thread = self._thread
+        if thread is not None and thread.is_alive():
             return
         with self._lock:
-            if self._thread is None:
+            thread = self._thread
+            if thread is None or not thread.is_alive():
+                if thread is not None:
+                    log.error("trace store: the writer thread had stopped (%s); starting a new one",
+                              self.died or "no error seen")
                 self._thread = threading.Thread(
-                    target=self._run, name="interceptor-trace-writer", daemon=True)
+                    target=self._guarded_run, name="interceptor-trace-writer", daemon=True)
                 self._thread.start()
 
     # --- writer thread -----------------------------------------------------------------
 
+    def _guarded_run(self) -> None:
+        try:
+            self._run()
+        except BaseException as e:  # noqa: BLE001 - recorded for stopped/health; the thread ends
+            self.died = f"{type(e).__name__}: {e}"
+            log.exception("trace store: the writer thread stopped")
+
     def _run(self) -> None:
+        if self.died:  # a writer before this one stopped: carry on where it was
+            for f in list(self._state.values()):
+                self._close(f)  # reopened, it is cut back to its last complete record
+                self._drain(f)
         while True:
             held = any(f.out for f in self._state.values())
             try:
@@ -259,7 +311,7 @@ class Store:
             f.out_bytes += len(data)
             touched[path] = f
         for f in touched.values():
-            self._drain(f)
+            self._drain(f)  # never raises an Exception: a failed file is held (``_failed``)
         for b in barriers:
             b.done.set()
         return stop
@@ -275,6 +327,7 @@ class Store:
             f.out_bytes = 0
             return
         data = b"".join(d for d, _, _ in f.out)
+        self._busy = (time.monotonic(), f.path)
         try:
             fd = self._fd(f)
             if TORN_WRITE_PAUSE:
@@ -283,9 +336,13 @@ class Store:
                 _write_all(fd, data)
             if any(s for _, s, _ in f.out):
                 os.fsync(fd)
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001 - OSError: the disk; anything else a bug, held alike
+            if not isinstance(e, OSError) and f.failing_since is None:
+                log.exception("trace store: writing %s failed", f.path)
             self._failed(f, e)
             return
+        finally:
+            self._busy = None
         f.good = (f.good or 0) + len(data)
         n = len(f.out)
         closing = any(c for _, _, c in f.out)
