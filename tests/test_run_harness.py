@@ -122,7 +122,11 @@ def test_an_interrupt_still_seals_and_prints_the_summary(tmp_path):
 
     proc = subprocess.Popen([sys.executable, str(RUN_HARNESS), "--trace-dir", str(tmp_path), "--summary-json",
                              str(tmp_path / "summary.json"), "--", "sleep", "60"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # as a terminal's foreground job has it, even if this suite runs as a
+                            # background job of a non-interactive shell (`pytest &` ignores SIGINT,
+                            # and that is inherited: the ^C would then reach nothing)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not list(tmp_path.glob("*.msgpack")):
         time.sleep(0.2)  # the session exists: the harness is starting
