@@ -264,9 +264,11 @@ class Store:
                 self._close(f)  # reopened, it is cut back to its last complete record
                 self._drain(f)
         while True:
-            held = any(f.out for f in self._state.values())
             try:
-                item = self._queue.get(timeout=RETRY_INTERVAL if held else None)
+                # Never an unbounded wait, even with nothing held: whatever kept a writer from
+                # waking (CI once saw one that never wrote again; the cause is not known) costs
+                # one interval, not every later record. An idle wake-up a second costs nothing.
+                item = self._queue.get(timeout=RETRY_INTERVAL)
             except queue.Empty:
                 for f in list(self._state.values()):
                     self._drain(f)
