@@ -10,7 +10,6 @@ the harness's own credential, the model secret.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
 import warnings
@@ -90,9 +89,9 @@ class Control:
         flow.response = self._handle(flow)
         if flow.request.method == "DELETE" and flow.response.status_code == 200:
             # A sealed session's file is complete when DELETE answers: the orchestrator reads
-            # it next. The wait happens in a thread, never on the event loop.
+            # it next. The loop goes on serving meanwhile.
             try:
-                await asyncio.to_thread(self.registry.store.flush, FLUSH_WAIT)
+                await self.registry.store.drained(FLUSH_WAIT)
             except TimeoutError as e:
                 log.error(f"interceptor: {e}")
                 flow.response = _error(503, "the trace writer is behind; the footer is queued, retry the GET later")

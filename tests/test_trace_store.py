@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -276,9 +277,15 @@ def test_a_writer_that_died_fails_flush_at_once_and_the_next_append_restarts_it(
         store.flush(timeout=30)  # its barrier is what the writer dies on
     assert time.monotonic() - t0 < 5
     assert "the writer is gone" in store.stopped
+    store._start = lambda: None  # the loop's wait too, before anything restarts the writer
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="stopped before it drained"):
+        asyncio.run(store.drained(30))
+    assert time.monotonic() - t0 < 5
+    del store._start
     monkeypatch.setattr(store, "_write_batch", batch)
     r.send(*tool_turns(1)[0])
-    store.flush(timeout=10)
+    asyncio.run(store.drained(10))
     assert store.stopped is None
     r.recorder.seal()
     store.flush(timeout=10)

@@ -19,6 +19,7 @@ the graph cannot bridge). ``health(path)`` says which; the failure is logged onc
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import os
@@ -26,6 +27,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,8 +126,20 @@ class _File:
 
 
 class _Barrier:
-    def __init__(self) -> None:
+    """Set by the writer once everything queued before it was written (or tried once);
+    ``then`` also runs then, on the writer's thread."""
+
+    def __init__(self, then: Callable[[], None] | None = None) -> None:
         self.done = threading.Event()
+        self.then = then
+
+    def set(self) -> None:
+        self.done.set()
+        if self.then is not None:
+            try:
+                self.then()
+            except RuntimeError:  # the waiter's event loop is closed: nobody waits any more
+                pass
 
 
 class Store:
@@ -216,6 +230,31 @@ class Store:
                 raise TimeoutError(f"trace writer stopped before it drained: {self.stopped}")
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"trace writer did not drain within {timeout}s")
+
+    async def drained(self, timeout: float) -> None:
+        """``flush`` for the event loop: waits without a thread of its own (the default
+        executor may be busy with hooks), with the same errors."""
+        if self._thread is None:
+            return
+        self._start()
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def settle() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        self._queue.put(_Barrier(lambda: loop.call_soon_threadsafe(settle)))
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                await asyncio.wait_for(asyncio.shield(done), max(0.0, min(0.5, deadline - loop.time())))
+                return
+            except TimeoutError:
+                if self.stopped:
+                    raise TimeoutError(f"trace writer stopped before it drained: {self.stopped}") from None
+                if loop.time() >= deadline:
+                    raise TimeoutError(f"trace writer did not drain within {timeout}s") from None
 
     def close(self) -> None:
         """Drain, stop the thread and close every file. A later ``append`` restarts it."""
@@ -315,7 +354,7 @@ class Store:
         for f in touched.values():
             self._drain(f)  # never raises an Exception: a failed file is held (``_failed``)
         for b in barriers:
-            b.done.set()
+            b.set()
         return stop
 
     def _drain(self, f: _File) -> None:
