@@ -12,7 +12,9 @@ their sessions are sealed (bench/scale.py: 20-turn sessions left ~1 MiB each beh
   free page.
 
 So after a seal: when the proxy has no client connection open (between waves of rollouts:
-nobody waits for the loop), a full collection first, then the trim; with connections open,
+nobody waits for the loop), a full collection first, on the event loop's own thread (the
+finalizers of dead transports and streams it runs touch the loop, which is not thread-safe),
+then the trim; with connections open,
 the trim alone (a full collection holds the GIL for as long as it walks, 0.3-1 s here after a
 big batch, and would stall every stream; Python's own full passes collect that garbage later).
 
@@ -27,6 +29,8 @@ interval at most, not per seal. Not glibc (musl, macOS): nothing to call, nothin
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import ctypes
 import ctypes.util
 import gc
@@ -62,6 +66,7 @@ class MallocTrim:
         self.interval: float = DEFAULT_INTERVAL
         self.trims = 0
         self._proxyserver = None  # mitmproxy's, once running: its open client connections
+        self._loop: asyncio.AbstractEventLoop | None = None  # the event loop, once running
         registry.on_release = self.soon
 
     def load(self, loader) -> None:
@@ -98,12 +103,32 @@ class MallocTrim:
 
     def running(self) -> None:
         self._proxyserver = ctx.master.addons.get("proxyserver")
+        self._loop = asyncio.get_running_loop()
+
+    def _collect_on_loop(self) -> int | None:
+        """A full collection on the event loop's thread, if it is still idle when it gets
+        there (the objects found, or None). From the trim's thread: waits for it."""
+        loop, done = self._loop, concurrent.futures.Future()
+        if loop is None:
+            return None
+
+        def collect() -> None:
+            try:
+                done.set_result(gc.collect() if self.idle() else None)
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+                done.set_exception(e)
+
+        try:
+            loop.call_soon_threadsafe(collect)
+            return done.result(timeout=60)
+        except (RuntimeError, TimeoutError):  # the loop closed, or is too busy: trim alone
+            return None
 
     def _run(self) -> None:
         with self._lock:
             self._armed = False  # a seal from here on arms the next trim
         t0 = time.monotonic()
-        collected = gc.collect() if self.idle() else None
+        collected = self._collect_on_loop() if self.idle() else None
         self._trim(0)
         self._last = time.monotonic()
         self.trims += 1
