@@ -37,6 +37,10 @@ calls each hook in list order):
 - Redact: no key or secret in what mitmproxy prints, saves or shows (last: after every addon
   that still needs them, before mitmproxy's own dumper, save and view).
 
+mitmproxy sees the list as one addon (``Chain``, ``chain.py``): it dispatches each event by
+walking every addon it knows, and two dozen of them listed one by one cost more per request
+than several of their hooks; the Chain calls each step's hooks in the same order.
+
 The request hooks run in list order; the answer's stages run in the pipeline's order. The
 in-process test of the whole list (``tests/test_addons.py``) fails if the list is in an
 order that breaks a turn.
@@ -49,6 +53,7 @@ live sessions are forgotten (their traces on disk stay whole).
 
 from interceptor.addons.annotate import Annotate
 from interceptor.addons.bodycap import BodyCap
+from interceptor.addons.chain import Chain
 from interceptor.addons.claim import Claim
 from interceptor.addons.collect import Collect
 from interceptor.addons.control import Control
@@ -82,7 +87,7 @@ refused = Refused()  # what providers refused per model: Feedback learns it, Rew
 tee = Tee(strip=collect, capture=retry)  # the answer's pipeline: its stages' order is its own
 reach = Reach()
 
-addons = guarded([
+steps = guarded([
     settings,
     Control(registry, settings),
     OpenProxyGuard(registry),  # before TlsGuard and Claim, which read (and remove) Proxy-Authorization
@@ -108,3 +113,4 @@ addons = guarded([
     MallocTrim(registry),  # a sealed session's freed heap back to the system, off the event loop
     Redact(settings),  # last, unguarded (it fails closed itself): after everything that needs a secret
 ]
+addons = [Chain(steps)]  # mitmproxy sees one addon: each hook walks only the steps that have it

@@ -71,13 +71,13 @@ def main() -> int:
     from interceptor.addons.session import SessionConfig
     from interceptor.addons.upstream import Upstream
 
-    addons = script.addons
+    addons = script.steps  # timed one by one; mitmproxy sees them as one Chain (script.addons)
     work = Path(tempfile.mkdtemp(prefix="bench-hooks-"))
     reply = ("The answer, at length. " * (args.chunk // 23 + 1))[:args.chunk]
     rows: list[dict[str, int]] = []
     upstream = socket.create_server(("127.0.0.1", 0))  # listening is all Reach's probe needs
-    with upstream, taddons.context(*addons) as tctx:
-        tctx.configure(addons[0], intercept_trace_dir=str(work), confdir=str(work / "conf"), intercept_drain_timeout=0)
+    with upstream, taddons.context(*script.addons) as tctx:
+        tctx.configure(script.addons[0], intercept_trace_dir=str(work), confdir=str(work / "conf"), intercept_drain_timeout=0)
         next(a for a in addons if isinstance(a, GcTuning)).running()
         session = script.registry.create(
             SessionConfig(model=MODEL), work, "never",

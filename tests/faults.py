@@ -16,8 +16,9 @@ time, what should fail:
   half-way through its next write;
 - ``{}``: nothing fails.
 
-The hooks are replaced on the addon instances inside their ``Guard``s, so the mechanism under
-test (addons/gate.py) is exactly the one that runs in production.
+The hooks are replaced on the addon instances inside their ``Guard``s (the steps of the
+script's ``Chain``), so the mechanism under test (addons/gate.py) is exactly the one that runs
+in production.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import os
 from mitmproxy import ctx, http
 from mitmproxy.addonmanager import traverse
 
+from interceptor.addons.chain import Chain
 from interceptor.addons.gate import FLOW_HOOKS, Guard
 from interceptor.trace import store
 
@@ -63,7 +65,8 @@ class Faults:
         return self._spec
 
     def running(self) -> None:
-        for addon in traverse(ctx.master.addons.chain):
+        for addon in (s for a in traverse(ctx.master.addons.chain)
+                      for s in (a.steps if isinstance(a, Chain) else [a])):
             if isinstance(addon, Guard):
                 for hook in FLOW_HOOKS:
                     if callable(getattr(addon.addon, hook, None)):
