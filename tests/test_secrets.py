@@ -83,3 +83,31 @@ def test_nothing_secret_in_any_output_at_full_verbosity(start_proxy, sim, harnes
     if token_from == "environment":
         written = b"".join(p.read_bytes() for p in proxy.confdir.rglob("*") if p.is_file())
         assert ENV_TOKEN.encode() not in written and not (proxy.confdir / "interceptor-admin-token").exists()
+
+
+def test_redact_checks_every_header_line_and_leaves_the_rest_byte_for_byte():
+    """In process (addons/redact.py): one pass over the raw header lines; a repeated header's
+    every value is checked on its own line, names keep their case and order, a value that is
+    not UTF-8 keeps its bytes."""
+    from mitmproxy import http
+    from mitmproxy.test import tflow
+
+    from interceptor.addons.redact import Redact
+    from interceptor.addons.session import Registry
+    from interceptor.addons.settings import Settings
+
+    redact = Redact(Settings(Registry()))
+    fields = ((b"Host", b"api.openai.com"), (b"Authorization", b"Bearer sk-any-thing"),
+              (b"X-Trace", b"plain"), (b"x-trace", b"id sk-ic-m-abcdefgh0123"),
+              (b"Accept", b"\xff\xfe raw"), (b"X-API-Key", b"k1"), (b"x-api-key", b"k2"))
+    flow = tflow.tflow(req=http.Request.make("POST", "https://api.openai.com/v1/chat/completions", b"{}"))
+    flow.request.headers.fields = fields
+    redact.responseheaders(flow)
+    assert flow.request.headers.fields == (
+        (b"Host", b"api.openai.com"), (b"Authorization", b"[redacted]"), (b"X-Trace", b"plain"),
+        (b"x-trace", b"[redacted]"), (b"Accept", b"\xff\xfe raw"), (b"X-API-Key", b"[redacted]"),
+        (b"x-api-key", b"[redacted]"))
+    untouched = ((b"Host", b"api.openai.com"), (b"Accept", b"*/*"))
+    flow.request.headers.fields = untouched
+    redact.responseheaders(flow)
+    assert flow.request.headers.fields == untouched
