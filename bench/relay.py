@@ -1,14 +1,16 @@
 """What the relay costs (issue 9: an abandoned answer is read to its end and recorded; issue
 16: its loopback hop made cheap), side by side in one run.
 
-    .venv/bin/python bench/relay.py [--requests 200] [--tokens 500] [--before REV]
+    .venv/bin/python bench/relay.py [--requests 200] [--tokens 500] [--before REV] [--bare]
 
 mitmdump processes from this checkout against one simulator: "relay off" with
 ``intercept_drain_timeout=0`` (mitmproxy talks to the upstream itself), "relay" with the
 default (every model request goes out through addons/relay.py's loopback hop), and with
 ``--before REV`` the proxy at that revision (its relay on) as a third path. Sequential chat
 turns with 20 KB request bodies, JSON and SSE (the SSE answer ``--tokens`` events, one token
-each), the paths in rotating order request by request so the machine's load hits them alike.
+each); ``--bare`` adds bare mitmdump streaming SSE (``bench/stream_sse.py``, ``map_remote`` to
+the simulator, no addons), the baseline issue 16's goals are stated against. The paths in
+rotating order request by request so the machine's load hits them alike.
 Per request: its latency, and the CPU time of all of the mitmdump process's threads
 (``/proc/<pid>/task/*/schedstat``) from before the request to 5 ms after its end; for SSE also
 that CPU divided by the events the client received. Reported per path as median (p10-p90)
@@ -50,6 +52,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=200, help="per path and mode")
     ap.add_argument("--tokens", type=int, default=500)
     ap.add_argument("--before", default="none", help="a git revision (its relay as a path), or 'none'")
+    ap.add_argument("--bare", action="store_true", help="add bare streaming mitmdump as a path")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-relay-"))
     pieces = [f"w{k} " for k in range(args.tokens)]
@@ -62,6 +65,10 @@ def main() -> int:
     if args.before != "none":
         procs[f"relay at {args.before}"] = checkout_proxy(args.before, work, opts, env)
     procs["relay"] = MitmProcess(workdir=work / "on", options=opts, env=env)
+    if args.bare:
+        procs["bare"] = MitmProcess(script=False, workdir=work / "bare", options={
+            "connection_strategy": "lazy", "map_remote": f"|https://api\\.openai\\.com/v1|{sim_url}/v1",
+            "scripts": str(ROOT / "bench" / "stream_sse.py")})
     names = list(procs)
     modes = ("JSON", "SSE")
     lat = {(m, n): [] for m in modes for n in names}
@@ -71,21 +78,24 @@ def main() -> int:
     try:
         for p in procs.values():
             p.start()
-        sessions = {n: p.create_session(upstream={"base_url": f"{sim_url}/v1"}) for n, p in procs.items()}
+        sessions = {n: p.create_session(upstream={"base_url": f"{sim_url}/v1"}) for n, p in procs.items()
+                    if n != "bare"}
+        secrets = {n: s["model_secret"] for n, s in sessions.items()} | {"bare": "sk-bench-client-key"}
         with ExitStack() as stack:
-            clients = {n: stack.enter_context(httpx.Client(proxy=p.url, verify=str(p.ca_bundle), timeout=120))
-                       for n, p in procs.items()}
+            clients = {n: stack.enter_context(httpx.Client(
+                proxy=p.url, verify=str(p.ca_bundle if n != "bare" else p.confdir / "mitmproxy-ca-cert.pem"),
+                timeout=120)) for n, p in procs.items()}
 
             def one(n: str, stream: bool) -> int:
                 """One turn; the events received (SSE), 1 (JSON)."""
-                headers = {"authorization": f"Bearer {sessions[n]['model_secret']}", "content-type": "application/json"}
+                headers = {"authorization": f"Bearer {secrets[n]}", "content-type": "application/json"}
                 payload = body(20_000, stream)
                 if not stream:
                     r = clients[n].post(URL, content=payload, headers=headers)
                     r.raise_for_status()
                     assert r.json()["choices"][0]["message"]["content"] == "".join(pieces), n
                     return 1
-                events, text = chat_stream(clients[n], payload, sessions[n]["model_secret"])
+                events, text = chat_stream(clients[n], payload, secrets[n])
                 assert text == "".join(pieces), (n, text[:60])
                 return events
 
@@ -117,9 +127,10 @@ def main() -> int:
           f"{args.tokens} token events), paths in rotating order" +
           (f"; relay at {args.before}: that revision's proxy" if args.before != "none" else ""))
     print()
+    over_bare = " | CPU / bare's (medians)" if args.bare else ""
     print("| mode | path | latency, ms: median (p10-p90) | proxy CPU per request, µs: median (p10-p90) "
-          "| CPU over relay off, µs (medians) | CPU per event, µs | per event over relay off, µs |")
-    print("|---|---|---|---|---|---|---|")
+          f"| CPU over relay off, µs (medians) | CPU per event, µs | per event over relay off, µs{over_bare} |")
+    print("|---|---|---|---|---|---|---|" + ("---|" if args.bare else ""))
     for m in modes:
         base = statistics.median(cpu[m, "relay off"])
         ebase = statistics.median(per_event["relay off"])
@@ -127,7 +138,8 @@ def main() -> int:
             c = statistics.median(cpu[m, n])
             ev = (f"{spread(per_event[n], 2)} | {statistics.median(per_event[n]) - ebase:+.2f}" if m == "SSE"
                   else "- | -")
-            print(f"| {m} | {n} | {spread(lat[m, n], 2)} | {spread(cpu[m, n], 0)} | {c - base:+.0f} | {ev} |")
+            ratio = f" {c / statistics.median(cpu[m, 'bare']):.2f}x |" if args.bare else ""
+            print(f"| {m} | {n} | {spread(lat[m, n], 2)} | {spread(cpu[m, n], 0)} | {c - base:+.0f} | {ev} |{ratio}")
     return 0
 
 
