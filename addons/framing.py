@@ -98,8 +98,24 @@ class Body:
 
     def _chunked(self, data: bytes, body: bytearray) -> int:
         i, n = 0, len(data)
+        view = None
         while i < n:
             state = self._state
+            if state == _HEAD and not self._line:
+                # The usual case, a read of whole chunks (a stream's events): each one's header
+                # read where it starts, its data and CRLF checked and taken at once. The
+                # same checks as the steps below; anything else (a chunk cut by the read's end,
+                # the last chunk, a malformed one) takes them.
+                m = _SIZE.match(data, i)
+                if m is not None:
+                    start = m.end()
+                    end = start + int(m.group(1), 16)
+                    if start < end and end + 2 <= n and data[end] == 13 and data[end + 1] == 10:
+                        if view is None:
+                            view = memoryview(data)
+                        body += view[start:end]
+                        i = end + 2
+                        continue
             if state == _DATA:
                 take = min(self.left, n - i)
                 body += memoryview(data)[i:i + take]

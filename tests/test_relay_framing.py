@@ -76,6 +76,22 @@ def test_one_byte_at_a_time():
     assert frame.passed(b"\n", 1) == b"\r\n"  # the blank line that ends it, in the trailers' place
 
 
+def test_a_read_of_many_whole_chunks_is_the_same_as_a_byte_at_a_time():
+    """A stream's usual read (many whole chunks, one event each, an extension, a chunk with
+    CRLF in it, the last chunk) takes the tracker's shortcut: the same body, end and bytes
+    passed on as when every byte is a read of its own (the general steps)."""
+    events = [b'data: {"delta":"w%d "}\n\n' % k for k in range(40)] + [b"a\r\n\r\nb", b"data: [DONE]\n\n"]
+    wire = b"".join(b"%x%s\r\n%s\r\n" % (len(e), b";x=1" if k == 7 else b"", e) for k, e in enumerate(events))
+    wire += b"0\r\n\r\n"
+    whole, passed = Body(CHUNKED), bytearray()
+    body, used = fed(whole, wire, [], passed)
+    assert whole.done and (body, used) == (b"".join(events), len(wire)) and bytes(passed) == wire
+    assert fed(Body(CHUNKED), wire, list(range(1, len(wire)))) == (body, used)
+    # a read that ends inside a chunk, or right after its data (before its CRLF)
+    for cut in (5, len(wire) // 2, wire.index(b"\r\n", 30) - 1, wire.index(b"\r\n", 30)):
+        assert fed(Body(CHUNKED), wire, [cut]) == (body, used), cut
+
+
 @pytest.mark.parametrize("wire", [
     b"4x\r\nWiki\r\n0\r\n\r\n",  # not hex
     b"\r\nWiki\r\n0\r\n\r\n",  # no size
