@@ -174,7 +174,10 @@ class Store:
         never appended to); ``sync`` asks for an fsync after it; ``close`` closes the file
         after it."""
         data = pack(record)
-        path = Path(path)
+        if not isinstance(path, Path):
+            # The caller's Path kept (a Recorder's, every record of the trace): a new one
+            # computes its string and hash again at each lookup, ~5-20 us here (issue 16).
+            path = Path(path)
         if new or path not in self._health:
             self._health[path] = WriteHealth()
         self._start()
