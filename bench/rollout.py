@@ -22,7 +22,9 @@ Per turn and path: the wall time of the request, and the CPU time all of the mit
 process's threads used (``/proc/<pid>/task/*/schedstat``) from just before the request to
 5 ms after the answer (the trace writer's share lands in that window). Reported: CPU per
 turn in bands of turns, the ratio of the last band to the first, and the latency each proxy
-adds to direct (p50 and p99 per band). Afterwards each proxy's trace is read back: one
+adds to direct (p50 and p99 per band); then, paired turn by turn, this checkout minus each
+other path in the first and last band (CPU and latency: the same request through both within
+a second, so a shared machine's load mostly cancels; the A/B figure to read). Afterwards each proxy's trace is read back: one
 branch, one turn per request, the imposed model on every call; a path that did not do what
 it claims fails the run.
 """
@@ -180,6 +182,20 @@ def main() -> int:
         cells = [f"{statistics.median(added[lo:hi]) * 1e3:.2f} / {quantile(added[lo:hi], 0.99) * 1e3:.1f}" for lo, hi in bands]
         print(f"| {n} | " + " | ".join(cells) + f" | {statistics.median(added) * 1e3:.2f} / {quantile(added, 0.99) * 1e3:.1f} |")
     print(f"\ndirect latency, ms: median {statistics.median(lat['direct']) * 1e3:.2f}, p99 {quantile(lat['direct'], 0.99) * 1e3:.1f}")
+    # Paired, turn by turn: the same request through two paths within a second of each other,
+    # so the machine's load and the simulator's time for that body mostly cancel (a median of
+    # per-path medians does not, on a shared machine).
+    others = [n for n in procs if n != "proxy"]
+    print("\n| proxy minus, per turn, ms: median (p25-p75) | CPU, " + f"turns {heads[0]} | CPU, turns {heads[-1]} | "
+          f"latency, turns {heads[0]} | latency, turns {heads[-1]} |")
+    print("|---|---|---|---|---|")
+    for n in others:
+        cells = []
+        for series in (cpu, lat):
+            for lo, hi in (bands[0], bands[-1]):
+                d = [(a - b) / (1e6 if series is cpu else 1e-3) for a, b in zip(series["proxy"][lo:hi], series[n][lo:hi])]
+                cells.append(f"{statistics.median(d):+.2f} ({quantile(d, 0.25):+.2f}..{quantile(d, 0.75):+.2f})")
+        print(f"| {n} | " + " | ".join(cells) + " |")
     return 0
 
 
