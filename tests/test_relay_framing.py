@@ -19,6 +19,7 @@ import pytest
 
 from clients import session_clients
 from interceptor.addons.framing import CHUNKED, CLOSE, LENGTH, Body, FramingError
+from interceptor.addons.relay import DOWN_READ
 from interceptor.trace import read_trace
 from provider import Reply
 
@@ -241,3 +242,28 @@ def test_the_request_leaves_the_relay_without_its_ticket_and_framed_by_its_lengt
     assert "x-interceptor-relay" not in names
     assert names.count("host") == 1 and names.count("content-length") == 1 and "transfer-encoding" not in names
     assert int(seen.headers["content-length"]) == len(seen.body) and seen.json["messages"] == MESSAGES
+
+
+def test_a_body_larger_than_the_relays_reads_reaches_the_upstream_byte_for_byte(sim, proxy, new_session):
+    """A request body the relay reads from mitmproxy in several reads (3 MB of non-ASCII
+    history, past ``DOWN_READ``) and writes after its head without joining them: the upstream
+    gets exactly the harness's bytes under one Content-Length, and the next turn on the same
+    connections goes through too (the relay's connection to mitmproxy kept in step)."""
+    sim.script(Reply(text="ok"), Reply(text="again"))
+    session = new_session()
+    history = [{"role": "user" if k % 2 == 0 else "assistant", "content": f"{k} ünïcødé → " + "x" * 3000}
+               for k in range(1000)]
+    bodies = [json.dumps({"model": "gpt-4.1", "messages": history + [{"role": "user", "content": q}]},
+                         ensure_ascii=False, indent=1).encode() for q in ("one", "two")]
+    assert len(bodies[0]) > 2 * DOWN_READ
+    with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle), timeout=60) as client:
+        for body, text in zip(bodies, ("ok", "again")):
+            r = client.post("https://api.openai.com/v1/chat/completions", content=body,
+                            headers={"authorization": f"Bearer {session['model_secret']}",
+                                     "content-type": "application/json"})
+            assert r.status_code == 200, r.text[:300]
+            assert r.json()["choices"][0]["message"]["content"] == text
+    seen = sim.model_requests()
+    assert [s.body for s in seen] == bodies
+    assert all(int(s.headers["content-length"]) == len(b) for s, b in zip(seen, bodies))
+    assert turns(proxy, session).num_turns == 2
