@@ -54,6 +54,18 @@ class MitmProcess:
     live: ClassVar[weakref.WeakValueDictionary] = weakref.WeakValueDictionary()  # id -> process
 
     def start(self, timeout: float = 30.0, expect_failure: bool = False) -> MitmProcess:
+        """Start it and wait until it answers. ``free_port`` hands out a port that is free
+        when asked; something else on the machine may take it before mitmdump binds it (seen
+        with several suites at once): that one failure is retried on another port."""
+        for attempt in range(3):
+            try:
+                return self._start_once(timeout, expect_failure)
+            except RuntimeError as e:
+                if self.listen is not None or attempt == 2 or "address already in use" not in str(e).lower():
+                    raise
+                self.stop()
+
+    def _start_once(self, timeout: float, expect_failure: bool) -> MitmProcess:
         if self.workdir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="mitm-")
             self.workdir = Path(self._tmp.name)

@@ -92,3 +92,26 @@ def test_the_control_api_answers_on_the_bound_port(sim, tmp_path, harness_env, l
 def test_repeated_list_options_still_add_up(start_proxy):
     proc = start_proxy({"intercept_hosts": ["api.openai.com", "api.anthropic.com", "chatgpt.com", "example.org"]})
     assert proc.api("GET", "health")[0] == 200
+
+
+def test_a_port_taken_before_mitmdump_binds_it_is_retried_on_another(monkeypatch):
+    """tests/mitm.py: free_port's port can be taken by anything before mitmdump binds it (a
+    whole-suite error once, with several suites on one machine): the start tries another."""
+    import socket
+
+    import mitm
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = [taken.getsockname()[1]]
+    real = mitm.free_port
+    monkeypatch.setattr(mitm, "free_port", lambda: ports.pop(0) if ports else real())
+    proc = mitm.MitmProcess()
+    try:
+        proc.start(timeout=60)
+        assert proc.port != taken.getsockname()[1]
+        assert proc.api("GET", "health", token=None)[0] == 200
+    finally:
+        proc.cleanup()
+        taken.close()
