@@ -98,8 +98,8 @@ class Control:
 
     def _health(self) -> http.Response:
         """Not ok (503) while any live session's trace cannot be written (held records, or
-        a degraded file, or a writer thread dead or stuck): a rollout recorded with holes must not look healthy. Names the
-        sessions, never their secrets."""
+        a degraded file, or a writer thread dead or stuck): a rollout recorded with holes must
+        not look healthy. Names the sessions, never their secrets."""
         sessions = self.registry.all()
         failing = {s.id: s.recorder.write_health().as_dict() for s in sessions
                    if not s.sealed and not s.recorder.write_health().ok}

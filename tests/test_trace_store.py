@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -227,6 +228,15 @@ def test_a_failing_file_does_not_stop_other_sessions(tmp_path):
     store.close()
 
 
+def sealed_whole(r: Rollout, store: Store, turns: int) -> None:
+    """Seal, drain and close: the file holds every turn and verifies."""
+    r.recorder.seal()
+    store.flush(timeout=10)
+    trace = read_trace(r.path)
+    assert trace.num_turns == turns and problems(trace) == []
+    store.close()
+
+
 def test_a_bug_in_a_write_holds_the_records_and_the_writer_carries_on(tmp_path, monkeypatch):
     """Not only the disk's OSError: any error while writing a file (a bug, a hook) holds that
     file's records and retries, as a full disk does. It once ended the writer thread, and then
@@ -252,11 +262,7 @@ def test_a_bug_in_a_write_holds_the_records_and_the_writer_carries_on(tmp_path, 
     while not store.health(r.path).ok and time.monotonic() < deadline:
         time.sleep(0.02)  # the writer retries on its own
     assert store.health(r.path).ok and store.health(r.path).late >= 1
-    r.recorder.seal()
-    store.flush(timeout=10)
-    trace = read_trace(r.path)
-    assert trace.num_turns == 1 and problems(trace) == []
-    store.close()
+    sealed_whole(r, store, turns=1)
 
 
 def test_a_writer_that_died_fails_flush_at_once_and_the_next_append_restarts_it(tmp_path, monkeypatch):
@@ -287,18 +293,13 @@ def test_a_writer_that_died_fails_flush_at_once_and_the_next_append_restarts_it(
     r.send(*tool_turns(1)[0])
     asyncio.run(store.drained(10))
     assert store.stopped is None
-    r.recorder.seal()
-    store.flush(timeout=10)
-    trace = read_trace(r.path)
-    assert trace.num_turns == 1 and problems(trace) == []
-    store.close()
+    sealed_whole(r, store, turns=1)
 
 
 def test_a_write_that_takes_too_long_is_reported_as_stalled(tmp_path, monkeypatch):
     """A disk that sits on one fsync holds every session's records behind it: ``trouble``
     says which file and for how long while it lasts (health answers 503 with it), and
     nothing once the write is through."""
-    import threading
     monkeypatch.setattr(store_module, "STALL_SECONDS", 0.2)
     release = threading.Event()
     write_all = store_module._write_all

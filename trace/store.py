@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import math
 import os
 import queue
 import threading
@@ -224,22 +225,16 @@ class Store:
         at once if there is no writer alive to get there (a dead one never would)."""
         if self._thread is None:
             return
-        self._start()  # a writer that died is replaced: its queue and files carry on
-        barrier = _Barrier()
-        self._queue.put(barrier)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not barrier.done.wait(0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))):
-            if self.stopped:
-                raise TimeoutError(f"trace writer stopped before it drained: {self.stopped}")
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"trace writer did not drain within {timeout}s")
+        barrier = self._barrier()
+        deadline = time.monotonic() + (math.inf if timeout is None else timeout)
+        while not barrier.done.wait(min(0.5, max(0.0, deadline - time.monotonic()))):
+            self._not_yet(deadline, timeout)
 
     async def drained(self, timeout: float) -> None:
         """``flush`` for the event loop: waits without a thread of its own (the default
         executor may be busy with hooks), with the same errors."""
         if self._thread is None:
             return
-        self._start()
         loop = asyncio.get_running_loop()
         done = loop.create_future()
 
@@ -247,17 +242,27 @@ class Store:
             if not done.done():
                 done.set_result(None)
 
-        self._queue.put(_Barrier(lambda: loop.call_soon_threadsafe(settle)))
-        deadline = loop.time() + timeout
+        self._barrier(lambda: loop.call_soon_threadsafe(settle))
+        deadline = time.monotonic() + timeout
         while True:
             try:
-                await asyncio.wait_for(asyncio.shield(done), max(0.0, min(0.5, deadline - loop.time())))
+                await asyncio.wait_for(asyncio.shield(done), min(0.5, max(0.0, deadline - time.monotonic())))
                 return
             except TimeoutError:
-                if self.stopped:
-                    raise TimeoutError(f"trace writer stopped before it drained: {self.stopped}") from None
-                if loop.time() >= deadline:
-                    raise TimeoutError(f"trace writer did not drain within {timeout}s") from None
+                self._not_yet(deadline, timeout)
+
+    def _barrier(self, then: Callable[[], None] | None = None) -> _Barrier:
+        self._start()  # a writer that died is replaced: its queue and files carry on
+        barrier = _Barrier(then)
+        self._queue.put(barrier)
+        return barrier
+
+    def _not_yet(self, deadline: float, timeout: float | None) -> None:
+        """A wait for a barrier goes on, or ends in the ``TimeoutError`` of ``flush``."""
+        if self.stopped:
+            raise TimeoutError(f"trace writer stopped before it drained: {self.stopped}") from None
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"trace writer did not drain within {timeout}s") from None
 
     def close(self) -> None:
         """Drain, stop the thread and close every file. A later ``append`` restarts it."""
