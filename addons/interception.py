@@ -29,6 +29,9 @@ calls each hook in list order):
 - Gate: a claimed flow leaves only when every step completed; any addon's exception on it
   answers in the dialect's shape and forwards nothing (each addon above is ``guarded``);
 - Annotate, Status: what the proxy did, on each flow (mitmweb) and in a status line;
+- Fetch: the Relay's last request step, after the Gate and Annotate's look at the flow: an
+  exchange that asks for no stream is sent from the request hook and its answer, read whole,
+  handed to mitmproxy (no loopback hop to the relay's server; streams still take it);
 - GcTuning: once started, what is alive is frozen out of the garbage collector's passes, so
   a full collection does not stall every session (``intercept_gc_tuning``);
 - MallocTrim: after sessions are sealed, glibc's free pages go back to the system (in a
@@ -66,7 +69,7 @@ from interceptor.addons.openproxy import OpenProxyGuard
 from interceptor.addons.reach import Reach
 from interceptor.addons.replay import Replay
 from interceptor.addons.redact import Redact
-from interceptor.addons.relay import Relay
+from interceptor.addons.relay import Fetch, Relay
 from interceptor.addons.retry import Retry
 from interceptor.addons.rewrite import Rewrite
 from interceptor.addons.session import Registry
@@ -86,6 +89,7 @@ wsserve = WsServe(settings)
 refused = Refused()  # what providers refused per model: Feedback learns it, Rewrite and WsRelay apply it
 tee = Tee(strip=collect, capture=retry)  # the answer's pipeline: its stages' order is its own
 reach = Reach()
+relay = Relay(tee.pipeline, reach.reached)
 
 steps = guarded([
     settings,
@@ -104,11 +108,12 @@ steps = guarded([
     Feedback(refused),  # before Tee: a 400 for a parameter the proxy set is undone and sent once more
     Replay(),  # after Retry and WsRelay: answers from a replay source's trace
     Stops(),  # after retry's decision: a replayed or coalesced retry is never refused
-    Relay(tee.pipeline, reach.reached),  # the last request step: after it the flow leaves (or the Gate refuses it)
+    relay,  # the last request step before the Gate: the flow is pointed at the relay (or the Gate refuses it)
     tee,
 ]) + [
     Gate(settings),  # after every step, and never guarded: it is what answers their faults
     Annotate(), Status(registry),  # observers after the Gate (they see its answers too); never raise
+    Fetch(relay),  # after the Gate and Annotate's look at it: a JSON answer fetched in the request hook
     GcTuning(),  # its one hook is ``running``: after the addons above have started
     MallocTrim(registry),  # a sealed session's freed heap back to the system, off the event loop
     Redact(settings),  # last, unguarded (it fails closed itself): after everything that needs a secret

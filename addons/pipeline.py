@@ -111,21 +111,28 @@ class Pipeline:
 
     def error(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)
-        if ex is not None and ex.drain is not None and ex.drain.take_over(flow):
-            for stage in self.stages:  # the client is gone: the stages may note it now
-                gone = getattr(stage, "on_client_gone", None)
-                if gone is not None:
-                    try:
-                        gone(flow)
-                    except Exception as e:  # noqa: BLE001 - see the module docstring
-                        self._fault(flow, stage, "on_client_gone", e)
-            return  # the Drain finishes the answer through this pipeline
+        if ex is not None and ex.drain is not None:
+            if ex.drain.closed_out:
+                return  # the Drain finished it after the client went away; mitmproxy says so late
+            if ex.drain.take_over(flow):
+                self.client_gone(flow)
+                return  # the Drain finishes the answer through this pipeline
         if ex is not None and ex.turn and not ex.replayed:
             # The turn was committed at its terminal event; the rest never reached the harness.
             mark_undelivered(ex)
         # A held answer that broke before its decision: every stage (the record, then the capture).
         held = ex.hold if ex is not None else None
         self._each(flow, "on_error", self.stages if held is None or held.phase == "collect" else self.deliver)
+
+    def client_gone(self, flow: http.HTTPFlow) -> None:
+        """The client went away and the Drain reads the answer on: the stages may note it."""
+        for stage in self.stages:
+            gone = getattr(stage, "on_client_gone", None)
+            if gone is not None:
+                try:
+                    gone(flow)
+                except Exception as e:  # noqa: BLE001 - see the module docstring
+                    self._fault(flow, stage, "on_client_gone", e)
 
     def _each(self, flow: http.HTTPFlow, hook: str, stages: tuple[Stage, ...]) -> None:
         for stage in stages:

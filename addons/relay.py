@@ -13,6 +13,14 @@ connection, and patching mitmproxy's layers would tie the proxy to their private
 
 So for a model POST the proxy owns the upstream connection, and mitmproxy stays what it is:
 
+- ``Fetch`` (below; the last request step, after the Gate): an exchange that asks for no
+  stream is sent on the relay's upstream connection from mitmproxy's request hook itself, and
+  its answer, read whole, becomes the flow's answer (mitmproxy runs the answer's hooks on it
+  and sends it). A JSON answer reaches the harness only whole anyway, so the loopback hop
+  below would only cost (a second HTTP exchange per turn, growing with the history). The
+  client going away meanwhile is looked for (mitmproxy holds that event until the hook
+  returns): the answer is read on, recorded as undelivered, its retry coalesced, as below.
+  An answer that is a stream after all goes on through the hop, never sent twice.
 - ``request`` (the last request step before the Gate) points the flow at this relay: a plain
   HTTP/1.1 server on 127.0.0.1 in the proxy's own event loop, with a one-use ticket header
   (random, removed before anything leaves). The relay sends the request to the real upstream
@@ -38,7 +46,7 @@ So for a model POST the proxy owns the upstream connection, and mitmproxy stays 
 The answer goes down the loopback as the upstream framed it (h11 parses its head;
 ``addons/framing.py`` tracks where its body ends and keeps the body for the Drain): decoding
 and encoding every chunk again cost more per streamed event than the rest of the proxy's
-hop. What is left is one loopback hop per model exchange (``docs/benchmarks.md``, "The relay").
+hop. What is left is one loopback hop per streamed exchange (``docs/benchmarks.md``, "The relay").
 ``intercept_drain_timeout=0`` turns the relay off: mitmproxy talks to the upstream itself, and
 an answer the client abandons is lost as before. Upstream-proxy modes and client certificates
 are left to mitmproxy (the relay would bypass them).
@@ -60,6 +68,7 @@ import certifi
 import h11
 from mitmproxy import ctx, exceptions, http
 from mitmproxy import flow as mflow
+from mitmproxy.connection import ConnectionState
 
 from interceptor.addons import hold
 from interceptor.addons.answers import error_response
@@ -88,10 +97,31 @@ READ = 1 << 16
 DOWN_READ = 1 << 20
 TRIM = 1 << 16  # consumed bytes kept before the buffer is cut
 MAX_HEAD = 1 << 20  # request/response head size accepted (h11's default is 16 KiB)
+WATCH = 0.25  # seconds between looks at the client's connection while an answer is fetched
 
 
 class UpstreamBroke(Exception):
     """The upstream connection failed before the answer ended."""
+
+
+@dataclass(eq=False, slots=True)
+class Sent:
+    """The request went out and its answer's head came back (``Drain._send``)."""
+
+    up: Upstream
+    event: h11.Response
+    frame: Body
+    rest: bytes  # the body's first bytes, read with the head
+    reusable: bool  # both sides keep the connection, and the answer's end is not its close
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The request could not go out, or got no answer: the 502 (or the expiry) to give."""
+
+    message: str
+    retry: bool = True
+    expired: bool = False  # intercept_drain_timeout ran out after the client left
 
 
 @dataclass(eq=False)
@@ -144,16 +174,16 @@ def _keep_alive(event: h11.Request | h11.Response) -> bool:
         k == b"connection" and b"close" in v.lower() for k, v in event.headers)
 
 
-def _request(request: h11.Request, body: bytes, host: str) -> bytes:
+def _request(method: bytes, target: bytes, headers, body: bytes, host: str) -> bytes:
     """The head of the request for the upstream, as mitmproxy sent it to the relay (h11 read
-    and checked it): the ticket left out, a Host if it had none, its length said again (h11
-    gave the body whole, whatever its framing was); ``body`` goes after it as it is (not
-    copied into one buffer with the head). Written here: building an h11 event for it checks
-    every header a second time, which cost more than the rest of the request's way through
-    the relay."""
-    lines = [b"%s %s HTTP/1.1\r\n" % (request.method, request.target)]
+    and checked it) or as the flow holds it (``Fetch``): the ticket left out, a Host if it had
+    none, its length said again (the body is whole, whatever its framing was); ``body`` goes
+    after it as it is (not copied into one buffer with the head). Written here: building an
+    h11 event for it checks every header a second time, which cost more than the rest of the
+    request's way through the relay."""
+    lines = [b"%s %s HTTP/1.1\r\n" % (method, target)]
     has_host = False
-    for k, v in request.headers.raw_items():
+    for k, v in headers:
         name = k.lower()
         if name in _NOT_SENT:
             continue
@@ -231,7 +261,12 @@ class Drain:
         self.expired = False  # intercept_drain_timeout ran out after the client left
         self.down_alive = True
         self.up: Upstream | None = None
+        self.sent: Sent | None = None  # Fetch sent the request and left the answer to the relay
+        self.fetching = False  # Fetch has the exchange in mitmproxy's request hook
+        self.fetched = False  # Fetch read the answer whole and gave it to mitmproxy (``buf`` holds its body)
+        self.closed_out = False  # Fetch ended the exchange itself, the client gone, and killed the flow
         self._timer: asyncio.TimerHandle | None = None
+        self._watching: asyncio.TimerHandle | None = None
 
     # -- the flow's side --------------------------------------------------------------------
 
@@ -255,53 +290,62 @@ class Drain:
         """The flow's answer is complete (or was given by the proxy: the relay never saw it)."""
         self.relay.forget(self)
         self.restore(flow)
+        if self.fetched:
+            self.buf = bytearray()  # kept only for a client that went away before the answer's hooks
 
     def take_over(self, flow: http.HTTPFlow) -> bool:
         """mitmproxy ended the flow with an error. True if this drain finishes the answer (the
         client went away while the upstream answered, or after it had answered in full)."""
         self.relay.forget(self)
+        if self.fetched and not self.taken and flow.response is not None and not self.ex.committed:
+            # Fetched whole, and the client went away before mitmproxy ran the answer's hooks
+            # (it looks for that when the request hook returns): finished as a takeover's.
+            flow.response = None
         if not self.started or self.broken or self.taken or self.finished:
             return False
         if self.ex.hold is not None and self.ex.hold.phase == "deliver":
             return False  # decided and on the record: the stages after the hold see the error
+        self._left()
+        self.restore(flow)
+        if self.upstream_done and self.ex.hold is None:
+            asyncio.get_running_loop().call_soon(self._guarded, self._finish)
+        return True  # a held answer: ``_held`` goes on and hands the decision to the pipeline
+
+    def _left(self) -> None:
+        """The client went away before the answer's end: it is read on for at most
+        ``intercept_drain_timeout`` seconds, and recorded as undelivered."""
         self.taken = True
         if self.ex.committed:
             mark_undelivered(self.ex)  # committed at its terminal event, before the rest was sent
         self.ex.delivered = False
-        self.restore(flow)
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self.relay.timeout, self._expire)
+        self._timer = asyncio.get_running_loop().call_later(self.relay.timeout, self._expire)
         log.info(f"interceptor: session {self.ex.session.id!r}: the client left before the answer's end; "
                  f"reading it from the upstream to record it")
-        if self.upstream_done and self.ex.hold is None:
-            loop.call_soon(self._guarded, self._finish)
-        return True  # a held answer: ``_held`` goes on and hands the decision to the pipeline
 
     # -- the relay's side -------------------------------------------------------------------
 
-    async def run(self, down: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request, body: bytes) -> bool:
-        """Serve the request mitmproxy sent to the relay; True if the connection to mitmproxy
-        may carry another request."""
-        self.started = True
-        head = _request(request, body, self.target.host)
+    async def _send(self, method: bytes, head: bytes, body: bytes, keep: bool) -> Sent | Refusal:
+        """Send the request to the upstream and read its answer's head; what went wrong
+        otherwise, in words for the harness and the record."""
         # Never sent twice: a model POST sent again may be sampled again. A pooled connection
         # the upstream closed meanwhile is never used (``Relay.checkout`` sees its close before
         # anything is written, and takes another); one that fails anyway (the close was in
         # flight as the request left: the upstream may have read it) is the retryable 502
         # below, which the harness's SDK retries itself.
+        self.started = True
         try:
             self.up = up = await self.relay.checkout(self.target)
         except ssl.SSLCertVerificationError as e:
             # Not retryable: the same certificate fails the same way; the operator must act.
-            return await self._refuse(down, writer, tls_refusal(self.target.where(), e), retry=False)
+            return Refusal(tls_refusal(self.target.where(), e), retry=False)
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
             reason = type(e).__name__ if isinstance(e, asyncio.TimeoutError) else (getattr(e, "strerror", None) or str(e))
-            return await self._refuse(down, writer, f"the session's upstream {self.target.where()} is unreachable ({reason})")
+            return Refusal(f"the session's upstream {self.target.where()} is unreachable ({reason})")
         # h11 reads the answer's head (its checks and limits); it reads an answer only after
         # a request went out on its connection: told of one with the same method (the one that
         # went out is ``head``, which the h11 that read it from mitmproxy checked).
         conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
-        conn.send(h11.Request(method=request.method, target=b"/", headers=[(b"host", b"relay")]))
+        conn.send(h11.Request(method=method, target=b"/", headers=[(b"host", b"relay")]))
         try:
             up.writer.writelines((head, body))  # the body is not copied into one buffer with the head
             await up.writer.drain()
@@ -310,17 +354,33 @@ class Drain:
                 event = await _next(conn, up.reader)
             if not isinstance(event, h11.Response):
                 raise UpstreamBroke(type(event).__name__)
-            frame = Body.of(request.method, event.status_code, event.headers)
+            frame = Body.of(method, event.status_code, event.headers)
         except BROKE as e:
             up.close()
-            if self.expired:
+            return Refusal(f"the session's upstream {self.target.where()} closed the connection without "
+                           f"answering ({type(e).__name__})", expired=self.expired)
+        # ``rest``: the body's first bytes, read with the head.
+        return Sent(up, event, frame, conn.trailing_data[0], keep and _keep_alive(event) and frame.kind != CLOSE)
+
+    async def run(self, down: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request, body: bytes) -> bool:
+        """Serve the request mitmproxy sent to the relay; True if the connection to mitmproxy
+        may carry another request."""
+        sent, self.sent = self.sent, None  # sent already: Fetch read the head, then left it to the relay
+        if sent is None:
+            if self.started:  # Fetch sent it and failed: never sent twice
+                return await self._refuse(down, writer, "the interceptor failed while sending this exchange; "
+                                                        "it was not sent again", retry=False)
+            sent = await self._send(request.method, _request(request.method, request.target,
+                                                             request.headers.raw_items(), body, self.target.host),
+                                    body, _keep_alive(request))
+        if isinstance(sent, Refusal):
+            if sent.expired:
                 self._give_up(self._expiry())
                 return False
-            return await self._refuse(down, writer, f"the session's upstream {self.target.where()} closed the "
-                                                    f"connection without answering ({type(e).__name__})")
+            return await self._refuse(down, writer, sent.message, retry=sent.retry)
+        up, event, frame, rest = sent.up, sent.event, sent.frame, sent.rest
         self.head = (event.status_code, event.reason, list(event.headers))
-        up.reusable = _keep_alive(request) and _keep_alive(event) and frame.kind != CLOSE
-        rest = conn.trailing_data[0]  # the body's first bytes, read with the head
+        up.reusable = sent.reusable
         if self.relay.reached is not None:
             self.relay.reached(self.target.host, self.target.port)
         if self.ex.hold is not None:
@@ -355,6 +415,104 @@ class Drain:
             return False
         # A close-delimited answer ends with the connection; so does one that says so.
         return self.down_alive and up.reusable
+
+    # -- the fetch: an answer read whole in mitmproxy's request hook ------------------------
+
+    async def fetch(self) -> None:
+        """Send the request and read the answer whole in mitmproxy's request hook (``Fetch``),
+        and give it to mitmproxy as the flow's answer: the loopback hop's second HTTP exchange
+        is not made. An answer that turns out to be a stream is left to the relay: the flow
+        goes on to it, and ``run`` passes that answer down as it comes, never sending the
+        request again. See ``Fetch``."""
+        flow, req = self.flow, self.flow.request
+        self.fetching = True
+        self._watching = asyncio.get_running_loop().call_later(WATCH, self._watch)
+        try:
+            body = req.raw_content or b""
+            head = _request(req.data.method, req.data.path, req.headers.fields, body, req.authority or self.target.host)
+            keep = not any(k.lower() == b"connection" and b"close" in v.lower() for k, v in req.headers.fields)
+            sent = await self._send(req.data.method, head, body, keep)
+            if isinstance(sent, Refusal):
+                self.broken = True
+                self._refused(self._expiry() if sent.expired else sent.message, sent.retry)
+                return
+            event = sent.event
+            ctype = next((v.decode("latin-1") for k, v in event.headers if k == b"content-type"), "")
+            if self.ex.wire.frames(event.status_code, ctype, self.ex.stream) is not None:
+                self.sent = sent  # a stream after all: the relay passes it down (``run``)
+                return
+            self.head = (event.status_code, event.reason, list(event.headers))
+            sent.up.reusable = sent.reusable
+            if self.relay.reached is not None:
+                self.relay.reached(self.target.host, self.target.port)
+            started = time.time()
+            data = bytearray()
+            try:
+                async for _ in _reads(sent.up, sent.frame, sent.rest, data):
+                    pass
+            except BROKE as e:
+                sent.up.close()
+                self.broken = True
+                self._refused(self._expiry() if self.expired else
+                              f"the session's upstream {self.target.where()} broke the connection before the "
+                              f"answer's end ({type(e).__name__})", True)
+                return
+            self.upstream_done = True
+            self.relay.checkin(self.target, sent.up)
+            if self._gone():
+                self.buf = data  # as a takeover's: ``_finish`` builds the answer and runs the pipeline
+                self._close_out(self._finish)
+                return
+            self.fetched = True
+            response = http.Response(http_version=b"HTTP/" + event.http_version, status_code=event.status_code,
+                                     reason=event.reason, headers=http.Headers(event.headers.raw_items()),
+                                     content=None, trailers=None, timestamp_start=started, timestamp_end=time.time())
+            self.buf = data
+            response.raw_content = bytes(data)
+            self._answer(response)
+        finally:
+            self.fetching = False
+            self._watching.cancel()
+
+    def _answer(self, response: http.Response) -> None:
+        """The fetched answer (or the 502) is the flow's: mitmproxy runs the answer's hooks on
+        it (``responseheaders``, then ``response``) and sends it; the relay never sees it."""
+        self.relay.forget(self)
+        self.restore(self.flow)
+        self.flow.response = response
+
+    def _refused(self, message: str, retry: bool) -> None:
+        """No answer: the 502 in the upstream's dialect, or, the client gone, the record's error."""
+        if self._gone():
+            self._close_out(lambda: self._give_up(message))
+        else:
+            self._answer(error_response(self.ex.wire, 502, message, retry=retry))
+
+    def _gone(self) -> bool:
+        """The client went away (seen now or by ``_watch``): the answer is this drain's to end."""
+        if not self.taken and not self.flow.client_conn.state & ConnectionState.CAN_READ:
+            self._left()
+            self.relay.pipeline.client_gone(self.flow)
+        return self.taken
+
+    def _close_out(self, step: Callable[[], None]) -> None:
+        """End the exchange here, the client gone (``_finish``: the pipeline on the answer read
+        whole, committed as undelivered; ``_give_up``: the error on the record), then kill the
+        flow: mitmproxy, seeing it killed when the request hook returns, sends nothing and runs
+        only its ``error`` hook, which the pipeline passes over (``closed_out``)."""
+        self.relay.forget(self)
+        self._guarded(step)
+        self.closed_out = True
+        if self.flow.killable:
+            self.flow.kill()
+
+    def _watch(self) -> None:
+        """While the answer is fetched: has the client gone (its connection at EOF)? mitmproxy
+        holds that event until the request hook returns, so it is looked for here: from then
+        on the answer is read for at most ``intercept_drain_timeout``, and a retry of it
+        coalesces on it (Retry)."""
+        if self.fetching and not self._gone():
+            self._watching = asyncio.get_running_loop().call_later(WATCH, self._watch)
 
     async def _held(self, down: h11.Connection, writer: asyncio.StreamWriter, up: Upstream, frame: Body,
                     rest: bytes) -> bool:
@@ -450,8 +608,8 @@ class Drain:
             return
         self.expired = True
         if self.up is not None:
-            self.up.close()  # the read in flight ends, and run() gives up
-        else:
+            self.up.close()  # the read in flight ends, and run() (or fetch()) gives up
+        elif not self.fetching:  # fetch(): the connect's own timeout ends it
             self._give_up(self._expiry())
 
     def _down(self, writer: asyncio.StreamWriter, data: bytes) -> None:
@@ -677,6 +835,10 @@ class Relay:
     def forget(self, drain: Drain) -> None:
         self._tickets.pop(drain.ticket, None)
 
+    def holds(self, drain: Drain) -> bool:
+        """The flow is pointed at the relay with this drain's ticket."""
+        return self._tickets.get(drain.ticket) is drain
+
     # -- the relay server -------------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -751,3 +913,42 @@ class Relay:
                 idle.append(up)
                 return
         up.close()
+
+
+class Fetch:
+    """The last request step, after the Gate and the observers of its decision: a model
+    exchange that does not ask for a stream is sent on the relay's own upstream connection and
+    its answer read whole here, in mitmproxy's request hook, then given to mitmproxy as the
+    flow's answer (``Drain.fetch``).
+
+    Why: through the relay every exchange is two HTTP exchanges, mitmproxy's with the relay
+    on loopback and the relay's with the upstream; a JSON answer is read whole before anything
+    goes down anyway, so the first one only costs (~0.9 ms of CPU and ~1 ms of latency per
+    turn, more as the history grows: bench/relay.py, docs/benchmarks.md). What stays as it was:
+    mitmproxy runs the answer's hooks on it (``responseheaders``, ``response``: the pipeline,
+    the commit, Retry's capture), observers see the real upstream, the upstream connections
+    are the relay's pool. A client that goes away meanwhile is seen by ``Drain._watch``: the
+    answer is read on (``intercept_drain_timeout``), committed as undelivered, and a retry
+    coalesces on it, as a takeover does. Streams, held answers and requests with trailers go
+    through the relay as before. An error in here answers a 500 in the dialect's shape: the
+    request may have gone out, so it is never sent again.
+    """
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.error or not flow.live:
+            return
+        ex = exchange_of(flow)
+        drain = ex.drain if ex is not None else None
+        if (drain is None or drain.started or ex.stream or ex.hold is not None or flow.request.trailers
+                or not self.relay.holds(drain)):
+            return
+        try:
+            await drain.fetch()
+        except Exception as e:  # noqa: BLE001 - fail closed; the request may have gone out
+            log.exception(f"interceptor: session {ex.session.id!r}: fetching the answer failed")
+            drain.sent = None
+            drain._answer(error_response(ex.wire, 500, f"the interceptor failed while fetching this answer "
+                                                       f"({type(e).__name__}); it was not sent again", retry=False))

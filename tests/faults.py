@@ -14,6 +14,8 @@ time, what should fail:
 - ``{"writer_dies": true}``: the trace writer thread ends (``SystemExit``, which no
   ``except Exception`` stops; mitmproxy's own terminal log raises it when it cannot print)
   half-way through its next write;
+- ``{"fetch_fails": true}``: the Relay's Fetch (addons/relay.py) raises right after the
+  request went out to the upstream, as a bug in reading the answer would;
 - ``{}``: nothing fails.
 
 The hooks are replaced on the addon instances inside their ``Guard``s (the steps of the
@@ -32,6 +34,7 @@ from mitmproxy import ctx, http
 from mitmproxy.addonmanager import traverse
 
 from interceptor.addons.chain import Chain
+from interceptor.addons import relay
 from interceptor.addons.gate import FLOW_HOOKS, Guard
 from interceptor.trace import store
 
@@ -83,6 +86,15 @@ class Faults:
             write_all(fd, data)
 
         store._write_all = full_disk
+        send = relay.Drain._send
+
+        async def sent_then_fails(drain, *args):
+            sent = await send(drain, *args)
+            if drain.fetching and self.spec().get("fetch_fails"):
+                raise InjectedFault("injected into Drain.fetch, after the request went out")
+            return sent
+
+        relay.Drain._send = sent_then_fails
 
     def _arm(self, addon, hook: str) -> None:
         original = getattr(addon, hook)

@@ -319,3 +319,25 @@ def test_a_fault_in_an_error_hook_still_leaves_one_error_call(r, step):
     trace = r.sealed()
     kinds = [c.error.type if c.error else "turn" for c in trace.calls]
     assert len(kinds) == 2 and kinds[0] != "turn" and kinds[1] == "turn"
+
+
+def test_a_failure_while_fetching_a_json_answer_is_a_500_and_the_request_is_not_sent_again(r):
+    """Fetch (addons/relay.py) sends a JSON exchange itself in the request hook: an error
+    after the request went out cannot hand the flow on (the relay would send it a second
+    time, and a second sample is a fork). The harness gets a 500 in its dialect's shape that
+    its SDK does not retry; the upstream saw the request once; the record has one error call;
+    the next turn records."""
+    r.inject({"fetch_fails": True})
+    with pytest.raises(anthropic.InternalServerError) as e:
+        r.ask("fetched")
+    assert e.value.response.headers["x-should-retry"] == "false"
+    body = e.value.response.json()
+    assert body["type"] == "error" and "not sent again" in body["error"]["message"]
+    assert "InjectedFault" in body["error"]["message"]
+    assert r.session["model_secret"] not in e.value.response.text and REAL_KEY not in e.value.response.text
+    assert len(r.sim.model_requests()) == 1
+    r.inject({})
+    assert r.ask("next").content[0].text
+    r.forwarded_prepared()
+    trace = r.sealed()
+    assert trace.num_turns == 1 and [c.status for c in trace.calls] == [500, 200]

@@ -1,0 +1,105 @@
+"""A JSON exchange is fetched in mitmproxy's request hook (addons/relay.py, ``Fetch``): no
+loopback hop, the same answer, the same record (issue 16).
+
+The relay used to carry every model exchange as two HTTP exchanges, mitmproxy's with the
+relay on loopback and the relay's with the upstream. A JSON answer is read whole before any
+of it goes to the harness, so the first one only cost time; now the relay's own upstream
+connection is used from the request hook and the answer handed to mitmproxy. What must hold:
+mitmproxy opens no connection of its own for it (streams still go through the relay), the
+harness and the record get what the upstream sent (an answer that is a stream after all goes
+down as it came), and a broken answer is an error in the dialect's shape, sent once. The
+client-goes-away cases (read on, recorded as undelivered, the retry coalesced, bounded by
+``intercept_drain_timeout``) are tests/test_early_close.py's, run through this path too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import anthropic
+import openai
+import pytest
+
+from clients import session_clients
+from interceptor.trace import read_trace
+from provider import Reply
+
+MESSAGES = [{"role": "user", "content": "count"}]
+
+
+def server_connects(proxy) -> list[str]:
+    """The connections mitmproxy opened itself (its debug log names each one)."""
+    return re.findall(r"server connect (\S+)", proxy.log())
+
+
+def sealed(proxy, session):
+    status, _ = proxy.api("DELETE", f"sessions/{session['id']}")
+    assert status == 200
+    return read_trace(session["trace_path"])
+
+
+def test_json_exchanges_open_no_mitmproxy_connection_and_streams_go_through_the_relay(
+        sim, start_proxy, harness_env):
+    proxy = start_proxy({"termlog_verbosity": "debug"})
+    session = proxy.create_session(upstream={"base_url": sim.url("/v1")})
+    harness_env(session["env"])
+    oai, ant = session_clients(session)
+    sim.script(Reply(text="one"), Reply(text="two"), Reply(text=["thr", "ee"]), Reply(text="four"))
+    assert oai.chat.completions.create(model="m", messages=MESSAGES).choices[0].message.content == "one"
+    assert ant.messages.create(model="c", max_tokens=16, messages=MESSAGES).content[0].text == "two"
+    assert server_connects(proxy) == []  # answered from the request hook: no hop to the relay
+    with oai.chat.completions.stream(model="m", messages=MESSAGES) as s:
+        assert s.get_final_completion().choices[0].message.content == "three"
+    hops = server_connects(proxy)
+    assert len(hops) == 1 and hops[0].startswith("127.0.0.1:")  # the stream: mitmproxy to the relay
+    assert oai.chat.completions.create(model="m", messages=MESSAGES).choices[0].message.content == "four"
+    assert server_connects(proxy) == hops
+    trace = sealed(proxy, session)
+    assert [c.status for c in trace.calls] == [200] * 4 and trace.num_turns == 4
+    assert [trace.nodes[c.node].message.text() for c in trace.calls] == ["one", "two", "three", "four"]
+    assert all(c.delivered for c in trace.calls)
+
+
+def test_a_stream_answer_to_a_json_request_goes_down_as_it_came(sim, proxy, new_session, harness_env):
+    """The upstream streams though the request did not ask for it: the relay passes the
+    stream on as the upstream sent it (not read whole first), sent once, recorded as a turn."""
+    session = new_session()
+    harness_env(session["env"])
+    events = [{"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+               "choices": [{"index": 0, "delta": {"role": "assistant", "content": t}, "finish_reason": None}]}
+              for t in ("str", "eamed")]
+    events.append({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                   "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    raw = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+    sim.script(Reply(raw=raw, content_type="text/event-stream"))
+    oai, _ = session_clients(session)
+    got = oai.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
+    assert got.headers["content-type"].startswith("text/event-stream")
+    assert got.http_response.text == raw
+    assert len(sim.model_requests()) == 1
+    trace = sealed(proxy, session)
+    assert trace.num_turns == 1 and trace.nodes[trace.calls[0].node].message.text() == "streamed"
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic"])
+def test_a_json_answer_cut_mid_body_is_a_502_in_the_dialects_shape_sent_once(dialect, sim, proxy, new_session,
+                                                                            harness_env):
+    session = new_session()
+    harness_env(session["env"])
+    oai, ant = session_clients(session)
+    sim.script(Reply(text="a long answer that will not arrive whole", cut_after=40, chunked=False))
+    with pytest.raises(openai.InternalServerError if dialect == "openai" else anthropic.InternalServerError) as e:
+        if dialect == "openai":
+            oai.chat.completions.create(model="m", messages=MESSAGES)
+        else:
+            ant.messages.create(model="c", max_tokens=16, messages=MESSAGES)
+    response = e.value.response
+    assert response.status_code == 502 and response.headers["x-should-retry"] == "true"
+    body = response.json()
+    assert (body["error"]["type"] == "api_error") if dialect == "anthropic" else ("message" in body["error"])
+    assert "broke the connection before the answer's end" in body["error"]["message"]
+    assert session["model_secret"] not in response.text
+    assert len(sim.model_requests()) == 1
+    trace = sealed(proxy, session)
+    assert trace.num_turns == 0 and [c.status for c in trace.calls] == [502]
