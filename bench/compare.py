@@ -11,6 +11,8 @@ autogroup share of a shared machine's CPU, as separate services would):
 - ``bare``: bare mitmdump, TLS intercepted for api.openai.com and mapped to the simulator
   (``map_remote``): mitmproxy's own cost for the same bytes; ``bare+stream`` adds
   bench/stream_sse.py (mitmproxy buffers whole bodies unless told to stream);
+- ``proxy``: this proxy as ``make run`` starts it, one mitmdump with the script and no front
+  (the figure to read against bare mitmdump's: the same one process);
 - ``proxy 1w`` and ``proxy 2w``: this proxy behind scripts/serve.py's front (HAProxy) with
   1 and 2 workers, each client a session made through the front's control API that imposes
   a model; the harness is pointed at it with ``HTTPS_PROXY`` alone;
@@ -588,17 +590,8 @@ def start_paths(httpx, work: Path, sim_url: str, names: list[str], skipped: dict
 
     upstreams = json.dumps({"sim": {"base_url": f"{sim_url}/v1", "api_key_env": KEY_ENV}})
 
-    def ours(n: int) -> Path_:
-        name = f"proxy {n}w"
-        dep = Deployment(n, listen_port=0, trace_dir=work / f"traces-{n}w", confdir=work / f"conf-{n}w",
-                         options=[f"intercept_upstreams={upstreams}"], env=env, restart=False)
-        try:
-            dep.start()
-        except Exception as e:  # noqa: BLE001 - said, and the run goes on
-            dep.stop()
-            raise Unavailable(f"scripts/serve.py with {n} worker(s) did not start: {e}") from None
-        proxy = Proxy.attach(dep.url, dep.admin_token)
-        model = f"bench-proxy-{n}w"
+    def attached(name: str, proxy, model: str, what: str, stop: Callable[[], None], pids: Callable[[], list[int]]) -> Path_:
+        """A path through this proxy: each client a session made through its control API."""
         sessions: list = []
 
         def new():
@@ -614,9 +607,33 @@ def start_paths(httpx, work: Path, sim_url: str, names: list[str], skipped: dict
                 out.append(summarise(read_trace(s.trace_path)))
             return out
 
-        return Path_(name, f"this proxy: scripts/serve.py, HAProxy + {n} worker{'s' * (n > 1)}, HTTPS_PROXY",
-                     URL, "gpt-4o", model, True, new_session=new, traces=traces, stop=dep.stop,
-                     pids=lambda: [p for p in ([dep.front.pid] if dep.front else []) + [w.proc.pid for w in dep.workers]])
+        return Path_(name, what, URL, "gpt-4o", model, True, new_session=new, traces=traces, stop=stop, pids=pids)
+
+    def plain() -> Path_:
+        """As ``make run`` starts it: one mitmdump with the script, no front."""
+        proxy = Proxy(upstreams=json.loads(upstreams), env=env, workdir=work / "plain", trace_dir=work / "traces-plain")
+        try:
+            proxy.start()
+        except Exception as e:  # noqa: BLE001 - said, and the run goes on
+            proxy.stop()
+            raise Unavailable(f"mitmdump -s addons/interception.py did not start: {e}") from None
+        return attached("proxy", proxy, "bench-proxy", "this proxy: one mitmdump -s addons/interception.py (make run), "
+                        "HTTPS_PROXY", proxy.stop, lambda: [proxy.pid])
+
+    add("proxy", plain)
+
+    def ours(n: int) -> Path_:
+        name = f"proxy {n}w"
+        dep = Deployment(n, listen_port=0, trace_dir=work / f"traces-{n}w", confdir=work / f"conf-{n}w",
+                         options=[f"intercept_upstreams={upstreams}"], env=env, restart=False)
+        try:
+            dep.start()
+        except Exception as e:  # noqa: BLE001 - said, and the run goes on
+            dep.stop()
+            raise Unavailable(f"scripts/serve.py with {n} worker(s) did not start: {e}") from None
+        return attached(name, Proxy.attach(dep.url, dep.admin_token), f"bench-proxy-{n}w",
+                        f"this proxy: scripts/serve.py, HAProxy + {n} worker{'s' * (n > 1)}, HTTPS_PROXY", dep.stop,
+                        lambda: [p for p in ([dep.front.pid] if dep.front else []) + [w.proc.pid for w in dep.workers]])
 
     add("proxy 1w", lambda: ours(1))
     add("proxy 2w", lambda: ours(2))
@@ -862,7 +879,7 @@ def plot(out_dir: Path, workloads: list[Workload], paths: list[Path_], cells: di
 # -- main --------------------------------------------------------------------------------------
 
 
-ALL = ["direct", "bare", "bare+stream", "proxy 1w", "proxy 2w", "litellm", "verifiers"]
+ALL = ["direct", "bare", "bare+stream", "proxy", "proxy 1w", "proxy 2w", "litellm", "verifiers"]
 
 
 def main() -> int:
