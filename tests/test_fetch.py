@@ -103,3 +103,25 @@ def test_a_json_answer_cut_mid_body_is_a_502_in_the_dialects_shape_sent_once(dia
     assert len(sim.model_requests()) == 1
     trace = sealed(proxy, session)
     assert trace.num_turns == 0 and [c.status for c in trace.calls] == [502]
+
+
+def test_an_http2_client_is_fetched_and_streamed_with_its_authority_as_host(sim, proxy, new_session):
+    """An HTTP/2 client (as Rust and Go SDKs negotiate) sends no Host header: the request the
+    proxy sends upstream carries its authority, for a fetched JSON answer and a stream alike."""
+    import httpx2 as httpx
+
+    session = new_session()
+    sim.script(Reply(text="over h2"), Reply(text=["h2 ", "stream"]))
+    with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle), http2=True, timeout=30) as client:
+        headers = {"authorization": f"Bearer {session['model_secret']}"}
+        r = client.post("https://api.openai.com/v1/chat/completions", headers=headers,
+                        json={"model": "m", "messages": MESSAGES})
+        assert r.http_version == "HTTP/2" and r.status_code == 200
+        assert r.json()["choices"][0]["message"]["content"] == "over h2"
+        with client.stream("POST", "https://api.openai.com/v1/chat/completions", headers=headers,
+                           json={"model": "m", "messages": MESSAGES, "stream": True}) as s:
+            assert s.http_version == "HTTP/2" and b"stream" in s.read()
+    netloc = sim.url("/").split("/")[2]  # 127.0.0.1:<port>, as an HTTP/1.1 client's request says it
+    assert [r.headers.get("host") for r in sim.model_requests()] == [netloc, netloc]
+    trace = sealed(proxy, session)
+    assert [trace.nodes[c.node].message.text() for c in trace.calls] == ["over h2", "h2 stream"]
