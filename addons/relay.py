@@ -427,6 +427,8 @@ class Drain:
         flow, req = self.flow, self.flow.request
         self.fetching = True
         self._watching = asyncio.get_running_loop().call_later(WATCH, self._watch)
+        waiting = self.relay.fetching.setdefault(flow.client_conn.id, set())
+        waiting.add(self)
         try:
             body = req.raw_content or b""
             head = _request(req.data.method, req.data.path, req.headers.fields, body, req.authority or self.target.host)
@@ -472,6 +474,9 @@ class Drain:
             self._answer(response)
         finally:
             self.fetching = False
+            waiting.discard(self)
+            if not waiting:
+                self.relay.fetching.pop(flow.client_conn.id, None)
             self._watching.cancel()
 
     def _answer(self, response: http.Response) -> None:
@@ -508,9 +513,11 @@ class Drain:
 
     def _watch(self) -> None:
         """While the answer is fetched: has the client gone (its connection at EOF)? mitmproxy
-        holds that event until the request hook returns, so it is looked for here: from then
-        on the answer is read for at most ``intercept_drain_timeout``, and a retry of it
-        coalesces on it (Retry)."""
+        holds that event from the flow until the request hook returns, so it is looked for
+        here, at once when mitmproxy reports the client's disconnection (``Fetch``) and every
+        ``WATCH`` seconds besides (a half-closed connection is not reported): from then on the
+        answer is read for at most ``intercept_drain_timeout``, and a retry of it coalesces on
+        it (Retry), even one that carries no retry header."""
         if self.fetching and not self._gone():
             self._watching = asyncio.get_running_loop().call_later(WATCH, self._watch)
 
@@ -751,6 +758,7 @@ class Relay:
         self.server: asyncio.Server | None = None
         self.port = 0
         self._tickets: dict[str, Drain] = {}
+        self.fetching: dict[str, set[Drain]] = {}  # client connection id -> the drains Fetch is reading
         self._idle: dict[tuple[str, str, int], list[Upstream]] = {}
         self._tls: ssl.SSLContext | None = None
 
@@ -936,6 +944,11 @@ class Fetch:
 
     def __init__(self, relay: Relay) -> None:
         self.relay = relay
+
+    def client_disconnected(self, client) -> None:
+        """The client went away: each answer still fetched for it is now the drain's to end."""
+        for drain in list(self.relay.fetching.get(client.id, ())):
+            drain._gone()
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:

@@ -125,3 +125,31 @@ def test_an_http2_client_is_fetched_and_streamed_with_its_authority_as_host(sim,
     assert [r.headers.get("host") for r in sim.model_requests()] == [netloc, netloc]
     trace = sealed(proxy, session)
     assert [trace.nodes[c.node].message.text() for c in trace.calls] == ["over h2", "h2 stream"]
+
+
+def test_the_same_body_sent_at_once_by_a_client_that_gave_up_gets_the_first_answer(sim, proxy, new_session):
+    """A plain HTTP client gives up on a slow JSON answer and sends the same body again at
+    once, with no retry header: mitmproxy reports the first client's disconnection while the
+    answer is still fetched, so the second request is known for a retry of it, waits for the
+    answer the proxy reads on, and gets it. One generation, one turn, undelivered, replayed."""
+    import httpx2 as httpx
+
+    session = new_session()
+    sim.script(Reply(text="the slow answer", first_byte_delay=1.5), Reply(text="a second sample"))
+    url, body = "https://api.openai.com/v1/chat/completions", {"model": "m", "messages": MESSAGES}
+    headers = {"authorization": f"Bearer {session['model_secret']}"}
+    with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle), timeout=30) as again:
+        # Its tunnel and TLS first (a path the proxy answers itself), so that the body sent
+        # again arrives within milliseconds of the first client's close.
+        again.get("https://api.openai.com/v1/models", headers=headers)
+        with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle),
+                          timeout=httpx.Timeout(30.0, read=0.5)) as first:
+            with pytest.raises(httpx.ReadTimeout):
+                first.post(url, json=body, headers=headers)
+        r = again.post(url, json=body, headers=headers)
+    assert r.json()["choices"][0]["message"]["content"] == "the slow answer"
+    assert len(sim.model_requests()) == 1
+    trace = sealed(proxy, session)
+    turns = [c for c in trace.calls if c.node is not None]
+    assert trace.num_turns == 1 and len(turns) == 1 and turns[0].delivered is False
+    assert [c.replay_of for c in trace.calls if c.replay_of] == [turns[0].id]
