@@ -963,5 +963,6 @@ class Fetch:
         except Exception as e:  # noqa: BLE001 - fail closed; the request may have gone out
             log.exception(f"interceptor: session {ex.session.id!r}: fetching the answer failed")
             drain.sent = None
+            drain.broken = True  # nothing for a takeover to finish: the 500 is the exchange's end
             drain._answer(error_response(ex.wire, 500, f"the interceptor failed while fetching this answer "
                                                        f"({type(e).__name__}); it was not sent again", retry=False))

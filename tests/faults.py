@@ -16,6 +16,11 @@ time, what should fail:
   half-way through its next write;
 - ``{"fetch_fails": true}``: the Relay's Fetch (addons/relay.py) raises right after the
   request went out to the upstream, as a bug in reading the answer would;
+- ``{"fetch_blind": true}``: Fetch does not see the client go (``Drain._gone`` says it is
+  there), so a client that leaves is found only by mitmproxy's ``error`` after the answer was
+  read whole (the race the Relay's ``take_over`` covers);
+- ``{"fetch_unwatched": true}``: Fetch does not look at the client's connection on its own
+  (``Drain._watch``, every 0.25 s): only mitmproxy's ``client_disconnected`` tells it;
 - ``{}``: nothing fails.
 
 The hooks are replaced on the addon instances inside their ``Guard``s (the steps of the
@@ -95,6 +100,10 @@ class Faults:
             return sent
 
         relay.Drain._send = sent_then_fails
+        watch = relay.Drain._watch
+        relay.Drain._watch = lambda drain: None if self.spec().get("fetch_unwatched") else watch(drain)
+        gone = relay.Drain._gone
+        relay.Drain._gone = lambda drain: False if self.spec().get("fetch_blind") else gone(drain)
 
     def _arm(self, addon, hook: str) -> None:
         original = getattr(addon, hook)

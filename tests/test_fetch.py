@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from pathlib import Path
 
 import anthropic
 import openai
@@ -26,6 +28,7 @@ from interceptor.trace import read_trace
 from provider import Reply
 
 MESSAGES = [{"role": "user", "content": "count"}]
+FAULTS = Path(__file__).with_name("faults.py")
 
 
 def server_connects(proxy) -> list[str]:
@@ -127,14 +130,19 @@ def test_an_http2_client_is_fetched_and_streamed_with_its_authority_as_host(sim,
     assert [trace.nodes[c.node].message.text() for c in trace.calls] == ["over h2", "h2 stream"]
 
 
-def test_the_same_body_sent_at_once_by_a_client_that_gave_up_gets_the_first_answer(sim, proxy, new_session):
+def test_the_same_body_sent_at_once_by_a_client_that_gave_up_gets_the_first_answer(sim, start_proxy, tmp_path):
     """A plain HTTP client gives up on a slow JSON answer and sends the same body again at
     once, with no retry header: mitmproxy reports the first client's disconnection while the
     answer is still fetched, so the second request is known for a retry of it, waits for the
     answer the proxy reads on, and gets it. One generation, one turn, undelivered, replayed."""
     import httpx2 as httpx
 
-    session = new_session()
+    # mitmproxy logs each client's disconnection at debug; Fetch's own look at the client's
+    # connection every 0.25 s is off (tests/faults.py), so only mitmproxy's report can tell it.
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({"fetch_unwatched": True}))
+    proxy = start_proxy({"termlog_verbosity": "debug", "faults_file": str(faults)}, extra_scripts=[FAULTS])
+    session = proxy.create_session(upstream={"base_url": sim.url("/v1")})
     sim.script(Reply(text="the slow answer", first_byte_delay=1.5), Reply(text="a second sample"))
     url, body = "https://api.openai.com/v1/chat/completions", {"model": "m", "messages": MESSAGES}
     headers = {"authorization": f"Bearer {session['model_secret']}"}
@@ -144,8 +152,15 @@ def test_the_same_body_sent_at_once_by_a_client_that_gave_up_gets_the_first_answ
         again.get("https://api.openai.com/v1/models", headers=headers)
         with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle),
                           timeout=httpx.Timeout(30.0, read=0.5)) as first:
+            closed = proxy.log().count("client disconnect")
             with pytest.raises(httpx.ReadTimeout):
-                first.post(url, json=body, headers=headers)
+                first.post(url, json=body, headers=headers)  # httpx closes the connection that timed out
+        # Sent again as soon as mitmproxy has read the close (its log says so as it runs the
+        # client_disconnected hook).
+        deadline = time.monotonic() + 10
+        while proxy.log().count("client disconnect") == closed:
+            assert time.monotonic() < deadline, "mitmproxy never logged the first client's disconnection"
+            time.sleep(0.005)
         r = again.post(url, json=body, headers=headers)
     assert r.json()["choices"][0]["message"]["content"] == "the slow answer"
     assert len(sim.model_requests()) == 1
@@ -153,3 +168,29 @@ def test_the_same_body_sent_at_once_by_a_client_that_gave_up_gets_the_first_answ
     turns = [c for c in trace.calls if c.node is not None]
     assert trace.num_turns == 1 and len(turns) == 1 and turns[0].delivered is False
     assert [c.replay_of for c in trace.calls if c.replay_of] == [turns[0].id]
+
+
+def test_a_client_gone_just_as_the_answer_was_read_whole_still_leaves_one_undelivered_turn(
+        sim, start_proxy, tmp_path, monkeypatch):
+    """The client leaves in the moment between the answer read whole and mitmproxy's answer
+    hooks (here: Fetch made blind to the client's leaving, tests/faults.py): mitmproxy's
+    ``error`` is then the first word of it, with the answer already on the flow and no turn
+    committed. The Drain takes it over: one turn, undelivered, the SDK's retry replayed."""
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({"fetch_blind": True}))
+    proxy = start_proxy({"faults_file": str(faults)}, extra_scripts=[FAULTS])
+    session = proxy.create_session(upstream={"base_url": sim.url("/v1")})
+    for k, v in session["env"].items():
+        monkeypatch.setenv(k, v)
+    sim.script(Reply(text=["slow ", "answer"], first_byte_delay=1.8), Reply(text="a second generation"))
+    oai = openai.OpenAI(api_key=session["model_secret"], max_retries=3, timeout=1.0)
+    got = oai.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
+    assert got.parse().choices[0].message.content == "slow answer"
+    assert got.headers["x-interceptor-replay"] and got.headers["content-type"] == "application/json"
+    assert len(sim.model_requests()) == 1
+    trace = sealed(proxy, session)
+    turns = [c for c in trace.calls if c.node is not None]
+    assert trace.num_turns == 1 and len(turns) == 1 and turns[0].delivered is False and turns[0].error is None
+    assert turns[0].first_byte_at and turns[0].first_byte_at - turns[0].started_at > 1.5  # the answer's hooks ran
+    assert [c.replay_of for c in trace.calls if c.replay_of] and all(
+        c.replay_of == turns[0].id for c in trace.calls if c.replay_of)
