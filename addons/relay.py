@@ -267,6 +267,7 @@ class Drain:
         self.closed_out = False  # Fetch ended the exchange itself, the client gone, and killed the flow
         self._timer: asyncio.TimerHandle | None = None
         self._watching: asyncio.TimerHandle | None = None
+        self._reading: asyncio.Future | None = None  # ``_read_on``
 
     # -- the flow's side --------------------------------------------------------------------
 
@@ -307,6 +308,10 @@ class Drain:
             return False  # decided and on the record: the stages after the hold see the error
         self._left()
         self.restore(flow)
+        if self.sent is not None:  # Fetch left a stream to the relay, which the flow never reached
+            sent, self.sent = self.sent, None
+            self._reading = asyncio.ensure_future(self._read_on(sent))  # held: the loop keeps only weak refs
+            return True
         if self.upstream_done and self.ex.hold is None:
             asyncio.get_running_loop().call_soon(self._guarded, self._finish)
         return True  # a held answer: ``_held`` goes on and hands the decision to the pipeline
@@ -440,7 +445,7 @@ class Drain:
                 return
             event = sent.event
             ctype = next((v.decode("latin-1") for k, v in event.headers if k == b"content-type"), "")
-            if self.ex.wire.frames(event.status_code, ctype, self.ex.stream) is not None:
+            if self.ex.wire.frames(event.status_code, ctype, self.ex.stream) is not None and not self._gone():
                 self.sent = sent  # a stream after all: the relay passes it down (``run``)
                 return
             self.head = (event.status_code, event.reason, list(event.headers))
@@ -478,6 +483,24 @@ class Drain:
             if not waiting:
                 self.relay.fetching.pop(flow.client_conn.id, None)
             self._watching.cancel()
+
+    async def _read_on(self, sent: Sent) -> None:
+        """The answer's head came to Fetch, which left the stream to the relay, and the client
+        went away before mitmproxy brought the flow there: the rest is read here, to its end
+        (or ``intercept_drain_timeout``), and the answer finished as a takeover's."""
+        self.head = (sent.event.status_code, sent.event.reason, list(sent.event.headers))
+        sent.up.reusable = sent.reusable
+        try:
+            async for _ in _reads(sent.up, sent.frame, sent.rest, self.buf):
+                pass
+        except BROKE as e:
+            sent.up.close()
+            self.broken = True
+            self._give_up(self._expiry() if self.expired else f"the upstream connection broke ({type(e).__name__})")
+            return
+        self.upstream_done = True
+        self.relay.checkin(self.target, sent.up)
+        self._guarded(self._finish)
 
     def _answer(self, response: http.Response) -> None:
         """The fetched answer (or the 502) is the flow's: mitmproxy runs the answer's hooks on

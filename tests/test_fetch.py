@@ -36,6 +36,14 @@ def server_connects(proxy) -> list[str]:
     return re.findall(r"server connect (\S+)", proxy.log())
 
 
+def recorded_calls(session) -> int:
+    """The calls on the record so far (the proxy reads on after the client left)."""
+    try:
+        return len(read_trace(session["trace_path"]).calls)
+    except Exception:  # noqa: BLE001 - a record being written
+        return 0
+
+
 def sealed(proxy, session):
     status, _ = proxy.api("DELETE", f"sessions/{session['id']}")
     assert status == 200
@@ -194,3 +202,36 @@ def test_a_client_gone_just_as_the_answer_was_read_whole_still_leaves_one_undeli
     assert turns[0].first_byte_at and turns[0].first_byte_at - turns[0].started_at > 1.5  # the answer's hooks ran
     assert [c.replay_of for c in trace.calls if c.replay_of] and all(
         c.replay_of == turns[0].id for c in trace.calls if c.replay_of)
+
+
+@pytest.mark.parametrize("blind", [False, True], ids=["gone-before-its-head", "gone-as-it-went-to-the-relay"])
+def test_a_stream_answer_to_a_json_request_whose_client_left_is_recorded_whole(blind, sim, start_proxy, tmp_path):
+    """The upstream streams though the request asked for JSON, and the client has gone by the
+    time the head arrives (Fetch reads it whole itself), or goes just as Fetch hands the stream
+    to the relay (Fetch blind to it: mitmproxy's ``error`` comes before the flow reaches the
+    relay, so the Drain reads the stream itself): one turn, whole, undelivered, asked once."""
+    import httpx2 as httpx
+
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({"fetch_blind": blind}))
+    proxy = start_proxy({"faults_file": str(faults)}, extra_scripts=[FAULTS])
+    session = proxy.create_session(upstream={"base_url": sim.url("/v1")})
+    chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": {"role": "assistant", "content": "left behind"}, "finish_reason": None}]}
+    end = {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    raw = f"data: {json.dumps(chunk)}\n\ndata: {json.dumps(end)}\n\ndata: [DONE]\n\n"
+    sim.script(Reply(raw=raw, content_type="text/event-stream", first_byte_delay=1.2))
+    with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle), timeout=httpx.Timeout(30.0, read=0.4)) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            client.post("https://api.openai.com/v1/chat/completions", json={"model": "m", "messages": MESSAGES},
+                        headers={"authorization": f"Bearer {session['model_secret']}"})
+    deadline = time.monotonic() + 20
+    while not recorded_calls(session):
+        assert time.monotonic() < deadline, "the abandoned stream was never recorded"
+        time.sleep(0.1)
+    trace = sealed(proxy, session)
+    assert len(trace.calls) == 1 and trace.num_turns == 1
+    call = trace.calls[0]
+    assert call.error is None and call.delivered is False
+    assert trace.nodes[call.node].message.text() == "left behind"
+    assert len(sim.model_requests()) == 1
