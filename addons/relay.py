@@ -168,10 +168,14 @@ async def _next(conn: h11.Connection, reader: asyncio.StreamReader, size: int = 
 BROKE = (OSError, h11.ProtocolError, UpstreamBroke, FramingError)
 
 
+def _closes(headers) -> bool:
+    """A ``Connection: close`` among these (name, value) pairs (h11's, or mitmproxy's fields)."""
+    return any(k.lower() == b"connection" and b"close" in v.lower() for k, v in headers)
+
+
 def _keep_alive(event: h11.Request | h11.Response) -> bool:
     """h11's rule: HTTP/1.1 and no ``Connection: close``."""
-    return event.http_version >= b"1.1" and not any(
-        k == b"connection" and b"close" in v.lower() for k, v in event.headers)
+    return event.http_version >= b"1.1" and not _closes(event.headers)
 
 
 def _request(method: bytes, target: bytes, headers, body: bytes, host: str) -> bytes:
@@ -263,7 +267,7 @@ class Drain:
         self.up: Upstream | None = None
         self.sent: Sent | None = None  # Fetch sent the request and left the answer to the relay
         self.fetching = False  # Fetch has the exchange in mitmproxy's request hook
-        self.fetched = False  # Fetch read the answer whole and gave it to mitmproxy (``buf`` holds its body)
+        self.fetched = False  # Fetch read the answer whole and gave it to mitmproxy
         self.closed_out = False  # Fetch ended the exchange itself, the client gone, and killed the flow
         self._timer: asyncio.TimerHandle | None = None
         self._watching: asyncio.TimerHandle | None = None
@@ -291,8 +295,6 @@ class Drain:
         """The flow's answer is complete (or was given by the proxy: the relay never saw it)."""
         self.relay.forget(self)
         self.restore(flow)
-        if self.fetched:
-            self.buf = bytearray()  # kept only for a client that went away before the answer's hooks
 
     def take_over(self, flow: http.HTTPFlow) -> bool:
         """mitmproxy ended the flow with an error. True if this drain finishes the answer (the
@@ -301,6 +303,7 @@ class Drain:
         if self.fetched and not self.taken and flow.response is not None and not self.ex.committed:
             # Fetched whole, and the client went away before mitmproxy ran the answer's hooks
             # (it looks for that when the request hook returns): finished as a takeover's.
+            self.buf = bytearray(flow.response.raw_content or b"")
             flow.response = None
         if not self.started or self.broken or self.taken or self.finished:
             return False
@@ -383,11 +386,8 @@ class Drain:
                 self._give_up(self._expiry())
                 return False
             return await self._refuse(down, writer, sent.message, retry=sent.retry)
+        self._answered(sent)
         up, event, frame, rest = sent.up, sent.event, sent.frame, sent.rest
-        self.head = (event.status_code, event.reason, list(event.headers))
-        up.reusable = sent.reusable
-        if self.relay.reached is not None:
-            self.relay.reached(self.target.host, self.target.port)
         if self.ex.hold is not None:
             return await self._held(down, writer, up, frame, rest)
         # The answer goes down as the upstream framed it (``addons/framing.py``): mitmproxy
@@ -437,8 +437,7 @@ class Drain:
         try:
             body = req.raw_content or b""
             head = _request(req.data.method, req.data.path, req.headers.fields, body, req.authority or self.target.host)
-            keep = not any(k.lower() == b"connection" and b"close" in v.lower() for k, v in req.headers.fields)
-            sent = await self._send(req.data.method, head, body, keep)
+            sent = await self._send(req.data.method, head, body, not _closes(req.headers.fields))
             if isinstance(sent, Refusal):
                 self.broken = True
                 self._refused(self._expiry() if sent.expired else sent.message, sent.retry)
@@ -448,34 +447,23 @@ class Drain:
             if self.ex.wire.frames(event.status_code, ctype, self.ex.stream) is not None and not self._gone():
                 self.sent = sent  # a stream after all: the relay passes it down (``run``)
                 return
-            self.head = (event.status_code, event.reason, list(event.headers))
-            sent.up.reusable = sent.reusable
-            if self.relay.reached is not None:
-                self.relay.reached(self.target.host, self.target.port)
+            self._answered(sent)
             started = time.time()
-            data = bytearray()
-            try:
-                async for _ in _reads(sent.up, sent.frame, sent.rest, data):
-                    pass
-            except BROKE as e:
-                sent.up.close()
-                self.broken = True
+            broke = await self._read_rest(sent)
+            if broke is not None:
                 self._refused(self._expiry() if self.expired else
                               f"the session's upstream {self.target.where()} broke the connection before the "
-                              f"answer's end ({type(e).__name__})", True)
+                              f"answer's end ({broke})", True)
                 return
-            self.upstream_done = True
-            self.relay.checkin(self.target, sent.up)
-            if self._gone():
-                self.buf = data  # as a takeover's: ``_finish`` builds the answer and runs the pipeline
+            if self._gone():  # ``_finish`` builds the answer from ``buf`` and runs the pipeline, as a takeover's
                 self._close_out(self._finish)
                 return
             self.fetched = True
             response = http.Response(http_version=b"HTTP/" + event.http_version, status_code=event.status_code,
                                      reason=event.reason, headers=http.Headers(event.headers.raw_items()),
                                      content=None, trailers=None, timestamp_start=started, timestamp_end=time.time())
-            self.buf = data
-            response.raw_content = bytes(data)
+            response.raw_content = bytes(self.buf)
+            self.buf = bytearray()
             self._answer(response)
         finally:
             self.fetching = False
@@ -488,19 +476,34 @@ class Drain:
         """The answer's head came to Fetch, which left the stream to the relay, and the client
         went away before mitmproxy brought the flow there: the rest is read here, to its end
         (or ``intercept_drain_timeout``), and the answer finished as a takeover's."""
-        self.head = (sent.event.status_code, sent.event.reason, list(sent.event.headers))
+        self._answered(sent)
+        broke = await self._read_rest(sent)
+        if broke is not None:
+            self._give_up(self._expiry() if self.expired else f"the upstream connection broke ({broke})")
+            return
+        self._guarded(self._finish)
+
+    def _answered(self, sent: Sent) -> None:
+        """The upstream answered: its head kept for the pipeline, its connection's fate known."""
+        event = sent.event
+        self.head = (event.status_code, event.reason, list(event.headers))
         sent.up.reusable = sent.reusable
+        if self.relay.reached is not None:
+            self.relay.reached(self.target.host, self.target.port)
+
+    async def _read_rest(self, sent: Sent) -> str | None:
+        """The answer's body to its end into ``buf`` (nothing goes down: Fetch and the Drain
+        read it whole), its connection back to the pool; the exception's name if it broke."""
         try:
             async for _ in _reads(sent.up, sent.frame, sent.rest, self.buf):
                 pass
         except BROKE as e:
             sent.up.close()
             self.broken = True
-            self._give_up(self._expiry() if self.expired else f"the upstream connection broke ({type(e).__name__})")
-            return
+            return type(e).__name__
         self.upstream_done = True
         self.relay.checkin(self.target, sent.up)
-        self._guarded(self._finish)
+        return None
 
     def _answer(self, response: http.Response) -> None:
         """The fetched answer (or the 502) is the flow's: mitmproxy runs the answer's hooks on
@@ -508,6 +511,14 @@ class Drain:
         self.relay.forget(self)
         self.restore(self.flow)
         self.flow.response = response
+
+    def failed(self, e: Exception) -> None:
+        """Fetch raised: a 500 that is not retried (the request may have gone out), and nothing
+        left for the relay or a takeover to finish."""
+        self.sent = None
+        self.broken = True
+        self._answer(error_response(self.ex.wire, 500, f"the interceptor failed while fetching this answer "
+                                                       f"({type(e).__name__}); it was not sent again", retry=False))
 
     def _refused(self, message: str, retry: bool) -> None:
         """No answer: the 502 in the upstream's dialect, or, the client gone, the record's error."""
@@ -985,7 +996,4 @@ class Fetch:
             await drain.fetch()
         except Exception as e:  # noqa: BLE001 - fail closed; the request may have gone out
             log.exception(f"interceptor: session {ex.session.id!r}: fetching the answer failed")
-            drain.sent = None
-            drain.broken = True  # nothing for a takeover to finish: the 500 is the exchange's end
-            drain._answer(error_response(ex.wire, 500, f"the interceptor failed while fetching this answer "
-                                                       f"({type(e).__name__}); it was not sent again", retry=False))
+            drain.failed(e)
