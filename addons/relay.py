@@ -476,8 +476,14 @@ class Drain:
         """The answer's head came to Fetch, which left the stream to the relay, and the client
         went away before mitmproxy brought the flow there: the rest is read here, to its end
         (or ``intercept_drain_timeout``), and the answer finished as a takeover's."""
-        self._answered(sent)
-        broke = await self._read_rest(sent)
+        try:
+            self._answered(sent)
+            broke = await self._read_rest(sent)
+        except Exception as e:  # noqa: BLE001 - a task of its own: no one else would see it, and Retry must settle
+            log.exception(f"interceptor: session {self.ex.session.id!r}: reading the abandoned answer failed")
+            sent.up.close()
+            self._give_up(f"reading it failed ({type(e).__name__})")
+            return
         if broke is not None:
             self._give_up(self._expiry() if self.expired else f"the upstream connection broke ({broke})")
             return

@@ -21,6 +21,8 @@ time, what should fail:
   read whole (the race the Relay's ``take_over`` covers);
 - ``{"fetch_unwatched": true}``: Fetch does not look at the client's connection on its own
   (``Drain._watch``, every 0.25 s): only mitmproxy's ``client_disconnected`` tells it;
+- ``{"read_on_fails": true}``: the Drain's read of an answer whose client went away
+  (``Drain._read_rest`` once the drain has taken it over) raises, as a bug there would;
 - ``{}``: nothing fails.
 
 The hooks are replaced on the addon instances inside their ``Guard``s (the steps of the
@@ -102,6 +104,14 @@ class Faults:
         relay.Drain._send = sent_then_fails
         watch = relay.Drain._watch
         relay.Drain._watch = lambda drain: None if self.spec().get("fetch_unwatched") else watch(drain)
+        read_rest = relay.Drain._read_rest
+
+        async def read_rest_fails(drain, *args):
+            if drain.taken and self.spec().get("read_on_fails"):
+                raise InjectedFault("injected into Drain._read_rest")
+            return await read_rest(drain, *args)
+
+        relay.Drain._read_rest = read_rest_fails
         gone = relay.Drain._gone
         relay.Drain._gone = lambda drain: False if self.spec().get("fetch_blind") else gone(drain)
 

@@ -235,3 +235,30 @@ def test_a_stream_answer_to_a_json_request_whose_client_left_is_recorded_whole(b
     assert call.error is None and call.delivered is False
     assert trace.nodes[call.node].message.text() == "left behind"
     assert len(sim.model_requests()) == 1
+
+
+def test_a_failure_reading_on_an_abandoned_stream_is_one_error_call_not_a_lost_exchange(sim, start_proxy, tmp_path):
+    """The Drain reads on, in a task of its own, a stream whose client left just as Fetch handed
+    it to the relay; a bug there (tests/faults.py ``read_on_fails``) must still end the exchange
+    on the record, as an error call, not leave it unrecorded with its retries waiting."""
+    import httpx2 as httpx
+
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({"fetch_blind": True, "read_on_fails": True}))
+    proxy = start_proxy({"faults_file": str(faults)}, extra_scripts=[FAULTS])
+    session = proxy.create_session(upstream={"base_url": sim.url("/v1")})
+    chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": {"role": "assistant", "content": "lost"}, "finish_reason": "stop"}]}
+    sim.script(Reply(raw=f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n", content_type="text/event-stream",
+                     first_byte_delay=1.2))
+    with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle), timeout=httpx.Timeout(30.0, read=0.4)) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            client.post("https://api.openai.com/v1/chat/completions", json={"model": "m", "messages": MESSAGES},
+                        headers={"authorization": f"Bearer {session['model_secret']}"})
+    deadline = time.monotonic() + 20
+    while not recorded_calls(session):
+        assert time.monotonic() < deadline, "the failed read-on left the exchange unrecorded"
+        time.sleep(0.1)
+    trace = sealed(proxy, session)
+    assert trace.num_turns == 0 and len(trace.calls) == 1
+    assert "reading it failed (InjectedFault)" in trace.calls[0].error.message and trace.calls[0].delivered is False
