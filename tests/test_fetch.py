@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import anthropic
+import httpx2 as httpx
 import openai
 import pytest
 
@@ -42,6 +43,35 @@ def recorded_calls(session) -> int:
         return len(read_trace(session["trace_path"]).calls)
     except Exception:  # noqa: BLE001 - a record being written
         return 0
+
+
+def chat_sse(*texts: str) -> str:
+    """A Chat Completions stream as the API sends it: a chunk per text, the stop, ``[DONE]``."""
+    chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    events = [{**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": t}, "finish_reason": None}]}
+              for t in texts]
+    events.append({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    return "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+
+
+def abandoned_stream(sim, start_proxy, tmp_path, faults: dict, text: str):
+    """A proxy with tests/faults.py set to ``faults``; a JSON request answered, after 1.2 s, by a
+    stream that its client (0.4 s read timeout) gave up on; back once the exchange is on the
+    record. The proxy and the session."""
+    spec = tmp_path / "faults.json"
+    spec.write_text(json.dumps(faults))
+    proxy = start_proxy({"faults_file": str(spec)}, extra_scripts=[FAULTS])
+    session = proxy.create_session(upstream={"base_url": sim.url("/v1")})
+    sim.script(Reply(raw=chat_sse(text), content_type="text/event-stream", first_byte_delay=1.2))
+    with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle), timeout=httpx.Timeout(30.0, read=0.4)) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            client.post("https://api.openai.com/v1/chat/completions", json={"model": "m", "messages": MESSAGES},
+                        headers={"authorization": f"Bearer {session['model_secret']}"})
+    deadline = time.monotonic() + 20
+    while not recorded_calls(session):
+        assert time.monotonic() < deadline, "the abandoned exchange was never recorded"
+        time.sleep(0.1)
+    return proxy, session
 
 
 def sealed(proxy, session):
@@ -77,12 +107,7 @@ def test_a_stream_answer_to_a_json_request_goes_down_as_it_came(sim, proxy, new_
     stream on as the upstream sent it (not read whole first), sent once, recorded as a turn."""
     session = new_session()
     harness_env(session["env"])
-    events = [{"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-               "choices": [{"index": 0, "delta": {"role": "assistant", "content": t}, "finish_reason": None}]}
-              for t in ("str", "eamed")]
-    events.append({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                   "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
-    raw = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+    raw = chat_sse("str", "eamed")
     sim.script(Reply(raw=raw, content_type="text/event-stream"))
     oai, _ = session_clients(session)
     got = oai.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
@@ -119,8 +144,6 @@ def test_a_json_answer_cut_mid_body_is_a_502_in_the_dialects_shape_sent_once(dia
 def test_an_http2_client_is_fetched_and_streamed_with_its_authority_as_host(sim, proxy, new_session):
     """An HTTP/2 client (as Rust and Go SDKs negotiate) sends no Host header: the request the
     proxy sends upstream carries its authority, for a fetched JSON answer and a stream alike."""
-    import httpx2 as httpx
-
     session = new_session()
     sim.script(Reply(text="over h2"), Reply(text=["h2 ", "stream"]))
     with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle), http2=True, timeout=30) as client:
@@ -143,8 +166,6 @@ def test_the_same_body_sent_at_once_by_a_client_that_gave_up_gets_the_first_answ
     once, with no retry header: mitmproxy reports the first client's disconnection while the
     answer is still fetched, so the second request is known for a retry of it, waits for the
     answer the proxy reads on, and gets it. One generation, one turn, undelivered, replayed."""
-    import httpx2 as httpx
-
     # mitmproxy logs each client's disconnection at debug; Fetch's own look at the client's
     # connection every 0.25 s is off (tests/faults.py), so only mitmproxy's report can tell it.
     faults = tmp_path / "faults.json"
@@ -210,25 +231,7 @@ def test_a_stream_answer_to_a_json_request_whose_client_left_is_recorded_whole(b
     time the head arrives (Fetch reads it whole itself), or goes just as Fetch hands the stream
     to the relay (Fetch blind to it: mitmproxy's ``error`` comes before the flow reaches the
     relay, so the Drain reads the stream itself): one turn, whole, undelivered, asked once."""
-    import httpx2 as httpx
-
-    faults = tmp_path / "faults.json"
-    faults.write_text(json.dumps({"fetch_blind": blind}))
-    proxy = start_proxy({"faults_file": str(faults)}, extra_scripts=[FAULTS])
-    session = proxy.create_session(upstream={"base_url": sim.url("/v1")})
-    chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-             "choices": [{"index": 0, "delta": {"role": "assistant", "content": "left behind"}, "finish_reason": None}]}
-    end = {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
-    raw = f"data: {json.dumps(chunk)}\n\ndata: {json.dumps(end)}\n\ndata: [DONE]\n\n"
-    sim.script(Reply(raw=raw, content_type="text/event-stream", first_byte_delay=1.2))
-    with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle), timeout=httpx.Timeout(30.0, read=0.4)) as client:
-        with pytest.raises(httpx.ReadTimeout):
-            client.post("https://api.openai.com/v1/chat/completions", json={"model": "m", "messages": MESSAGES},
-                        headers={"authorization": f"Bearer {session['model_secret']}"})
-    deadline = time.monotonic() + 20
-    while not recorded_calls(session):
-        assert time.monotonic() < deadline, "the abandoned stream was never recorded"
-        time.sleep(0.1)
+    proxy, session = abandoned_stream(sim, start_proxy, tmp_path, {"fetch_blind": blind}, "left behind")
     trace = sealed(proxy, session)
     assert len(trace.calls) == 1 and trace.num_turns == 1
     call = trace.calls[0]
@@ -241,24 +244,7 @@ def test_a_failure_reading_on_an_abandoned_stream_is_one_error_call_not_a_lost_e
     """The Drain reads on, in a task of its own, a stream whose client left just as Fetch handed
     it to the relay; a bug there (tests/faults.py ``read_on_fails``) must still end the exchange
     on the record, as an error call, not leave it unrecorded with its retries waiting."""
-    import httpx2 as httpx
-
-    faults = tmp_path / "faults.json"
-    faults.write_text(json.dumps({"fetch_blind": True, "read_on_fails": True}))
-    proxy = start_proxy({"faults_file": str(faults)}, extra_scripts=[FAULTS])
-    session = proxy.create_session(upstream={"base_url": sim.url("/v1")})
-    chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-             "choices": [{"index": 0, "delta": {"role": "assistant", "content": "lost"}, "finish_reason": "stop"}]}
-    sim.script(Reply(raw=f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n", content_type="text/event-stream",
-                     first_byte_delay=1.2))
-    with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle), timeout=httpx.Timeout(30.0, read=0.4)) as client:
-        with pytest.raises(httpx.ReadTimeout):
-            client.post("https://api.openai.com/v1/chat/completions", json={"model": "m", "messages": MESSAGES},
-                        headers={"authorization": f"Bearer {session['model_secret']}"})
-    deadline = time.monotonic() + 20
-    while not recorded_calls(session):
-        assert time.monotonic() < deadline, "the failed read-on left the exchange unrecorded"
-        time.sleep(0.1)
+    proxy, session = abandoned_stream(sim, start_proxy, tmp_path, {"fetch_blind": True, "read_on_fails": True}, "lost")
     trace = sealed(proxy, session)
     assert trace.num_turns == 0 and len(trace.calls) == 1
     assert "reading it failed (InjectedFault)" in trace.calls[0].error.message and trace.calls[0].delivered is False
