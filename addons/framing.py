@@ -1,13 +1,13 @@
 """Framing: where an HTTP/1.1 answer's body ends, read off its raw bytes.
 
 The relay (``addons/relay.py``) passes an upstream's answer down its loopback connection to
-mitmproxy byte for byte, as the upstream framed it: decoding each chunk with h11 and encoding
-it again for mitmproxy to decode a third time cost more per streamed event than the rest of
-the hop (``docs/benchmarks.md``, "The relay"). What the relay still has to know is where the
-answer ends (to put the connection back in the pool, or to finish an abandoned answer) and
-the body's bytes themselves (the Drain's buffer, which the takeover feeds through the
-pipeline). That is this: a tracker fed each read, which says how many of its bytes belong to
-the answer and appends the body they carry to a buffer.
+mitmproxy as it arrives, a chunked body as one chunk per read: decoding each chunk with h11
+and encoding it again, one by one, cost more per streamed event than the rest of the hop
+(``docs/benchmarks.md``, "The relay"). What the relay has to know is where the answer ends
+(to put the connection back in the pool, or to finish an abandoned answer) and the body's
+bytes themselves (what it passes on, and the Drain's buffer, which the takeover feeds through
+the pipeline). That is this: a tracker fed each read, which says how many of its bytes belong
+to the answer and appends the body they carry to a buffer.
 
 h11 parses the head (its checks and size limit apply: a single ``Transfer-Encoding:
 chunked``, consistent ``Content-Length`` values); ``of`` picks the body's framing exactly as

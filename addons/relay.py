@@ -27,7 +27,7 @@ So for a model POST the proxy owns the upstream connection, and mitmproxy stays 
   (TLS verified as mitmproxy would: ``ssl_insecure``, ``ssl_verify_upstream_trusted_ca``,
   ``ssl_verify_upstream_trusted_confdir``, else certifi; idle connections pooled per upstream
   address and shared by every session, so a turn rarely pays for a handshake) and passes
-  the answer back byte for byte as it arrives. mitmproxy runs the answer's pipeline
+  the answer back as it arrives (its body's bytes as sent, below). mitmproxy runs the answer's pipeline
   (``addons/pipeline.py``) on it exactly as before; observers see the real upstream (the
   flow's address is restored at the answer's headers).
 - Each ``Drain`` (one exchange) keeps the body bytes mitmproxy has not yet passed through the
@@ -43,10 +43,16 @@ So for a model POST the proxy owns the upstream connection, and mitmproxy stays 
 - An upstream that cannot be reached or closes without answering gets a 502 in the dialect's
   shape (mitmproxy's own is an HTML page no SDK reads as a provider error), retryable.
 
-The answer goes down the loopback as the upstream framed it (h11 parses its head;
-``addons/framing.py`` tracks where its body ends and keeps the body for the Drain): decoding
-and encoding every chunk again cost more per streamed event than the rest of the proxy's
-hop. What is left is one loopback hop per streamed exchange (``docs/benchmarks.md``, "The relay").
+The answer's head goes down the loopback as the upstream sent it (h11 parses it), its body
+as the upstream framed it, except that a chunked body goes down as one chunk per read of the
+upstream: the body bytes that read carried, which ``addons/framing.py`` already takes out for
+the Drain (and checks), no chunk decoded or encoded on its own. mitmproxy does its whole
+per-chunk work (its layers' events, the pipeline's callable, a write to the client) once per
+chunk it reads, so a provider's one chunk per token cost that once per event; now the events
+that arrived together (a fast model, a busy proxy: the more load, the more per read) travel
+together, and an event that arrives alone still goes at once. The harness reads the same bytes
+(chunk boundaries carry no meaning in HTTP; extensions are not passed on, trailers never were).
+What is left is one loopback hop per streamed exchange (``docs/benchmarks.md``, "The relay").
 ``intercept_drain_timeout=0`` turns the relay off: mitmproxy talks to the upstream itself, and
 an answer the client abandons is lost as before. Upstream-proxy modes and client certificates
 are left to mitmproxy (the relay would bypass them).
@@ -73,7 +79,7 @@ from mitmproxy.connection import ConnectionState
 from interceptor.addons import hold
 from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import KEY, Exchange, exchange_of
-from interceptor.addons.framing import CLOSE, Body, FramingError
+from interceptor.addons.framing import CHUNKED, CLOSE, Body, FramingError
 from interceptor.addons.record import commit, mark_undelivered
 from interceptor.trace.messages import ResponseError
 
@@ -200,6 +206,14 @@ def _request(method: bytes, target: bytes, headers, body: bytes, host: str) -> b
 
 
 _NOT_SENT = {TICKET.encode(), b"content-length", b"transfer-encoding"}
+
+
+def _chunk(buf: bytearray, start: int, end: int, last: bool) -> bytes:
+    """A chunked answer's body bytes ``buf[start:end]`` (one read's) as one chunk, and the
+    last chunk after them if the answer ended in that read; nothing for a read that carried
+    only framing (a zero-size chunk would end the answer)."""
+    data = b"%x\r\n%b\r\n" % (end - start, buf[start:end]) if end > start else b""
+    return data + b"0\r\n\r\n" if last else data
 
 
 def _head(event: h11.Response) -> bytes:
@@ -390,18 +404,24 @@ class Drain:
         up, event, frame, rest = sent.up, sent.event, sent.frame, sent.rest
         if self.ex.hold is not None:
             return await self._held(down, writer, up, frame, rest)
-        # The answer goes down as the upstream framed it (``addons/framing.py``): mitmproxy
-        # reads the same bytes it would have read from the upstream; the Drain keeps the body.
+        # The answer goes down as the upstream framed it, a chunked body one chunk per read
+        # (``_chunk``; ``addons/framing.py`` takes the body out); the Drain keeps the body.
         if self.taken:
             self._guarded(self._headers)
         else:
             self._down(writer, _head(event))
         transport = writer.transport
+        rechunk = frame.kind == CHUNKED
+        mark = self.base + len(self.buf)  # the body's bytes read so far (the buffer's trims keep the sum)
         try:
             async for data in _reads(up, frame, rest, self.buf):
                 if self.taken:
                     self._guarded(self._feed)
                 elif self.down_alive:
+                    if rechunk:  # the read's body bytes as one chunk (the module docstring)
+                        end = self.base + len(self.buf)
+                        data = _chunk(self.buf, mark - self.base, end - self.base, frame.done)
+                        mark = end
                     self._down(writer, data)
                     if transport.get_write_buffer_size():  # else drain() has nothing to wait for
                         try:

@@ -1,7 +1,8 @@
-"""The relay passes an upstream's answer on as the upstream framed it (addons/framing.py).
+"""The relay passes an upstream's answer on as it arrives (addons/framing.py).
 
-The relay no longer decodes and re-encodes an answer's body (issue 16): it forwards the
-upstream's bytes and tracks where the body ends itself. What must hold whatever the framing:
+The relay does not decode and re-encode an answer's chunks one by one (issue 16): it tracks
+where the body ends itself and passes each read's body bytes on, a chunked body as one chunk
+per read. What must hold whatever the framing:
 the harness gets the whole answer, the turn is recorded whole, a kept-alive upstream connection
 is reused (a close-delimited one is not), an answer the harness abandons is still read to its
 end and recorded from the tracked body, and a malformed body breaks the exchange instead of
@@ -212,6 +213,32 @@ def test_an_abandoned_answer_in_any_framing_is_read_to_its_end_and_recorded(fram
     call = next(c for c in trace.calls if c.node is not None)
     assert trace.num_turns == 1 and call.delivered is False and call.error is None
     assert trace.nodes[call.node].message.text() == "".join(PIECES)
+
+
+def test_events_that_reach_the_relay_together_go_on_as_one_chunk(sim, proxy, new_session):
+    """80 events written at once (``framing="burst"``): the harness reads the same events in a
+    few chunks, not 80 (mitmproxy's work per chunk is then per read, ``addons/relay.py``), and
+    the turn is recorded whole. An event that arrives alone still goes at once: the paced
+    answer is read as one chunk per event."""
+    pieces = [f"w{k} " for k in range(80)]
+    sim.script(Reply(text=pieces, framing="burst"), Reply(text=pieces[:6], delay=0.05))
+    session = new_session()
+    payload = {"model": "gpt-4.1", "messages": MESSAGES, "stream": True}
+    got = []
+    with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle), timeout=30) as client:
+        for _ in range(2):
+            with client.stream("POST", "https://api.openai.com/v1/chat/completions", json=payload,
+                               headers={"authorization": f"Bearer {session['model_secret']}"}) as r:
+                assert r.status_code == 200
+                got.append(list(r.iter_raw()))
+    body = b"".join(got[0])
+    texts = [c["delta"].get("content") or "" for line in body.decode().splitlines() if line.startswith("data: {")
+             for c in json.loads(line[6:])["choices"]]
+    assert "".join(texts) == "".join(pieces) and body.endswith(b"data: [DONE]\n\n")
+    assert len(got[0]) <= 4, [len(c) for c in got[0]]
+    assert len(got[1]) >= 6, [len(c) for c in got[1]]  # paced: nothing waits for company
+    trace = turns(proxy, session)
+    assert [trace.nodes[c.node].message.text() for c in trace.calls] == ["".join(pieces), "".join(pieces[:6])]
 
 
 def test_a_malformed_chunk_breaks_the_answer_and_is_never_a_whole_one(sim, proxy, new_session):

@@ -118,7 +118,10 @@ class Reply:
                       (chunk extensions on every chunk, trailers after the last, RFC 9112
                       7.1.1-7.1.2), "split" (each chunk header, chunk and CRLF cut in pieces
                       written apart, so a client reads them apart), "close" (no chunking nor
-                      length: the body ends when the connection closes, RFC 9112 6.3 item 8).
+                      length: the body ends when the connection closes, RFC 9112 6.3 item 8),
+                      "burst" (every chunk, one per event as usual, and the last chunk held
+                      and written at once: the events reach the reader in one read, as a fast
+                      model's reach a busy proxy; `delay` then only postpones the body).
     """
 
     text: str | Sequence[str] | None = None
@@ -168,7 +171,7 @@ class Reply:
         ]
         if self.content_encoding not in (None, "identity", "gzip", "br", "zstd", "deflate"):
             raise ValueError(f"unknown content_encoding {self.content_encoding!r}")
-        if self.framing not in (None, "extensions", "split", "close"):
+        if self.framing not in (None, "extensions", "split", "close", "burst"):
             raise ValueError(f"unknown framing {self.framing!r}")
 
     def gap(self, index: int) -> float:

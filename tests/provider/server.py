@@ -449,6 +449,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         sim = self.server.sim
         self._framing = None  # this answer's Reply.framing, once it has one
+        self._burst = bytearray()  # framing "burst": the chunks so far, written with the last one
         try:
             body = self._read_body()
             path = self.path
@@ -626,6 +627,8 @@ class _Handler(BaseHTTPRequestHandler):
                     time.sleep(0.003)
         elif framing == "close":
             self.wfile.write(data)  # no framing: the body ends with the connection
+        elif framing == "burst":
+            self._burst += b"%X\r\n%s\r\n" % (len(data), data)
         else:
             self.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
 
@@ -639,6 +642,9 @@ class _Handler(BaseHTTPRequestHandler):
             for piece in (b"0\r", b"\n\r", b"\n"):
                 self.wfile.write(piece)
                 time.sleep(0.003)
+        elif framing == "burst":
+            self.wfile.write(bytes(self._burst) + b"0\r\n\r\n")
+            self._burst.clear()
         else:
             self.wfile.write(b"0\r\n\r\n")
 
