@@ -7,12 +7,13 @@ that stops reading at ``message_stop`` / ``response.completed`` / ``[DONE]`` and
 next request at once never races the record. JSON answers are assembled in ``on_response``.
 ``Assemble`` is the first stage of the answer's pipeline; ``Tee`` is the addon that runs it.
 
-Most of a stream is one kind of event (a text delta), one per chunk. A chunk that is one
-whole such event, arriving between events, is read by the dialect's shortcut
-(``NativeAssembler.quick``): the assembler learned the event's exact shape from the first one
-it parsed, and reads only the string the record needs (``dialects/common.py``'s ``Shape``).
-Anything else (another kind of event, a split or merged one, vLLM's token fields) is cut
-into lines, parsed and folded. The record is the same either way (``tests/test_tee.py``);
+Most of a stream is one kind of event (a text delta); a chunk carries one or several (the
+relay sends what reached it in one read as one chunk). The whole such events a chunk starts
+with, arriving between events, are read by the dialect's shortcut (``NativeAssembler.quick``):
+the assembler learned the event's exact shape from the first one it parsed, and reads only
+the string the record needs (``dialects/common.py``'s ``Shape``). Anything else (another
+kind of event, a split one, vLLM's token fields), and whatever follows it in the chunk, is
+cut into lines, parsed and folded. The record is the same either way (``tests/test_tee.py``);
 the shortcut costs a fraction of the CPU per event (``bench/pipeline.py``).
 
 A failed exchange (an error status, an ``error`` event, a cut stream, an unreachable
@@ -65,13 +66,10 @@ class StreamTee:
         try:
             if chunk:
                 data = chunk if self.identity else self.decoder.decode(chunk)
-                sse, quick = self.sse, self.quick
-                if quick is not None and data and sse.idle and quick(data):
-                    sse.bytes_seen += len(data)
-                    if self.clock is not None:
-                        self.clock.times.append(time.monotonic())
-                    return chunk
-                self._feed(sse.feed(data))
+                if self.quick is not None:
+                    self._events(data)
+                else:
+                    self._feed(self.sse.feed(data))
             else:  # end of body
                 tail = self.decoder.flush()
                 events = self.sse.feed(tail) if tail else []
@@ -83,6 +81,30 @@ class StreamTee:
             log.exception(f"interceptor: session {self.ex.session.id!r}: stream assembly failed")
             commit(self.ex, self.flow, None, ResponseError(type="assembler_error", message=f"{type(e).__name__}: {e}"))
         return chunk
+
+    def _events(self, data: bytes) -> None:
+        """A chunk, piece by piece: each up to its first blank line (``\n\n``; a JSON string
+        cannot hold a raw LF). A piece that is one whole event of the learned shape, between
+        events, is read by the shortcut; any other (the rest of an event the last chunk cut,
+        another kind of event, which may teach a new shape, a comment, CRLF lines) is fed the
+        full way, as is what follows the last blank line. Piece by piece, not the rest of the
+        chunk at once: a shape is learned from one event, as when chunks were one event each.
+        The decoder sees the same bytes in the same order either way."""
+        sse, quick, clock, pos, end = self.sse, self.quick, self.clock, 0, len(data)
+        while pos < end and not self.done:
+            cut = data.find(b"\n\n", pos) + 2
+            if cut < 2:
+                break
+            piece = data if not pos and cut == end else data[pos:cut]
+            if sse.idle and quick(piece):
+                sse.bytes_seen += len(piece)
+                if clock is not None:
+                    clock.times.append(time.monotonic())
+            else:
+                self._feed(sse.feed(piece))
+            pos = cut
+        if pos < end and not self.done:
+            self._feed(sse.feed(data[pos:] if pos else data))
 
     def _feed(self, events) -> None:
         # The chunk's arrival, once per event (before the feed: the terminal event commits).

@@ -149,6 +149,29 @@ def test_the_shortcut_is_exact_for_any_split(world, monkeypatch, case):  # noqa:
         assert response.model_dump() == full_path(events, DIALECT.get(case, CHAT)).model_dump()
 
 
+@pytest.mark.parametrize("case", [*SHORTCUT, "vllm token fields"])
+def test_a_chunk_of_many_whole_events_is_read_by_the_shortcut(world, monkeypatch, case):  # noqa: F811
+    """The relay sends what reached it in one read as one chunk (``addons/relay.py``): runs
+    of 1 to 40 whole events. Each event of the learned shape is read by the shortcut, each
+    gets its arrival time, and the record is the full path's (vLLM's: no shortcut at all)."""
+    events = CASES[case]
+    rng = random.Random(40)
+    chunks, k = [], 0
+    while k < len(events):
+        n = rng.randint(1, 40)
+        chunks.append(b"".join(events[k:k + n]))
+        k += n
+    assert len(chunks) < len(events) // 4
+    response, received, times, quick = through_tee(world, monkeypatch, chunks)
+    assert received == b"".join(events)
+    assert response.model_dump() == full_path(events, DIALECT.get(case, CHAT)).model_dump()
+    assert times == len(events)
+    if case in SHORTCUT:
+        assert quick > len(events) // 2
+    else:
+        assert quick == 0 and response.token_ids and response.logprobs
+
+
 def test_a_chunk_that_only_looks_like_the_shape_takes_the_full_path():
     """What is not one JSON string in the hole (a quote, a raw newline, a second event, a
     key after the hole) is no match, so the full path reads it."""
