@@ -57,6 +57,7 @@ import json
 import os
 import secrets
 import signal
+import shutil
 import statistics
 import subprocess
 import sys
@@ -893,6 +894,8 @@ def main() -> int:
     ap.add_argument("--workloads", default=None, help="only the workloads whose names contain one of these "
                     "comma-separated words (e.g. '64,sequential'); the rollout is --turns")
     ap.add_argument("--report", default=str(ROOT / "bench-results" / "compare.md"))
+    ap.add_argument("--keep", action="store_true", help="keep the work dir (logs, traces) when every check passed; "
+                                                         "it is always kept when one failed")
     ap.add_argument("--plots", default=None, help="PNG folder (default docs/img; quick: beside the report)")
     args = ap.parse_args()
     if args.serve:
@@ -1039,7 +1042,12 @@ def main() -> int:
     print(text)
     report.write_text(text)
     print(f"report written to {report}")
-    return 1 if run_problems or any(p.problems for p in paths) else 0
+    failed = bool(run_problems or any(p.problems for p in paths))
+    if failed or args.keep:
+        print(f"work dir kept: {work} (the paths' logs and traces)")
+    else:  # ~200 MB of logs and traces a run: a nightly bench must not fill /tmp
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

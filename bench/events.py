@@ -1,6 +1,6 @@
 """Proxy CPU per streamed event: bare streaming mitmdump against this proxy, side by side.
 
-    .venv/bin/python bench/events.py [--streams 60] [--tokens 500] [--before REV] [--relay-off]
+    .venv/bin/python bench/events.py [--streams 60] [--tokens 500] [--gap-ms 0] [--before REV] [--relay-off]
 
 Chat Completions streams of ``--tokens`` events each (one token per event, as providers
 send them), sequential, through: bare mitmdump streaming SSE (``bench/stream_sse.py``, the
@@ -43,18 +43,22 @@ from interceptor.trace import read_trace  # noqa: E402
 URL = "https://api.openai.com/v1/chat/completions"
 
 
-def chat_stream(client: httpx.Client, payload: bytes, secret: str) -> tuple[int, str]:
-    """One streamed Chat turn read to its end: the events received, the text they carry."""
-    events, text = 0, []
+def chat_stream(client: httpx.Client, payload: bytes, secret: str) -> tuple[int, str, int]:
+    """One streamed Chat turn read to its end: the events received, the text they carry, and
+    the HTTP chunks they came in (httpx hands over one per chunk)."""
+    events, text, chunks, rest = 0, [], 0, b""
     with client.stream("POST", URL, content=payload, headers={
             "authorization": f"Bearer {secret}", "content-type": "application/json"}) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if line.startswith("data:"):
-                events += 1
-                if line.startswith("data: {"):
-                    text += [c["delta"].get("content") or "" for c in json.loads(line[6:])["choices"]]
-    return events, "".join(text)
+        for raw in r.iter_raw():
+            chunks += 1
+            *lines, rest = (rest + raw).split(b"\n")
+            for line in lines:
+                if line.startswith(b"data:"):
+                    events += 1
+                    if line.startswith(b"data: {"):
+                        text += [c["delta"].get("content") or "" for c in json.loads(line[6:])["choices"]]
+    return events, "".join(text), chunks
 
 
 def check_traces(procs: dict[str, MitmProcess], sessions: dict[str, dict], turns: int, text: str) -> None:
@@ -76,11 +80,17 @@ def main() -> int:
     ap.add_argument("--before", default="none", help="a git revision, or 'none'")
     ap.add_argument("--relay-off", action="store_true",
                     help="add this checkout (and --before) with intercept_drain_timeout=0 (no relay hop) as paths")
+    ap.add_argument("--gap-ms", type=float, default=0,
+                    help="the simulator sleeps this long between events (a provider at token rate: each "
+                         "event read alone); 0, the default: as fast as it can write them")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-events-"))
     pieces = [f"w{k} " for k in range(args.tokens)]
     script = work / "script.json"
-    script.write_text(json.dumps({"default": {"text": pieces}}))
+    reply = {"text": pieces}
+    if args.gap_ms:
+        reply["delay"] = args.gap_ms / 1000
+    script.write_text(json.dumps({"default": reply}))
     sim, sim_url = start_simulator(work, [sys.executable, "-m", "provider", "--port", "0", "--script", str(script)])
     opts = {"intercept_upstream": f"{sim_url}/v1", "intercept_api_key_env": KEY_ENV}
     env = {KEY_ENV: "sk-bench-real-key"}
@@ -97,6 +107,7 @@ def main() -> int:
                                                 options={**opts, "intercept_drain_timeout": "0"})
     procs["proxy"] = MitmProcess(workdir=work / "proxy", options=opts, env=env)
     per_event: dict[str, list[float]] = {n: [] for n in procs}
+    chunks: dict[str, list[int]] = {n: [] for n in procs}
     loads = [load()]
     try:
         for p in procs.values():
@@ -110,7 +121,7 @@ def main() -> int:
                 ca = p.ca_bundle if n in sessions else p.confdir / "mitmproxy-ca-cert.pem"
                 clients[n] = stack.enter_context(httpx.Client(proxy=p.url, verify=str(ca), timeout=120))
 
-            def stream(n: str) -> tuple[int, str]:
+            def stream(n: str) -> tuple[int, str, int]:
                 return chat_stream(clients[n], payload, sessions[n]["model_secret"] if n in sessions else "sk-unused")
 
             names = list(procs)
@@ -120,9 +131,10 @@ def main() -> int:
                 for n in names[k % len(names):] + names[:k % len(names)]:
                     pid = procs[n].proc.pid
                     t0 = cpu_ns(pid)
-                    events, text = stream(n)
+                    events, text, got = stream(n)
                     time.sleep(0.005)
                     per_event[n].append(cpu_between(t0, cpu_ns(pid)) / events / 1e3)
+                    chunks[n].append(got)
                     assert text == "".join(pieces), (n, text[:60])
                 if k % 20 == 19:
                     loads.append(load())
@@ -134,14 +146,15 @@ def main() -> int:
         sim.wait(10)
     print(f"machine: {machine()}; load average at the start and every 20 streams: {' | '.join(loads)}")
     print(f"{args.streams} streams of {args.tokens} token events per path, paths in rotating order"
+          + (f", {args.gap_ms:g} ms between events" if args.gap_ms else ", events as fast as the simulator writes them")
           + (f"; before = {args.before}" if args.before != "none" else ""))
     print()
-    print("| path | CPU per event, µs: median (p10-p90) | over bare + stream, µs (medians) |")
-    print("|---|---|---|")
+    print("| path | CPU per event, µs: median (p10-p90) | over bare + stream, µs (medians) | HTTP chunks the client read per stream, median |")
+    print("|---|---|---|---|")
     bare = statistics.median(per_event["bare + stream"])
     for n, xs in per_event.items():
         m = statistics.median(xs)
-        print(f"| {n} | {m:.1f} ({quantile(xs, 0.1):.1f}-{quantile(xs, 0.9):.1f}) | {m - bare:+.1f} |")
+        print(f"| {n} | {m:.1f} ({quantile(xs, 0.1):.1f}-{quantile(xs, 0.9):.1f}) | {m - bare:+.1f} | {statistics.median(chunks[n]):.0f} |")
     return 0
 
 

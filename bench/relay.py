@@ -95,7 +95,7 @@ def main() -> int:
                     r.raise_for_status()
                     assert r.json()["choices"][0]["message"]["content"] == "".join(pieces), n
                     return 1
-                events, text = chat_stream(clients[n], payload, secrets[n])
+                events, text, _ = chat_stream(clients[n], payload, secrets[n])
                 assert text == "".join(pieces), (n, text[:60])
                 return events
 
