@@ -8,12 +8,12 @@ next request at once never races the record. JSON answers are assembled in ``on_
 ``Assemble`` is the first stage of the answer's pipeline; ``Tee`` is the addon that runs it.
 
 Most of a stream is one kind of event (a text delta); a chunk carries one or several (the
-relay sends what reached it in one read as one chunk). The whole such events a chunk starts
-with, arriving between events, are read by the dialect's shortcut (``NativeAssembler.quick``):
-the assembler learned the event's exact shape from the first one it parsed, and reads only
-the string the record needs (``dialects/common.py``'s ``Shape``). Anything else (another
-kind of event, a split one, vLLM's token fields), and whatever follows it in the chunk, is
-cut into lines, parsed and folded. The record is the same either way (``tests/test_tee.py``);
+relay sends what reached it in one read as one chunk). Each whole such event in a chunk,
+between events, is read by the dialect's shortcut (``NativeAssembler.quick``): the assembler
+learned the event's exact shape from the first one it parsed, and reads only the string the
+record needs (``dialects/common.py``'s ``Shape``). Anything else (another kind of event, a
+split one, vLLM's token fields) is cut into lines, parsed and folded, and the shortcut goes
+on after it (``StreamTee._events``). The record is the same either way (``tests/test_tee.py``);
 the shortcut costs a fraction of the CPU per event (``bench/pipeline.py``).
 
 A failed exchange (an error status, an ``error`` event, a cut stream, an unreachable
