@@ -29,7 +29,8 @@ installed or started is reported as skipped, with the reason, and the run goes o
 Workloads (each path in turn, the order rotating and reversing with every repetition):
 sequential 20 KB JSON requests; sequential streams from a sync and from an async client (20 KB
 request, 50-token answer); 16 and 64 concurrent JSON clients; 500-token streams at 16 and 64
-concurrent streams; then a growing rollout (``--turns``, each request restating the history and
+concurrent streams, as fast as the simulator writes them; 200-token streams at 50 tokens/s (20 ms
+apart, a provider's pace: each event read alone), 16 concurrent; then a growing rollout (``--turns``, each request restating the history and
 adding 570 characters a side, every path in the same turn, rotating order).
 
 Measured per path: latency p50/p99 and the latency added over direct (the difference of the
@@ -96,17 +97,28 @@ VERIFIERS = ["verifiers==0.4.0"]
 # -- the simulator, with a tally -------------------------------------------------------------
 
 
+def _head(messages: list[dict]) -> str:
+    text = messages[-1].get("content") if messages else ""
+    return text.split(";", 1)[0] if isinstance(text, str) else ""
+
+
 def reply_for(messages: list[dict]) -> list[str]:
     """The answer's pieces, named by the last user message's prefix: ``tokens=N;`` streams N
-    one-token events, ``chunk=N;`` answers N characters, anything else a short answer."""
-    text = messages[-1].get("content") if messages else ""
-    head = text.split(";", 1)[0] if isinstance(text, str) else ""
+    one-token events (``tokens=N,gap=MS;``: MS milliseconds apart, ``gap_for``), ``chunk=N;``
+    answers N characters, anything else a short answer."""
+    head = _head(messages)
     if head.startswith("tokens="):
-        return [f"w{k} " for k in range(int(head[7:]))]
+        return [f"w{k} " for k in range(int(head[7:].split(",")[0]))]
     if head.startswith("chunk="):
         n = int(head[6:])
         return [("The answer, at length. " * (n // 23 + 1))[:n]]
     return SHORT
+
+
+def gap_for(messages: list[dict]) -> float:
+    """Seconds between the answer's events (``tokens=N,gap=MS;``), else 0: as fast as it writes."""
+    head = _head(messages)
+    return float(head.split(",gap=", 1)[1]) / 1000 if head.startswith("tokens=") and ",gap=" in head else 0.0
 
 
 def serve() -> None:
@@ -130,7 +142,8 @@ def serve() -> None:
                 tally.clear()
                 return Reply(text=text)
             tally[(model, record.key == REAL_KEY)] += 1
-        return Reply(text=reply_for(body.get("messages") or []))
+        messages = body.get("messages") or []
+        return Reply(text=reply_for(messages), delay=gap_for(messages))
 
     sim = ProviderSimulator(default=reply).start()
     print(f"listening on {sim.base_url}", flush=True)
@@ -350,11 +363,19 @@ class Workload:
     tokens: int       # answer events (streams) or 0 for the short answer
     asynchronous: bool
     size: int = 20_000
+    gap_ms: float = 0  # between a stream's events (0: as fast as the simulator writes them)
+
+    @property
+    def prefix(self) -> str:
+        """What names the answer for ``reply_for`` and ``gap_for``."""
+        if not self.tokens:
+            return "short;"
+        return f"tokens={self.tokens}" + (f",gap={self.gap_ms:g}" if self.gap_ms else "") + ";"
 
     def body(self, model: str) -> Callable[[], bytes]:
         """Each call a new request: a number after the reply's name makes every body its own
         (one session asked the same body twice is a retry to this proxy, rightly)."""
-        prefix = f"tokens={self.tokens};" if self.tokens else "short;"
+        prefix = self.prefix
         data: dict[str, Any] = {"model": model, "messages": [
             {"role": "user", "content": prefix + "#" * 12 + " " + "x" * max(0, self.size - 200)}]}
         if self.stream:
@@ -364,7 +385,7 @@ class Workload:
         return lambda: raw.replace(mark, f"{prefix}{next(_REQUESTS):012d}".encode(), 1)
 
     def expected(self) -> str:
-        return "".join(reply_for([{"content": f"tokens={self.tokens};" if self.tokens else "short;"}]))
+        return "".join(reply_for([{"content": self.prefix}]))
 
 
 def parse_answer(stream: bool, data: bytes | list[str]) -> tuple[str, int]:
@@ -925,6 +946,9 @@ def main() -> int:
         Workload(f"JSON, {c64} clients", c64, 3 if quick else 10, False, 0, True),
         Workload(f"500-token streams, {c16} concurrent", c16, 1 if quick else 2, True, 500, True, size=2_000),
         Workload(f"500-token streams, {c64} concurrent", c64, 1, True, 500, True, size=2_000),
+        # A provider's pace (~50 tokens/s): each event read alone, where the relay's batching of
+        # the events of one read (the fast workloads above) does not apply.
+        Workload(f"200-token streams at 50 tokens/s, {c16} concurrent", c16, 1, True, 200, True, size=2_000, gap_ms=20),
     ]
     base_workloads = list(workloads)
     if args.workloads:
