@@ -464,7 +464,7 @@ class Drain:
                 return
             event = sent.event
             ctype = next((v.decode("latin-1") for k, v in event.headers if k == b"content-type"), "")
-            if self.ex.wire.frames(event.status_code, ctype, self.ex.stream) is not None and not self._gone():
+            if self.ex.wire.frames(event.status_code, ctype, self.ex.stream) is not None and not self.gone():
                 self.sent = sent  # a stream after all: the relay passes it down (``run``)
                 return
             self._answered(sent)
@@ -475,7 +475,7 @@ class Drain:
                               f"the session's upstream {self.target.where()} broke the connection before the "
                               f"answer's end ({broke})", True)
                 return
-            if self._gone():  # ``_finish`` builds the answer from ``buf`` and runs the pipeline, as a takeover's
+            if self.gone():  # ``_finish`` builds the answer from ``buf`` and runs the pipeline, as a takeover's
                 self._close_out(self._finish)
                 return
             self.fetched = True
@@ -548,13 +548,14 @@ class Drain:
 
     def _refused(self, message: str, retry: bool) -> None:
         """No answer: the 502 in the upstream's dialect, or, the client gone, the record's error."""
-        if self._gone():
+        if self.gone():
             self._close_out(lambda: self._give_up(message))
         else:
             self._answer(error_response(self.ex.wire, 502, message, retry=retry))
 
-    def _gone(self) -> bool:
-        """The client went away (seen now or by ``_watch``): the answer is this drain's to end."""
+    def gone(self) -> bool:
+        """Has the client gone away (seen now, by ``_watch``, or told by ``Fetch``)? If so the
+        answer is from now on this drain's to end (``_left``, and the pipeline told)."""
         if not self.taken and not self.flow.client_conn.state & ConnectionState.CAN_READ:
             self._left()
             self.relay.pipeline.client_gone(self.flow)
@@ -578,7 +579,7 @@ class Drain:
         ``WATCH`` seconds besides (a half-closed connection is not reported): from then on the
         answer is read for at most ``intercept_drain_timeout``, and a retry of it coalesces on
         it (Retry), even one that carries no retry header."""
-        if self.fetching and not self._gone():
+        if self.fetching and not self.gone():
             self._watching = asyncio.get_running_loop().call_later(WATCH, self._watch)
 
     async def _held(self, down: h11.Connection, writer: asyncio.StreamWriter, up: Upstream, frame: Body,
@@ -1008,7 +1009,7 @@ class Fetch:
     def client_disconnected(self, client) -> None:
         """The client went away: each answer still fetched for it is now the drain's to end."""
         for drain in list(self.relay.fetching.get(client.id, ())):
-            drain._gone()
+            drain.gone()
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:

@@ -166,7 +166,12 @@ def chat(client: httpx.Client, session: dict, stream: bool) -> str:
     assert r.status_code == 200, r.text[:300]
     if not stream:
         return r.json()["choices"][0]["message"]["content"]
-    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    return sse_text(r.text)
+
+
+def sse_text(body: str) -> str:
+    """The text a Chat Completions stream's events carry."""
+    events = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {")]
     return "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
 
 
@@ -232,9 +237,7 @@ def test_events_that_reach_the_relay_together_go_on_as_one_chunk(sim, proxy, new
                 assert r.status_code == 200
                 got.append(list(r.iter_raw()))
     body = b"".join(got[0])
-    texts = [c["delta"].get("content") or "" for line in body.decode().splitlines() if line.startswith("data: {")
-             for c in json.loads(line[6:])["choices"]]
-    assert "".join(texts) == "".join(pieces) and body.endswith(b"data: [DONE]\n\n")
+    assert sse_text(body.decode()) == "".join(pieces) and body.endswith(b"data: [DONE]\n\n")
     assert len(got[0]) <= 4, [len(c) for c in got[0]]
     assert len(got[1]) >= 6, [len(c) for c in got[1]]  # paced: nothing waits for company
     trace = turns(proxy, session)

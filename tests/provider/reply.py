@@ -173,6 +173,9 @@ class Reply:
             raise ValueError(f"unknown content_encoding {self.content_encoding!r}")
         if self.framing not in (None, "extensions", "split", "close", "burst"):
             raise ValueError(f"unknown framing {self.framing!r}")
+        if self.framing == "burst" and self.cut_after is not None:
+            raise ValueError('framing "burst" writes the body with its last chunk, which a cut never sends: '
+                             "cut_after would send none of it")
 
     def gap(self, index: int) -> float:
         """Seconds to sleep before event ``index`` (none before the first)."""
