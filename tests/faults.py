@@ -16,11 +16,12 @@ time, what should fail:
   half-way through its next write;
 - ``{"fetch_fails": true}``: the Relay's Fetch (addons/relay.py) raises right after the
   request went out to the upstream, as a bug in reading the answer would;
-- ``{"fetch_blind": true}``: Fetch does not see the client go (``Drain._gone`` says it is
+- ``{"fetch_blind": true}``: Fetch does not see the client go (``Drain.gone`` says it is
   there), so a client that leaves is found only by mitmproxy's ``error`` after the answer was
-  read whole (the race the Relay's ``take_over`` covers);
+  read whole (the race the Relay's ``take_over`` covers); logs ``BLIND_SAID`` when it hid one;
 - ``{"fetch_unwatched": true}``: Fetch does not look at the client's connection on its own
-  (``Drain._watch``, every 0.25 s): only mitmproxy's ``client_disconnected`` tells it;
+  (``Drain._watch``, every 0.25 s): only mitmproxy's ``client_disconnected`` tells it; logs
+  ``UNWATCHED_SAID`` when it kept one from looking;
 - ``{"read_on_fails": true}``: the Drain's read of an answer whose client went away
   (``Drain._read_rest`` once the drain has taken it over) raises, as a bug there would;
 - ``{}``: nothing fails.
@@ -35,15 +36,26 @@ from __future__ import annotations
 import errno
 import inspect
 import json
+import logging
 import os
+import weakref
 
 from mitmproxy import ctx, http
+from mitmproxy.connection import ConnectionState
 from mitmproxy.addonmanager import traverse
 
 from interceptor.addons.chain import Chain
 from interceptor.addons import relay
 from interceptor.addons.gate import FLOW_HOOKS, Guard
 from interceptor.trace import store
+
+
+log = logging.getLogger(__name__)
+# Logged when ``fetch_blind`` hid a client that had gone: a test of the race it makes asserts
+# it, so a fault that stopped applying (a renamed method) fails the test instead of passing it
+# by another branch.
+BLIND_SAID = "faults: fetch_blind hid the client's leaving"
+UNWATCHED_SAID = "faults: fetch_unwatched kept Drain._watch from looking"  # likewise
 
 
 class InjectedFault(RuntimeError):
@@ -103,7 +115,16 @@ class Faults:
 
         relay.Drain._send = sent_then_fails
         watch = relay.Drain._watch
-        relay.Drain._watch = lambda drain: None if self.spec().get("fetch_unwatched") else watch(drain)
+
+        def unwatched(drain) -> None:
+            if not self.spec().get("fetch_unwatched"):
+                return watch(drain)
+            if drain not in unseen:
+                unseen.add(drain)
+                log.info(f"{UNWATCHED_SAID}: the Drain of {drain.ex.session.id!r}")
+
+        unseen: weakref.WeakSet = weakref.WeakSet()
+        relay.Drain._watch = unwatched
         read_rest = relay.Drain._read_rest
 
         async def read_rest_fails(drain, *args):
@@ -112,8 +133,18 @@ class Faults:
             return await read_rest(drain, *args)
 
         relay.Drain._read_rest = read_rest_fails
-        gone = relay.Drain._gone
-        relay.Drain._gone = lambda drain: False if self.spec().get("fetch_blind") else gone(drain)
+        gone = relay.Drain.gone
+
+        def blind(drain) -> bool:
+            if not self.spec().get("fetch_blind"):
+                return gone(drain)
+            if not drain.taken and not drain.flow.client_conn.state & ConnectionState.CAN_READ and drain not in hidden:
+                hidden.add(drain)  # once per exchange (Drain._watch asks every 0.25 s)
+                log.info(f"{BLIND_SAID}: the Drain of {drain.ex.session.id!r} was not told")
+            return False
+
+        hidden: weakref.WeakSet = weakref.WeakSet()
+        relay.Drain.gone = blind
 
     def _arm(self, addon, hook: str) -> None:
         original = getattr(addon, hook)

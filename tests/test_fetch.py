@@ -26,6 +26,7 @@ import pytest
 
 from clients import session_clients
 from interceptor.trace import read_trace
+from faults import BLIND_SAID, UNWATCHED_SAID
 from provider import Reply
 
 MESSAGES = [{"role": "user", "content": "count"}]
@@ -197,6 +198,7 @@ def test_the_same_body_sent_at_once_by_a_client_that_gave_up_gets_the_first_answ
     turns = [c for c in trace.calls if c.node is not None]
     assert trace.num_turns == 1 and len(turns) == 1 and turns[0].delivered is False
     assert [c.replay_of for c in trace.calls if c.replay_of] == [turns[0].id]
+    assert UNWATCHED_SAID in proxy.log()  # the poll was off: mitmproxy's report alone told Fetch
 
 
 def test_a_client_gone_just_as_the_answer_was_read_whole_still_leaves_one_undelivered_turn(
@@ -223,6 +225,7 @@ def test_a_client_gone_just_as_the_answer_was_read_whole_still_leaves_one_undeli
     assert turns[0].first_byte_at and turns[0].first_byte_at - turns[0].started_at > 1.5  # the answer's hooks ran
     assert [c.replay_of for c in trace.calls if c.replay_of] and all(
         c.replay_of == turns[0].id for c in trace.calls if c.replay_of)
+    assert BLIND_SAID in proxy.log()  # the race was made, not passed by Fetch seeing the client go
 
 
 @pytest.mark.parametrize("blind", [False, True], ids=["gone-before-its-head", "gone-as-it-went-to-the-relay"])
@@ -238,6 +241,7 @@ def test_a_stream_answer_to_a_json_request_whose_client_left_is_recorded_whole(b
     assert call.error is None and call.delivered is False
     assert trace.nodes[call.node].message.text() == "left behind"
     assert len(sim.model_requests()) == 1
+    assert (BLIND_SAID in proxy.log()) is blind  # the blind case made its race
 
 
 def test_a_failure_reading_on_an_abandoned_stream_is_one_error_call_not_a_lost_exchange(sim, start_proxy, tmp_path):
