@@ -34,6 +34,9 @@ calls each hook in list order):
   handed to mitmproxy (no loopback hop to the relay's server; streams still take it);
 - GcTuning: once started, what is alive is frozen out of the garbage collector's passes, so
   a full collection does not stall every session (``intercept_gc_tuning``);
+- Dispatch: mitmproxy's own walk over its ~40 addons for each flow event done from a plan
+  (the addons that implement the hook, found once), in its order and with its error handling
+  (``intercept_fast_dispatch``);
 - MallocTrim: after sessions are sealed, glibc's free pages go back to the system (in a
   thread, at most once per ``intercept_malloc_trim`` seconds), so the resident set follows
   what the live sessions hold rather than the peak of the turns once in flight;
@@ -60,6 +63,7 @@ from interceptor.addons.chain import Chain
 from interceptor.addons.claim import Claim
 from interceptor.addons.collect import Collect
 from interceptor.addons.control import Control
+from interceptor.addons.dispatch import Dispatch
 from interceptor.addons.feedback import Feedback, Refused
 from interceptor.addons.gate import Gate, guarded
 from interceptor.addons.gctuning import GcTuning
@@ -115,6 +119,7 @@ steps = guarded([
     Annotate(), Status(registry),  # observers after the Gate (they see its answers too); never raise
     Fetch(relay),  # after the Gate and Annotate's look at it: a JSON answer fetched in the request hook
     GcTuning(),  # its one hook is ``running``: after the addons above have started
+    Dispatch(),  # mitmproxy's walk over its addons per flow event, from a plan made once
     MallocTrim(registry),  # a sealed session's freed heap back to the system, off the event loop
     Redact(settings),  # last, unguarded (it fails closed itself): after everything that needs a secret
 ]
