@@ -290,3 +290,26 @@ def test_an_equal_sibling_wins_over_one_that_only_hashes_the_same():
     twin = len(trace.nodes) - 1
     assert graph._match(None, Message(role="user", content=[Part(text="x")]), None, 0) == twin
     assert graph._match(None, Message(role="user", content="x"), None, 0) == plain
+
+
+def test_long_strings_hash_by_their_own_digest_and_still_tell_messages_apart():
+    """``message_hash`` stands a long string in by its digest (a JSON dump of it cost six
+    times a sha256): messages that differ in one character of a long content or tool output
+    still hash apart, equal ones (however restated) alike, at lengths below, at and above the
+    threshold."""
+    from interceptor.trace.messages import _LONG, Part, ToolCall, message_hash
+
+    for n in (_LONG - 1, _LONG, _LONG + 1, 20_000, 300_000):
+        text = "é" * (n - 1) + "a"
+        other = "é" * (n - 1) + "b"
+        assert message_hash(Message(role="user", content=text)) != message_hash(Message(role="user", content=other))
+        assert message_hash(Message(role="user", content=text)) == message_hash(
+            Message(role="user", content=[Part(text=text)]))
+        assert message_hash(Message(role="user", content=text)) != message_hash(Message(role="tool", content=text))
+        call = ToolCall(id="c1", name="write", arguments=json.dumps({"body": text}))
+        spaced = ToolCall(id="c1", name="write", arguments=json.dumps({"body": text}, indent=2))
+        changed = ToolCall(id="c1", name="write", arguments=json.dumps({"body": other}))
+        assert message_hash(Message(role="assistant", tool_calls=[call])) == message_hash(
+            Message(role="assistant", tool_calls=[spaced]))
+        assert message_hash(Message(role="assistant", tool_calls=[call])) != message_hash(
+            Message(role="assistant", tool_calls=[changed]))

@@ -277,7 +277,11 @@ def message_hash(message: Message) -> str:
     return message._hash
 
 
-_LONG = 1 << 16
+# Strings longer than this stand in the hash as their own digest. Low: Python's JSON encoder
+# escapes a string at ~6 ns a character here, hashlib reads it at ~1, so a 20 KB message was
+# ~130 us of JSON and ~20 of hashing (issue 16). The hash lives in memory only (the graph's
+# index, a trace's reader): no file holds it, so the threshold may change between versions.
+_LONG = 1 << 10
 
 
 def _digest_long_strings(value: Any) -> Any:
