@@ -1,4 +1,4 @@
-"""Framing: where an HTTP/1.1 answer's body ends, read off its raw bytes.
+"""Framing: where an HTTP/1.1 answer's head and body end, read off its raw bytes.
 
 The relay (``addons/relay.py``) passes an upstream's answer down its loopback connection to
 mitmproxy as it arrives, a chunked body as one chunk per read: decoding each chunk with h11
@@ -9,8 +9,8 @@ bytes themselves (what it passes on, and the Drain's buffer, which the takeover 
 the pipeline). That is this: a tracker fed each read, which says how many of its bytes belong
 to the answer and appends the body they carry to a buffer.
 
-h11 parses the head (its checks and size limit apply: a single ``Transfer-Encoding:
-chunked``, consistent ``Content-Length`` values); ``of`` picks the body's framing exactly as
+``read_head`` parses the head by h11's rules (its grammar, its size limit, a single
+``Transfer-Encoding: chunked``, consistent ``Content-Length`` values); ``of`` picks the body's framing exactly as
 h11's ``_body_framing`` does (RFC 9112 section 6.3): no body for 204, 304 and a HEAD's
 answer; chunked; a length; else up to the connection's close. A chunk header, a chunk's end
 and the trailers are checked as h11 checks them (``chunk-size [; extensions] CRLF``, 1-20 hex
@@ -162,3 +162,111 @@ class Body:
                     if not line.endswith(b"\r\n") or b":" not in line or self._trailer > MAX_LINE:
                         raise FramingError("malformed trailers")
         return n
+
+
+# -- the head ----------------------------------------------------------------------------------
+
+# RFC 9112's grammar as h11 applies it (h11/_abnf.py): a status line, then header fields
+# ``token ":" OWS field-value OWS``, where a value's characters are anything but NUL and
+# whitespace, single spaces or tabs between them; lines end in CRLF or a bare LF.
+_TOKEN = rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+"
+_STATUS_LINE = re.compile(rb"HTTP/([0-9]\.[0-9]) ([0-9]{3})(?: ((?:[ \t]|[^\x00\s])*))?")
+_FIELD = re.compile(rb"(" + _TOKEN + rb"):[ \t]*((?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?)[ \t]*")
+_FOLD = re.compile(rb"[ \t]+")
+_BLANK = re.compile(rb"\n\r?\n")
+_DIGITS = re.compile(rb"[0-9]+")
+MAX_LENGTH_DIGITS = 20  # h11's CONTENT_LENGTH_MAX_DIGITS
+
+
+class Head:
+    """An answer's status line and headers, as ``read_head`` found them valid.
+
+    ``fields``: (name as sent, value) in order; ``headers``: the same with names in lower
+    case, what the framing and the pipeline look names up in. A Content-Length is kept once
+    (its repeated equal values said once, as h11 does); a Transfer-Encoding's value lower-cased.
+    """
+
+    __slots__ = ("http_version", "status_code", "reason", "fields", "headers")
+
+    def __init__(self, http_version: bytes, status_code: int, reason: bytes,
+                 fields: list[tuple[bytes, bytes]], headers: list[tuple[bytes, bytes]]) -> None:
+        self.http_version = http_version  # b"1.1"
+        self.status_code = status_code
+        self.reason = reason
+        self.fields = fields
+        self.headers = headers
+
+
+def read_head(buf: bytes | bytearray, limit: int) -> tuple[Head, int] | None:
+    """The answer's head at the start of ``buf`` and how many bytes it took, or None while it
+    is incomplete; FramingError where h11 would raise (the same grammar, the same checks of
+    Content-Length and Transfer-Encoding, an incomplete head over ``limit`` bytes).
+
+    Why not h11: for each exchange an h11 connection, a request event to put it in the state
+    that reads an answer, its event objects and header normalisation cost ~100 us here, more
+    than the rest of the relay's work on a JSON answer (issue 16). mitmproxy reads heads with
+    its own parser too; this one keeps h11's strictness, which tests/test_relay_framing.py
+    holds it to on generated heads, valid and broken."""
+    if buf[:1] == b"\n" or buf[:2] == b"\r\n":
+        raise FramingError("no response line received")
+    end = _BLANK.search(buf)
+    if end is None:
+        if len(buf) > limit:
+            raise FramingError("the answer's head is too long")
+        if buf and buf[0] < 0x21:
+            raise FramingError("illegal status line")
+        return None
+    used = end.end()
+    lines = bytes(buf[:end.start()]).split(b"\n")
+    lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
+    status = _STATUS_LINE.fullmatch(lines[0])
+    if status is None:
+        raise FramingError(f"illegal status line: {lines[0][:200]!r}")
+    code = int(status.group(2))
+    if code < 100:
+        raise FramingError(f"illegal status code {code}")
+    if code == 101:  # the relay's requests never ask for an upgrade (h11 refuses it so too)
+        raise FramingError("a 101 answer to a request that asked for no protocol switch")
+    fields: list[tuple[bytes, bytes]] = []
+    headers: list[tuple[bytes, bytes]] = []
+    length: bytes | None = None
+    chunked = False
+    for line in _unfolded(lines[1:]):
+        field = _FIELD.fullmatch(line)
+        if field is None:
+            raise FramingError(f"illegal header line: {line[:200]!r}")
+        raw, value = field.group(1), field.group(2)
+        name = raw.lower()
+        if name == b"content-length":
+            values = {v.strip() for v in value.split(b",")}
+            value = values.pop()
+            if values or not _DIGITS.fullmatch(value) or len(value) > MAX_LENGTH_DIGITS:
+                raise FramingError("bad Content-Length")
+            if length is not None:
+                if value != length:
+                    raise FramingError("conflicting Content-Length headers")
+                continue
+            length = value
+        elif name == b"transfer-encoding":
+            value = value.lower()
+            if chunked or value != b"chunked":
+                raise FramingError("only a single Transfer-Encoding: chunked is supported")
+            chunked = True
+        fields.append((raw, value))
+        headers.append((name, value))
+    return Head(status.group(1), code, status.group(3) or b"", fields, headers), used
+
+
+def _unfolded(lines: list[bytes]) -> list[bytes]:
+    """Header lines with obsolete line folding undone: a line that starts with a space or a
+    tab continues the one before it (joined by one space), as h11 reads it."""
+    out: list[bytes] = []
+    for line in lines:
+        fold = _FOLD.match(line)
+        if fold is None:
+            out.append(line)
+        elif not out:
+            raise FramingError("continuation line at start of headers")
+        else:
+            out[-1] = out[-1] + b" " + line[fold.end():]
+    return out

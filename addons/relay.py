@@ -43,7 +43,8 @@ So for a model POST the proxy owns the upstream connection, and mitmproxy stays 
 - An upstream that cannot be reached or closes without answering gets a 502 in the dialect's
   shape (mitmproxy's own is an HTML page no SDK reads as a provider error), retryable.
 
-The answer's head goes down the loopback as the upstream sent it (h11 parses it), its body
+The answer's head goes down the loopback as the upstream sent it (``framing.read_head`` parses
+it, to h11's rules), its body
 as the upstream framed it, except that a chunked body goes down as one chunk per read of the
 upstream: the body bytes that read carried, which ``addons/framing.py`` already takes out for
 the Drain (and checks), no chunk decoded or encoded on its own. mitmproxy does its whole
@@ -79,7 +80,7 @@ from mitmproxy.connection import ConnectionState
 from interceptor.addons import hold
 from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import KEY, Exchange, exchange_of
-from interceptor.addons.framing import CHUNKED, CLOSE, Body, FramingError
+from interceptor.addons.framing import CHUNKED, CLOSE, Body, FramingError, Head, read_head
 from interceptor.addons.record import commit, mark_undelivered
 from interceptor.trace.messages import ResponseError
 
@@ -115,7 +116,7 @@ class Sent:
     """The request went out and its answer's head came back (``Drain._send``)."""
 
     up: Upstream
-    event: h11.Response
+    event: Head
     frame: Body
     rest: bytes  # the body's first bytes, read with the head
     reusable: bool  # both sides keep the connection, and the answer's end is not its close
@@ -147,7 +148,7 @@ class Target:
 @dataclass(eq=False)
 class Upstream:
     """One connection to an upstream; pooled between exchanges. Each exchange parses its
-    answer's head with an h11 connection of its own, and its body with ``framing.Body``."""
+    answer's head with ``framing.read_head``, and its body with ``framing.Body``."""
 
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
@@ -162,6 +163,24 @@ class Upstream:
         self.writer.close()
 
 
+async def _answer_head(reader: asyncio.StreamReader) -> tuple[Head, bytes]:
+    """The upstream's answer head (``framing.read_head``: h11's grammar and checks), the
+    informational answers before it skipped, and the bytes read after it."""
+    buf = b""
+    while True:
+        got = read_head(buf, MAX_HEAD)
+        if got is None:
+            data = await reader.read(READ)
+            if not data:
+                raise UpstreamBroke("ConnectionClosed")
+            buf += data
+            continue
+        head, used = got
+        buf = buf[used:]
+        if head.status_code >= 200:
+            return head, buf
+
+
 async def _next(conn: h11.Connection, reader: asyncio.StreamReader, size: int = READ):
     while True:
         event = conn.next_event()
@@ -170,7 +189,8 @@ async def _next(conn: h11.Connection, reader: asyncio.StreamReader, size: int = 
         conn.receive_data(await reader.read(size))
 
 
-# What ends an exchange with the upstream early: its connection, its head (h11), its body.
+# What ends an exchange with the upstream early: its connection, its head or body (framing),
+# mitmproxy's request to the relay (h11).
 BROKE = (OSError, h11.ProtocolError, UpstreamBroke, FramingError)
 
 
@@ -179,7 +199,7 @@ def _closes(headers) -> bool:
     return any(k.lower() == b"connection" and b"close" in v.lower() for k, v in headers)
 
 
-def _keep_alive(event: h11.Request | h11.Response) -> bool:
+def _keep_alive(event: h11.Request | Head) -> bool:
     """h11's rule: HTTP/1.1 and no ``Connection: close``."""
     return event.http_version >= b"1.1" and not _closes(event.headers)
 
@@ -216,11 +236,11 @@ def _chunk(buf: bytearray, start: int, end: int, last: bool) -> bytes:
     return data + b"0\r\n\r\n" if last else data
 
 
-def _head(event: h11.Response) -> bytes:
+def _head(event: Head) -> bytes:
     """The upstream's status line and headers as it sent them (framing headers included:
     its body follows as it framed it)."""
     lines = [b"HTTP/%s %d %s\r\n" % (event.http_version, event.status_code, event.reason)]
-    lines += [k + b": " + v + b"\r\n" for k, v in event.headers.raw_items()]
+    lines += [k + b": " + v + b"\r\n" for k, v in event.fields]
     lines.append(b"\r\n")
     return b"".join(lines)
 
@@ -363,26 +383,17 @@ class Drain:
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
             reason = type(e).__name__ if isinstance(e, asyncio.TimeoutError) else (getattr(e, "strerror", None) or str(e))
             return Refusal(f"the session's upstream {self.target.where()} is unreachable ({reason})")
-        # h11 reads the answer's head (its checks and limits); it reads an answer only after
-        # a request went out on its connection: told of one with the same method (the one that
-        # went out is ``head``, which the h11 that read it from mitmproxy checked).
-        conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
-        conn.send(h11.Request(method=method, target=b"/", headers=[(b"host", b"relay")]))
         try:
             up.writer.writelines((head, body))  # the body is not copied into one buffer with the head
             await up.writer.drain()
-            event = await _next(conn, up.reader)
-            while isinstance(event, h11.InformationalResponse):
-                event = await _next(conn, up.reader)
-            if not isinstance(event, h11.Response):
-                raise UpstreamBroke(type(event).__name__)
+            event, rest = await _answer_head(up.reader)
             frame = Body.of(method, event.status_code, event.headers)
         except BROKE as e:
             up.close()
             return Refusal(f"the session's upstream {self.target.where()} closed the connection without "
                            f"answering ({type(e).__name__})", expired=self.expired)
         # ``rest``: the body's first bytes, read with the head.
-        return Sent(up, event, frame, conn.trailing_data[0], keep and _keep_alive(event) and frame.kind != CLOSE)
+        return Sent(up, event, frame, rest, keep and _keep_alive(event) and frame.kind != CLOSE)
 
     async def run(self, down: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request, body: bytes) -> bool:
         """Serve the request mitmproxy sent to the relay; True if the connection to mitmproxy
@@ -480,7 +491,7 @@ class Drain:
                 return
             self.fetched = True
             response = http.Response(http_version=b"HTTP/" + event.http_version, status_code=event.status_code,
-                                     reason=event.reason, headers=http.Headers(event.headers.raw_items()),
+                                     reason=event.reason, headers=http.Headers(event.fields),
                                      content=None, trailers=None, timestamp_start=started, timestamp_end=time.time())
             response.raw_content = bytes(self.buf)
             self.buf = bytearray()

@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import time
 
+import h11
 import httpx2 as httpx
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from clients import session_clients
-from interceptor.addons.framing import CHUNKED, CLOSE, LENGTH, Body, FramingError
+from interceptor.addons.framing import CHUNKED, CLOSE, LENGTH, Body, FramingError, read_head
 from interceptor.addons.relay import DOWN_READ
 from interceptor.trace import read_trace
 from provider import Reply
@@ -148,6 +150,89 @@ def test_the_framing_is_h11s(method, status, headers, kind, length):
     frame = Body.of(method, status, headers)
     assert (frame.kind, frame.left) == (kind, length)
     assert frame.done == (kind == LENGTH and length == 0)
+
+
+# -- the head, against h11 -------------------------------------------------------------------
+
+def h11_head(data: bytes, limit: int):
+    """What h11 reads from ``data`` as a client's answer: ("head", version, status, reason,
+    lower-case headers, raw headers, the bytes after it), "incomplete", or "error"."""
+    conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=limit)
+    conn.send(h11.Request(method=b"POST", target=b"/", headers=[(b"host", b"relay")]))
+    if data:  # b"" would tell it the connection closed
+        conn.receive_data(data)
+    try:
+        event = conn.next_event()
+    except h11.ProtocolError:
+        return "error"
+    if event is h11.NEED_DATA:
+        return "incomplete"
+    return ("head", event.http_version, event.status_code, event.reason, list(event.headers),
+            list(event.headers.raw_items()), conn.trailing_data[0])
+
+
+def our_head(data: bytes, limit: int):
+    try:
+        got = read_head(data, limit)
+    except FramingError:
+        return "error"
+    if got is None:
+        return "incomplete"
+    head, used = got
+    return ("head", head.http_version, head.status_code, head.reason, head.headers, head.fields, data[used:])
+
+
+NAMES = [b"Content-Length", b"content-length", b"Transfer-Encoding", b"Content-Type", b"X-Req", b"x y", b"",
+         b"a\x00", b"Connection", b"x-\xc3\xa9"]
+VALUES = [b"5", b"5, 5", b"5,6", b" 7 ", b"-1", b"", b"chunked", b"Chunked", b"gzip, chunked", b"a  b",
+          b"text/event-stream", b"x\x00y", b"\xc3\xa9t\xc3\xa9", b"close", b"1" * 21, b"a\tb", b"a\rb"]
+STATUS = [b"HTTP/1.1 200 OK", b"HTTP/1.0 200 OK", b"HTTP/1.1 204", b"HTTP/1.1 200 ", b"HTTP/2.0 200 OK",
+          b"HTTP/1.1 99 X", b"HTTP/1.1 100 Continue", b"HTTP/1.1 101 Switching", b"HTTP/1.1 999 Odd",
+          b"HTTP/1.1 20 OK", b"HTTP/1.1  200 OK", b"http/1.1 200 OK", b"HTTP/1.1 200 r\xc3\xa9ason\tx",
+          b" HTTP/1.1 200 OK", b"HTTP/1.1 200 OK\x00", b"ICY 200 OK"]
+line_st = st.one_of(
+    st.builds(lambda n, sep, v: n + sep + v, st.sampled_from(NAMES), st.sampled_from([b": ", b":", b" : ", b":\t"]),
+              st.sampled_from(VALUES)),
+    st.sampled_from([b" folded", b"\tfolded too", b"no colon"]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(status=st.sampled_from(STATUS), lines=st.lists(line_st, max_size=6),
+       eol=st.sampled_from([b"\r\n", b"\n"]), lead=st.sampled_from([b"", b"\r\n"]),
+       tail=st.sampled_from([b"", b"body", b"HTTP/1.1 200 OK\r\n\r\n"]), cut=st.integers(0, 400))
+def test_the_head_is_read_as_h11_reads_it(status, lines, eol, lead, tail, cut):
+    """Generated heads, valid and broken (bad names, values, folding, conflicting lengths,
+    transfer codings, status lines, bare LF endings), whole or cut short: read_head and
+    h11 agree on every field, on what follows the head, on "incomplete" and on "error"."""
+    data = lead + status + eol + b"".join(line + eol for line in lines) + eol + tail
+    for piece in (data, data[:cut]):
+        assert our_head(piece, 1 << 20) == h11_head(piece, 1 << 20), piece
+
+
+@pytest.mark.parametrize("fields", [
+    [b"Content-Length: 5"], [b"Content-Length: -1"], [b"Content-Length: 5, 5"], [b"Content-Length: 5, 6"],
+    [b"Content-Length: 5", b"content-length: 5"], [b"Content-Length: 5", b"Content-Length: 6"],
+    [b"Content-Length: " + b"1" * 21], [b"Content-Length: 0x5"], [b"Content-Length:"],
+    [b"Transfer-Encoding: chunked"], [b"Transfer-Encoding: Chunked"], [b"Transfer-Encoding: gzip, chunked"],
+    [b"Transfer-Encoding: chunked", b"Transfer-Encoding: chunked"], [b"Transfer-Encoding: chunked", b"Content-Length: 5"],
+    [b" folded first"], [b"X-A: one", b" two", b"\tthree"], [b"X-A : one"], [b"X-A: o\x00ne"], [b"X A: one"],
+    [b"X-A:   spaced   "], [b"X-A: r\xc3\xa9sum\xc3\xa9"], [b"X-A: a\x0bb"], [b":no-name"],
+])
+@pytest.mark.parametrize("status", [b"HTTP/1.1 200 OK", b"HTTP/1.1 101 Switching Protocols", b"HTTP/1.1 099 X",
+                                    b"HTTP/1.1 100 Continue", b"HTTP/1.0 304"])
+def test_each_check_of_the_head_is_h11s(status, fields):
+    """Each rule spelt out once (the generated heads above rarely combine a valid head with
+    exactly one broken field): read_head and h11 give the same head or both refuse."""
+    for eol in (b"\r\n", b"\n"):
+        data = status + eol + b"".join(f + eol for f in fields) + eol + b"rest"
+        assert our_head(data, 1 << 20) == h11_head(data, 1 << 20), data
+
+
+def test_a_head_over_the_limit_is_refused_while_incomplete():
+    head = b"HTTP/1.1 200 OK\r\n" + b"x-pad: " + b"a" * 5000 + b"\r\n"
+    assert our_head(head, 4096) == h11_head(head, 4096) == "error"
+    assert our_head(head, 1 << 20) == h11_head(head, 1 << 20) == "incomplete"
 
 
 # -- through a real mitmdump -----------------------------------------------------------------
