@@ -178,6 +178,18 @@ def test_not_installed_on_another_manager():
         other = Other(tctx.master)
         assert install(other) is None
         assert "trigger_event" not in other.__dict__
+        tctx.master._legacy_log_events.uninstall()
+
+
+def test_not_installed_under_another_mitmproxy(monkeypatch):
+    """Another major version of mitmproxy may walk its addons otherwise: its own walk stays."""
+    from mitmproxy import version
+
+    monkeypatch.setattr(version, "VERSION", "13.0.0")
+    with taddons.context() as tctx:
+        assert install(tctx.master.addons) is None
+        assert "trigger_event" not in tctx.master.addons.__dict__
+        tctx.master._legacy_log_events.uninstall()
 
 
 INSTALLED = "mitmproxy's hook dispatch goes by plans"
