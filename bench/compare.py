@@ -795,15 +795,32 @@ def bands(n: int, band: int) -> tuple[tuple[int, int], tuple[int, int]]:
     return (0, min(band, n)), (max(0, n - band), n)
 
 
+def minus_bare(lat: list[float], bare: list[float], lo_hi: tuple[int, int]) -> str:
+    """A path's latency minus bare mitmdump's for the same turn, over the turns ``lo_hi``:
+    median (p25..p75), ms; ``-`` for bare itself."""
+    if lat is bare:
+        return "-"
+    d = [(a - b) * 1e3 for a, b in zip(lat[lo_hi[0]:lo_hi[1]], bare[lo_hi[0]:lo_hi[1]])]
+    return f"{med(d):+.2f} ({quantile(d, 0.25):+.2f}..{quantile(d, 0.75):+.2f})"
+
+
 def rollout_table(paths: list[Path_], data: dict[str, dict[str, list[float]]], band: int) -> list[str]:
     direct = data.get("direct", {}).get("lat", [])
     n = len(direct)
     if not n:
         return ["(the rollout did not run on direct)"]
     first, last = bands(n, band)
+    # Paired with bare mitmdump turn by turn: the same request through both paths within a
+    # second of each other, so the simulator's time for that body and the machine's load
+    # mostly cancel. The difference of two bands' p50s (the columns before) carries the
+    # noise of both, several ms on a shared VM; the median of the per-turn differences is
+    # the A/B estimate of what the path adds over bare mitmdump.
+    bare = data.get("bare", {}).get("lat", [])
+    paired = len(bare) == n
     rows = [f"| path | CPU per turn ms, turns {first[0] + 1}-{first[1]} | turns {last[0] + 1}-{last[1]} | last / first | "
-            f"added p50 ms, first band | last band | added p99 ms, first band | last band | all turns p50 / p99 |",
-            "|---" * 9 + "|"]
+            f"added p50 ms, first band | last band | added p99 ms, first band | last band | all turns p50 / p99 |"
+            + (" minus bare per turn, ms: median (p25..p75), first band | last band |" if paired else ""),
+            "|---" * (9 + 2 * paired) + "|"]
     for p in paths:
         d = data.get(p.name)
         if p.name == "direct" or not d or len(d["lat"]) != n:
@@ -817,7 +834,8 @@ def rollout_table(paths: list[Path_], data: dict[str, dict[str, list[float]]], b
 
         rows.append(f"| {p.name}{' ✗' if p.problems else ''} | {c1:.2f} | {c2:.2f} | {c2 / c1:.2f} | {at(first, 0.5):+.2f} | "
                     f"{at(last, 0.5):+.2f} | {at(first, 0.99):+.1f} | {at(last, 0.99):+.1f} | "
-                    f"{quantile(added, 0.5) * 1e3:+.2f} / {quantile(added, 0.99) * 1e3:+.1f} |")
+                    f"{quantile(added, 0.5) * 1e3:+.2f} / {quantile(added, 0.99) * 1e3:+.1f} |"
+                    + (" " + " | ".join(minus_bare(d["lat"], bare, b) for b in (first, last)) + " |" if paired else ""))
     rows.append(f"\ndirect: median {med(direct) * 1e3:.2f} ms, p99 {quantile(direct, 0.99) * 1e3:.1f} ms")
     return rows
 
@@ -845,6 +863,9 @@ def summary_table(workloads: list[Workload], paths: list[Path_], cells: dict, da
         first, last = bands(len(direct), band)
         for label, fn in ((f"rollout: CPU per turn, ms, turns {first[0] + 1}-{first[1]} / {last[0] + 1}-{last[1]}",
                            lambda d: f"{med(d['cpu'][first[0]:first[1]]) / 1e6:.2f} / {med(d['cpu'][last[0]:last[1]]) / 1e6:.2f}"),
+                          (f"rollout: minus bare per turn, ms, median, turns {last[0] + 1}-{last[1]}",
+                           lambda d: minus_bare(d["lat"], data["bare"]["lat"], last).split(" ")[0]
+                           if len(data.get("bare", {}).get("lat", [])) == len(direct) else "-"),
                           ("rollout: added p50 / p99, ms, all turns",
                            lambda d: (lambda a: f"{quantile(a, 0.5) * 1e3:+.2f} / {quantile(a, 0.99) * 1e3:+.1f}")(
                                [x - y for x, y in zip(d["lat"], direct)]))):

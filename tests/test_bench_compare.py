@@ -61,3 +61,28 @@ def test_the_answer_is_named_by_the_request_and_parsed_back_whole():
     lines = ['data: {"choices":[{"delta":{"content":"w0 "}}]}', "", 'data: {"choices":[{"delta":{"content":"w1 "}}]}',
              'data: {"choices":[{"delta":{"content":"w2 "}}]}', 'data: {"choices":[]}', "data: [DONE]"]
     assert compare.parse_answer(True, lines) == (w.expected(), 5)
+
+
+def test_the_rollout_pairs_each_turn_with_bare_mitmdump():
+    """The same request through bare mitmdump and a path, turn by turn: the paired median is
+    what the path adds over bare, however much the simulator's time varies from turn to turn
+    (which the difference of two bands' p50s carries in full)."""
+    import random
+    rng = random.Random(7)
+    n = 50
+    direct = [0.020 + rng.uniform(0, 0.010) for _ in range(n)]
+    noise = [rng.uniform(0, 0.010) for _ in range(n)]  # the simulator's time for that turn's body
+    bare = [d + 0.004 + x for d, x in zip(direct, noise)]
+    proxy = [b + 0.0007 for b in bare]  # exactly 0.7 ms more than bare, every turn
+    assert compare.minus_bare(proxy, bare, (0, n)) == "+0.70 (+0.70..+0.70)"
+    assert compare.minus_bare(bare, bare, (0, n)) == "-"
+    paths = [compare.Path_(name, name, "", "", "", False) for name in ("direct", "bare", "proxy")]
+    data = {"direct": {"lat": direct, "cpu": []}, "bare": {"lat": bare, "cpu": [1e6] * n},
+            "proxy": {"lat": proxy, "cpu": [2e6] * n}}
+    rows = compare.rollout_table(paths, data, band=25)
+    head, proxy_row = rows[0], next(r for r in rows if r.startswith("| proxy "))
+    assert head.count("|") == proxy_row.count("|")
+    assert proxy_row.endswith("| +0.70 (+0.70..+0.70) | +0.70 (+0.70..+0.70) |")
+    # without bare in the run, no paired columns
+    rows = compare.rollout_table([paths[0], paths[2]], {k: data[k] for k in ("direct", "proxy")}, band=25)
+    assert "minus bare" not in rows[0]
