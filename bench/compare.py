@@ -963,8 +963,10 @@ def main() -> int:
         Workload("sequential JSON", 1, 20 if quick else 200, False, 0, False),
         Workload("SSE, sync client", 1, 10 if quick else 100, True, 50, False),
         Workload("SSE, async client", 1, 10 if quick else 100, True, 50, True),
-        Workload(f"JSON, {c16} clients", c16, 5 if quick else 20, False, 0, True),
-        Workload(f"JSON, {c64} clients", c64, 3 if quick else 10, False, 0, True),
+        # 80 and 25 per client: cells of a few seconds (20 and 10 made a 16-client cell ~0.7 s
+        # long, and two repetitions of one path then spread by 20 points on a shared VM)
+        Workload(f"JSON, {c16} clients", c16, 5 if quick else 80, False, 0, True),
+        Workload(f"JSON, {c64} clients", c64, 3 if quick else 25, False, 0, True),
         Workload(f"500-token streams, {c16} concurrent", c16, 1 if quick else 2, True, 500, True, size=2_000),
         Workload(f"500-token streams, {c64} concurrent", c64, 1, True, 500, True, size=2_000),
         # A provider's pace (~50 tokens/s): each event read alone, where the relay's batching of
