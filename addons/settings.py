@@ -50,7 +50,7 @@ from interceptor.addons.upstream import DEFAULT, KNOWN, Upstream, format_validat
 from interceptor.dialects import default_hosts, key_variables
 from interceptor.trace.hooks import HookError
 from interceptor.trace.messages import Sampling
-from interceptor.trace.store import FSYNC_POLICIES
+from interceptor.trace.store import FSYNC_INTERVAL, FSYNC_POLICIES
 from interceptor.trace.tokens import warm as warm_estimator
 
 __all__ = ["Settings", "format_validation_error"]
@@ -171,8 +171,13 @@ class Settings:
         loader.add_option("intercept_rewrite_keep_bytes", str, "64k",
                           "How much of a message's original content a request hook's rewrite record keeps "
                           "(k/m suffixes; 0: none, only its digest and size).")
-        loader.add_option("intercept_fsync", str, "turn", "When trace files are fsynced: after each turn's records, at the seal, or never.",
+        loader.add_option("intercept_fsync", str, "turn", "When trace files are fsynced: after each turn's records (grouped, intercept_fsync_ms), "
+                          "at the seal, or never.",
                           choices=FSYNC_POLICIES)
+        loader.add_option("intercept_fsync_ms", int, round(FSYNC_INTERVAL * 1000),
+                          "Under intercept_fsync turn: the longest a written turn waits for its fsync, in milliseconds, "
+                          "so one fsync covers every record of the file written meanwhile (0: one per write). The "
+                          "footer is fsynced at once.")
 
     def configure(self, updated: set[str]) -> None:
         try:
@@ -234,6 +239,11 @@ class Settings:
                 raise exceptions.OptionsError(
                     f"intercept_fsync must be one of {', '.join(FSYNC_POLICIES)}, got {o.intercept_fsync!r}")
             self.fsync = o.intercept_fsync
+        if "intercept_fsync_ms" in updated:
+            if not 0 <= o.intercept_fsync_ms <= 60_000:
+                raise exceptions.OptionsError(
+                    f"intercept_fsync_ms must be between 0 and 60000 (a minute), got {o.intercept_fsync_ms}")
+            self.registry.store.fsync_interval = o.intercept_fsync_ms / 1000
         if "intercept_upstreams" in updated:
             try:
                 self._declared = parse_upstreams(o.intercept_upstreams) if o.intercept_upstreams else {}

@@ -213,6 +213,101 @@ def test_fsync_policy(tmp_path, monkeypatch, policy, expected):
     assert len(synced) == expected
 
 
+def _watch_fsyncs(monkeypatch, fail_first: int = 0) -> list[tuple[float, int]]:
+    """Each fsync's time and the size of the file it covered; the first ``fail_first`` raise
+    EIO (a disk that could not take what was written)."""
+    seen: list[tuple[float, int]] = []
+    real = os.fsync
+
+    def fsync(fd):
+        if len(seen) < fail_first:
+            seen.append((time.monotonic(), -1))
+            raise OSError(5, "Input/output error")
+        real(fd)
+        seen.append((time.monotonic(), os.fstat(fd).st_size))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return seen
+
+
+def test_turn_fsyncs_are_grouped_and_none_waits_longer_than_the_interval(tmp_path, monkeypatch):
+    """40 turns in quick succession ask for 41 fsyncs (the header's too); the writer does one
+    per interval per file, and the last one, without any flush, covers the whole file within
+    the interval of the last write (plus the writer's own wake-up)."""
+    seen = _watch_fsyncs(monkeypatch)
+    store = Store(fsync_interval=0.2)
+    r = Rollout(tmp_path / "g.msgpack", store=store)
+    t0 = time.monotonic()
+    for prompt, reply in tool_turns(40):
+        r.send(prompt, reply)
+        time.sleep(0.005)
+    written = time.monotonic()
+    deadline = written + 5
+    while not (seen and seen[-1][1] == r.path.stat().st_size) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen and seen[-1][1] == r.path.stat().st_size, seen
+    assert seen[-1][0] - written < 0.2 + 0.15
+    assert 1 <= len(seen) <= (written - t0) / 0.2 + 2, seen  # ~0.3 s of writing: a few, not 41
+    sealed_whole(r, store, turns=40)
+
+
+def test_an_interval_of_0_fsyncs_after_each_write(tmp_path, monkeypatch):
+    seen = _watch_fsyncs(monkeypatch)
+    store = Store(fsync_interval=0)
+    r = Rollout(tmp_path / "z.msgpack", store=store)
+    time.sleep(0.2)  # the header alone
+    for prompt, reply in tool_turns(3):
+        before = len(seen)
+        r.send(prompt, reply)
+        deadline = time.monotonic() + 5
+        while len(seen) == before and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(seen) == before + 1 and seen[-1][1] == r.path.stat().st_size  # this turn's, at once
+    assert len(seen) == 4  # the header and each turn, each on its own write
+    sealed_whole(r, store, turns=3)
+
+
+def test_the_footer_is_fsynced_at_once_whatever_the_interval(tmp_path, monkeypatch):
+    """A DELETE's orchestrator reads the sealed file next: its fsync does not wait out the
+    window (and takes the turns still pending with it)."""
+    seen = _watch_fsyncs(monkeypatch)
+    store = Store(fsync_interval=30)
+    r = Rollout(tmp_path / "f.msgpack", store=store)
+    for prompt, reply in tool_turns(3):
+        r.send(prompt, reply)
+    r.recorder.seal("done")
+    deadline = time.monotonic() + 5
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(seen) == 1 and seen[0][1] == r.path.stat().st_size
+    assert read_trace(r.path).num_turns == 3
+    store.close()
+
+
+def test_a_failed_fsync_writes_everything_since_the_last_one_again(tmp_path, monkeypatch):
+    """EIO from fsync means the disk may not hold what was written since the last good one:
+    the file goes back to that offset, those records are held and written again in order, and
+    the trace ends whole, as after a failed write."""
+    monkeypatch.setattr(store_module, "RETRY_INTERVAL", 0.05)
+    seen = _watch_fsyncs(monkeypatch, fail_first=1)
+    store = Store(fsync_interval=0.05)
+    r = Rollout(tmp_path / "e.msgpack", store=store)
+    for prompt, reply in tool_turns(2):
+        r.send(prompt, reply)
+    deadline = time.monotonic() + 5
+    while not (seen and seen[0][1] == -1) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen[0][1] == -1
+    for prompt, reply in tool_turns(4)[2:]:
+        r.send(prompt, reply)
+    while not (store.health(r.path).ok and store.health(r.path).late) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store.health(r.path).late >= 3  # the header and both turns the failed fsync covered
+    assert "Input/output error" in store.errors[r.path]
+    sealed_whole(r, store, turns=4)
+    assert [k for k in iter_records(r.path)].count(next(iter(iter_records(r.path)))) == 1  # one header
+
+
 def test_a_failing_file_does_not_stop_other_sessions(tmp_path):
     store = Store()
     blocker = tmp_path / "not-a-dir"

@@ -69,7 +69,8 @@ class Recorder:
     misspelt field would otherwise vanish from every trace. ``id`` defaults to the file's
     stem, ``started_at`` to now; the schema and producer versions are always this code's.
     Secrets are scrubbed from ``agent``, ``task``, ``info`` and ``config``. ``fsync``:
-    ``never``, ``turn`` (after every turn or call record) or ``seal`` (only the footer).
+    ``never``, ``turn`` (every turn or call record, the store grouping them:
+    ``Store.fsync_interval``) or ``seal`` (only the footer).
     """
 
     def __init__(self, path: Path, header: Header | dict[str, Any], *, store: Store, fsync: str = "turn"):
