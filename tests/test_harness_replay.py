@@ -11,6 +11,7 @@ holds because it is on the canonical conversation, not the bytes.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pytest
 from clients import KEY_ENV, REAL_KEY
 from harness import FINAL, HOSTS, PROMPT, TOOL_OUTPUT, check_ran, node_harness, output_of, run_harness
 from interceptor.trace import Trace, read_trace
+from interceptor.trace.match import Ignore
 from mitm import ROOT, MitmProcess
 from provider import ProviderSimulator
 
@@ -192,6 +194,10 @@ def test_codex_replays_its_trace_without_a_model(live_sim, tmp_path, transport):
 
 # Gemini CLI's shell tool reports the process group it ran the command in.
 PGID = r"Process Group PGID: \d+"
+# Gemini CLI lists its built-in skills in the order its file search (node-glob, unsorted)
+# returns them, which varies from run to run: in the system prompt's block, and as the
+# activate_skill tool's enum of names (CI saw the two swapped between record and replay).
+SKILLS = [r"<available_skills>[\s\S]*?</available_skills>", r"skill-creator|antigravity-support"]
 
 
 def test_gemini_cli_replays_its_trace_without_a_model(live_sim, tmp_path):
@@ -199,17 +205,39 @@ def test_gemini_cli_replays_its_trace_without_a_model(live_sim, tmp_path):
 
     # -m: a fixed model skips the CLI's routing call (a classifier it asks first on "auto").
     gemini = [node_harness("gemini"), "-p", PROMPT, "--yolo", "-m", "gemini-2.5-flash"]
-    with replayed(live_sim, gemini, _script_task, tmp_path, SESSION, rules=[TEMP_HOME, PGID]) as run:
+    with replayed(live_sim, gemini, _script_task, tmp_path, SESSION, rules=[TEMP_HOME, PGID, *SKILLS]) as run:
         live, source, again, trace, replayer = run
         assert all(c.dialect == "gemini" and c.stream for c in trace.calls)
         assert again.stdout == live.stdout  # gemini -p prints the final answer only
         # Without the rule the second turn misses, in Gemini's own error shape, naming the PGID.
-        edited, missed = _replay(replayer, gemini, tmp_path, {**SESSION, "replay": {"ignore": [TEMP_HOME]}})
+        edited, missed = _replay(replayer, gemini, tmp_path, {**SESSION, "replay": {"ignore": [TEMP_HOME, *SKILLS]}})
         assert edited.returncode != 0 and FINAL not in edited.stdout
         text = output_of(edited)
         assert '"status":"INVALID_ARGUMENT"' in text and "message 3 (tool) differs" in text, text[-3000:]
         assert "Process Group PGID" in text and f"call {read_trace(source).calls[1].id}" in text
         assert missed.num_turns == 1 and missed.calls[-1].error.type == "replay_miss"
+    _skills_in_the_other_order_match(trace)
+
+
+def _skills_in_the_other_order_match(trace: Trace) -> None:
+    """What SKILLS is for, without waiting for the file search to swap them: the recorded
+    system prompt and activate_skill tool with the two skills the other way round are the
+    same request under the rules, and another one without them."""
+    system = trace.branches[0].messages[0]
+    assert system.role == "system" and isinstance(system.content, str)
+    blocks = re.findall(r"  <skill>[\s\S]*?</skill>", system.content)
+    assert len(blocks) == 2, blocks
+    swapped = system.model_copy(update={"content": system.content.replace(blocks[0], "\0").replace(
+        blocks[1], blocks[0]).replace("\0", blocks[1])})
+    tools = trace.tool_sets[trace.calls[0].tool_set]
+    skill = next(t for t in tools if t.name == "activate_skill")
+    enum = next(p["enum"] for p in skill.parameters["properties"].values() if "enum" in p)
+    assert sorted(enum) == ["antigravity-support", "skill-creator"]
+    params = json.loads(json.dumps(skill.parameters).replace(json.dumps(enum), json.dumps(enum[::-1])))
+    other = [t.model_copy(update={"parameters": params}) if t is skill else t for t in tools]
+    rules, bare = Ignore.parse([TEMP_HOME, PGID, *SKILLS]), Ignore.parse([TEMP_HOME, PGID])
+    assert rules.message(swapped, 0) == rules.message(system, 0) and rules.tools(other) == rules.tools(tools)
+    assert bare.message(swapped, 0) != bare.message(system, 0) and bare.tools(other) != bare.tools(tools)
 
 
 # -- mini-swe-agent ------------------------------------------------------------------------
