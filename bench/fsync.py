@@ -27,6 +27,7 @@ import itertools
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -143,8 +144,9 @@ def main() -> int:
         paired = "- | -" if name == "never" else f"{spread(d_cpu, '+.2f')} | {spread(share, '.0f')}%"
         print(f"| {name} | {spread(cpu, '.2f')} | {spread(thr, '.0f')} | {paired} |")
     if bad:
-        print("\nFAILED checks:\n" + "\n".join(f"- {b}" for b in bad))
+        print("\nFAILED checks:\n" + "\n".join(f"- {b}" for b in bad) + f"\n(the run's traces and logs: {work})")
         return 1
+    shutil.rmtree(work, ignore_errors=True)  # kept when a check failed, to look at
     print(f"\nchecks: every session's trace holds each of its requests as a turn and verifies "
           f"({sum(len(v) for v in sessions.values())} sessions)")
     return 0

@@ -26,6 +26,7 @@ import importlib.util
 import inspect
 import json
 import os
+import shutil
 import socket
 import statistics
 import sys
@@ -134,6 +135,7 @@ def main() -> int:
             raise SystemExit(f"the trace does not hold the run: {trace.num_turns} turns, {len(trace.branches)} branches")
         script.registry.seal_all("bench")
         script.registry.store.close()
+    shutil.rmtree(work, ignore_errors=True)
 
     print(f"{args.mode}, {args.turns} requests, last body {len(payload) / 1e3:.0f} KB; CPU of this thread, us")
     for lo, hi in ((0, args.band), (args.turns - args.band, args.turns)):
