@@ -246,7 +246,9 @@ def test_turn_fsyncs_are_grouped_and_none_waits_longer_than_the_interval(tmp_pat
     while not (seen and seen[-1][1] == r.path.stat().st_size) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert seen and seen[-1][1] == r.path.stat().st_size, seen
-    assert seen[-1][0] - written < 0.2 + 0.15
+    # Well under the writer's idle wake-up (RETRY_INTERVAL, 1 s), which alone would also get
+    # there; the margin is for a loaded machine.
+    assert seen[-1][0] - written < 0.2 + 0.5
     assert 1 <= len(seen) <= (written - t0) / 0.2 + 2, seen  # ~0.3 s of writing: a few, not 41
     sealed_whole(r, store, turns=40)
 
@@ -290,22 +292,26 @@ def test_a_failed_fsync_writes_everything_since_the_last_one_again(tmp_path, mon
     the trace ends whole, as after a failed write."""
     monkeypatch.setattr(store_module, "RETRY_INTERVAL", 0.05)
     seen = _watch_fsyncs(monkeypatch, fail_first=1)
-    store = Store(fsync_interval=0.05)
+    # A window no test waits out: the one fsync is the flush's, over the header and two turns
+    # whatever the writer's batches were (a short window raced the first, slow, commits).
+    store = Store(fsync_interval=30)
     r = Rollout(tmp_path / "e.msgpack", store=store)
     for prompt, reply in tool_turns(2):
         r.send(prompt, reply)
-    deadline = time.monotonic() + 5
-    while not (seen and seen[0][1] == -1) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert seen[0][1] == -1
+    store.flush(timeout=10)
+    assert [size for _, size in seen] == [-1]
+    health = store.health(r.path)
+    assert health.held == 3 and "Input/output error" in health.error
     for prompt, reply in tool_turns(4)[2:]:
         r.send(prompt, reply)
-    while not (store.health(r.path).ok and store.health(r.path).late) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert store.health(r.path).late >= 3  # the header and both turns the failed fsync covered
+    deadline = time.monotonic() + 5
+    while not store.health(r.path).ok and time.monotonic() < deadline:
+        time.sleep(0.01)  # the writer retries on its own
+    assert store.health(r.path).ok and store.health(r.path).late == 3  # the header and both turns
     assert "Input/output error" in store.errors[r.path]
     sealed_whole(r, store, turns=4)
-    assert [k for k in iter_records(r.path)].count(next(iter(iter_records(r.path)))) == 1  # one header
+    kinds = [record["kind"] for _, record in iter_records(r.path)]
+    assert kinds.count("header") == 1 and kinds.count("turn") == 4  # written again, not twice
 
 
 def test_a_failing_file_does_not_stop_other_sessions(tmp_path):

@@ -177,7 +177,7 @@ class Store:
         # The longest an asked-for fsync waits (0: after each write); read by the writer, so
         # it may be changed while it runs.
         self.fsync_interval = fsync_interval
-        self._due: dict[Path, _File] = {}  # files with an fsync due, for the writer's wait
+        self._due: dict[Path, _File] = {}  # the files whose ``due`` is set: the writer's index
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -368,13 +368,13 @@ class Store:
         ``RETRY_INTERVAL``."""
         if not self._due:
             return RETRY_INTERVAL
-        due = min(f.due for f in self._due.values() if f.due is not None)
+        due = min(f.due for f in self._due.values())  # type: ignore[type-var]  # set while listed
         return min(RETRY_INTERVAL, max(0.0, due - time.monotonic()))
 
     def _sync_due(self, everything: bool = False) -> None:
         now = time.monotonic()
         for f in list(self._due.values()):
-            if everything or f.due is None or f.due <= now:
+            if everything or f.due <= now:  # type: ignore[operator]  # set while listed
                 self._sync(f)
 
     def _sync(self, f: _File) -> bool:
@@ -384,7 +384,9 @@ class Store:
         if f.due is None:
             return True
         f.due = None
-        self._busy = (time.monotonic(), f.path)
+        # Restored after, not cleared: an fsync of a file evicted from the LRU runs inside
+        # another file's write (``_drain`` -> ``_fd``), whose stall must stay visible.
+        busy, self._busy = self._busy, (time.monotonic(), f.path)
         try:
             if f.fd is None:
                 raise OSError(5, "the file was closed before its fsync")
@@ -399,7 +401,7 @@ class Store:
             self._failed(f, e)
             return False
         finally:
-            self._busy = None
+            self._busy = busy
         f.unsynced = []
         f.synced = f.good
         return True
