@@ -53,7 +53,10 @@ chunk it reads, so a provider's one chunk per token cost that once per event; no
 that arrived together (a fast model, a busy proxy: the more load, the more per read) travel
 together, and an event that arrives alone still goes at once. The harness reads the same bytes
 (chunk boundaries carry no meaning in HTTP; extensions are not passed on, trailers never were).
-What is left is one loopback hop per streamed exchange (``docs/benchmarks.md``, "The relay").
+Each read of a streamed answer is handled in the upstream transport's callback (``_Through``,
+once the StreamReader holds nothing more), not by a task woken per read: at a provider's pace
+every event is a read of its own. What is left is one loopback hop per streamed exchange: a
+second read and write per event (``docs/benchmarks.md``, "The relay" and "The relay's reads").
 ``intercept_drain_timeout=0`` turns the relay off: mitmproxy talks to the upstream itself, and
 an answer the client abandons is lost as before. Upstream-proxy modes and client certificates
 are left to mitmproxy (the relay would bypass them).
