@@ -17,6 +17,7 @@ afterwards: one turn per stream, every reply whole.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -113,8 +114,14 @@ def main() -> int:
         for p in procs.values():
             p.start()
         sessions = {n: p.create_session(upstream={"base_url": f"{sim_url}/v1"}) for n, p in procs.items() if n != "bare + stream"}
-        payload = json.dumps({"model": "gpt-4o", "stream": True, "stream_options": {"include_usage": True},
-                              "messages": [{"role": "user", "content": "count"}]}).encode()
+        count = itertools.count()
+
+        def payload() -> bytes:
+            """A body of its own per request: the same body again right after a paced answer
+            whose end the proxy has not seen yet is, by Retry's rules, the harness retrying an
+            answer it cannot have read in full (``addons/retry.py``), answered from the record."""
+            return json.dumps({"model": "gpt-4o", "stream": True, "stream_options": {"include_usage": True},
+                               "messages": [{"role": "user", "content": f"count {next(count)}"}]}).encode()
         with ExitStack() as stack:
             clients = {}
             for n, p in procs.items():
@@ -122,7 +129,7 @@ def main() -> int:
                 clients[n] = stack.enter_context(httpx.Client(proxy=p.url, verify=str(ca), timeout=120))
 
             def stream(n: str) -> tuple[int, str, int]:
-                return chat_stream(clients[n], payload, sessions[n]["model_secret"] if n in sessions else "sk-unused")
+                return chat_stream(clients[n], payload(), sessions[n]["model_secret"] if n in sessions else "sk-unused")
 
             names = list(procs)
             for n in names:
