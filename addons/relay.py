@@ -350,8 +350,8 @@ class _Through(asyncio.Protocol):
                 self._pause(transport)
             await self.ended
         finally:
-            if self.draining is not None:
-                await self.draining
+            if self.draining is not None:  # bytes still queued for the loopback go out in order anyway
+                self.draining.cancel()
             if self.original is not None:
                 transport.set_protocol(self.original)
                 self.original = None

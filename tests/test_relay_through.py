@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 
 import pytest
 
 from interceptor.addons.framing import LENGTH, Body
 from interceptor.addons.relay import BROKE, READ, Upstream, _Through
+from provider.tls import TestCA
 
 
 class Down:
@@ -41,19 +43,35 @@ class Down:
         raise AssertionError("nothing is taken over here")
 
 
-async def pair(upstream_bytes, *, small_down: bool = False):
-    """An upstream connection whose server writes what ``upstream_bytes(writer)`` writes, and a
-    loopback connection whose far end the test reads itself (``small_down``: 64 KiB socket
-    buffers, so a few hundred KB fill them)."""
+@pytest.fixture(scope="module")
+def ca():
+    with TestCA() as made:
+        yield made
+
+
+@pytest.fixture(params=["tcp", "tls"])
+def tls(request, ca):
+    """Plain TCP, and TLS (every real provider): asyncio's TLS transport takes a protocol of
+    its own differently (``sslproto``), so both are run."""
+    if request.param == "tcp":
+        return None
+    client = ssl.create_default_context(cafile=str(ca.path))
+    return ca.server("127.0.0.1").context(), client
+
+
+async def pair(upstream_bytes, tls=None, *, small_down: bool = False):
+    """An upstream connection (``tls``: the server's and the client's contexts) whose server
+    writes what ``upstream_bytes(writer)`` writes, and a loopback connection whose far end the
+    test reads itself (``small_down``: 64 KiB socket buffers, so a few hundred KB fill them)."""
     served = asyncio.get_running_loop().create_future()
 
     async def handle(reader, writer):
         served.set_result(writer)
         await upstream_bytes(writer)
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=tls[0] if tls else None)
     port = server.sockets[0].getsockname()[1]
-    ur, uw = await asyncio.open_connection("127.0.0.1", port)
+    ur, uw = await asyncio.open_connection("127.0.0.1", port, ssl=tls[1] if tls else None)
     up = Upstream(ur, uw, reusable=True)
     listener = socket.create_server(("127.0.0.1", 0))
     far = socket.create_connection(listener.getsockname())
@@ -74,6 +92,16 @@ def shut(server: asyncio.Server, *conns) -> None:
     server.close()
 
 
+async def closed(up: Upstream) -> None:
+    """The StreamReader hears of the close: a loop pass after it over TCP, after TLS's
+    close_notify exchange over TLS."""
+    for _ in range(200):
+        if up.reader.at_eof():
+            break
+        await asyncio.sleep(0.005)
+    assert up.reader.at_eof() and up.writer.is_closing()
+
+
 async def read_all(far: socket.socket, n: int) -> bytes:
     loop = asyncio.get_running_loop()
     got = bytearray()
@@ -84,7 +112,7 @@ async def read_all(far: socket.socket, n: int) -> bytes:
     return bytes(got)
 
 
-def test_a_loopback_that_does_not_read_pauses_the_upstream_and_the_answer_arrives_whole():
+def test_a_loopback_that_does_not_read_pauses_the_upstream_and_the_answer_arrives_whole(tls):
     body = bytes(range(256)) * 32 * 256  # 2 MiB, well over both sockets' buffers and asyncio's
     release = asyncio.Event()
 
@@ -101,7 +129,7 @@ def test_a_loopback_that_does_not_read_pauses_the_upstream_and_the_answer_arrive
         await release.wait()
 
     async def main():
-        server, up, down, far, served = await pair(upstream, small_down=True)
+        server, up, down, far, served = await pair(upstream, tls, small_down=True)
         transport = up.writer.transport
         original = transport.get_protocol()
         through = _Through(Down(), up, Body(LENGTH, len(body)), down)
@@ -124,7 +152,7 @@ def test_a_loopback_that_does_not_read_pauses_the_upstream_and_the_answer_arrive
     asyncio.run(main())
 
 
-def test_the_pooled_connection_carries_its_next_answer_after_a_paced_one():
+def test_the_pooled_connection_carries_its_next_answer_after_a_paced_one(tls):
     first = [b"event %d\n" % k for k in range(20)]
     second = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nagain"
     go = asyncio.Event()
@@ -139,7 +167,7 @@ def test_the_pooled_connection_carries_its_next_answer_after_a_paced_one():
         await writer.drain()
 
     async def main():
-        server, up, down, far, served = await pair(upstream)
+        server, up, down, far, served = await pair(upstream, tls)
         original = up.writer.transport.get_protocol()
         size = sum(map(len, first))
         through = _Through(Down(), up, Body(LENGTH, size), down)
@@ -157,7 +185,7 @@ def test_the_pooled_connection_carries_its_next_answer_after_a_paced_one():
     asyncio.run(main())
 
 
-def test_an_upstream_that_closes_mid_answer_breaks_it_and_the_reader_sees_the_end():
+def test_an_upstream_that_closes_mid_answer_breaks_it_and_the_reader_sees_the_end(tls):
     async def upstream(writer):
         writer.write(b"a" * 100)
         await writer.drain()
@@ -168,20 +196,19 @@ def test_an_upstream_that_closes_mid_answer_breaks_it_and_the_reader_sees_the_en
         writer.close()  # 200 of the 1000 bytes it announced
 
     async def main():
-        server, up, down, far, served = await pair(upstream)
+        server, up, down, far, served = await pair(upstream, tls)
         drain = Down()
         through = _Through(drain, up, Body(LENGTH, 1000), down)
         with pytest.raises(BROKE):  # FramingError: 200 of the 1000 bytes announced
             await asyncio.wait_for(through.run(b""), 10)
         assert bytes(drain.buf) == b"a" * 100 + b"b" * 100
-        await asyncio.sleep(0.01)  # the transport's close reaches its protocol a loop pass later
-        assert up.reader.at_eof() and up.writer.is_closing()
+        await closed(up)
         shut(server, up, down, far)
 
     asyncio.run(main())
 
 
-def test_a_connection_closed_by_the_relay_mid_answer_breaks_it_and_the_reader_sees_the_end():
+def test_a_connection_closed_by_the_relay_mid_answer_breaks_it_and_the_reader_sees_the_end(tls):
     """``intercept_drain_timeout`` running out closes the upstream from the relay's side
     (``Drain._expire``) while this is its protocol: the answer breaks, and the StreamReader
     hears of the close too."""
@@ -191,7 +218,7 @@ def test_a_connection_closed_by_the_relay_mid_answer_breaks_it_and_the_reader_se
         await asyncio.sleep(30)
 
     async def main():
-        server, up, down, far, served = await pair(upstream)
+        server, up, down, far, served = await pair(upstream, tls)
         through = _Through(Down(), up, Body(LENGTH, 1000), down)
         run = asyncio.ensure_future(through.run(b""))
         for _ in range(200):
@@ -202,7 +229,7 @@ def test_a_connection_closed_by_the_relay_mid_answer_breaks_it_and_the_reader_se
         up.close()
         with pytest.raises(BROKE):
             await asyncio.wait_for(run, 10)
-        assert up.reader.at_eof() and up.writer.is_closing()
+        await closed(up)
         shut(server, served, down, far)
 
     asyncio.run(main())
