@@ -20,6 +20,7 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -151,6 +152,7 @@ def main() -> int:
             p.cleanup()
         sim.terminate()
         sim.wait(10)
+    shutil.rmtree(work, ignore_errors=True)  # kept when a check failed, to look at
     print(f"machine: {machine()}; load average at the start and every 20 streams: {' | '.join(loads)}")
     print(f"{args.streams} streams of {args.tokens} token events per path, paths in rotating order"
           + (f", {args.gap_ms:g} ms between events" if args.gap_ms else ", events as fast as the simulator writes them")
