@@ -248,25 +248,34 @@ def _head(event: Head) -> bytes:
     return b"".join(lines)
 
 
+def _pass_on(up: Upstream, frame: Body, data: bytes, body: bytearray) -> bytes:
+    """One read of the answer (``b""``: the upstream closed): the body it carries appended to
+    ``body``, and its bytes to pass on (up to the answer's end); UpstreamBroke (or
+    FramingError) if it breaks. Bytes after the answer's end make the connection unusable."""
+    if not data:
+        frame.eof()
+        if not frame.done:
+            raise UpstreamBroke("ConnectionClosed")
+        return b""
+    used = frame.feed(data, body)
+    if used < len(data):
+        up.reusable = False
+    return frame.passed(data, used)
+
+
 async def _reads(up: Upstream, frame: Body, data: bytes, body: bytearray):
     """The answer's raw bytes a read at a time, to its end (``data``: what came with its
-    head), the body each carries appended to ``body`` first; UpstreamBroke (or FramingError)
-    if it breaks. Bytes after the answer's end make the connection unusable again."""
+    head), each through ``_pass_on`` first."""
     while True:
         if data:
-            used = frame.feed(data, body)
-            if used < len(data):
-                up.reusable = False
-            data = frame.passed(data, used)
+            data = _pass_on(up, frame, data, body)
             if data:
                 yield data
         if frame.done:
             return
         data = await up.reader.read(READ)
         if not data:
-            frame.eof()
-            if not frame.done:
-                raise UpstreamBroke("ConnectionClosed")
+            _pass_on(up, frame, data, body)
 
 
 class _Through(asyncio.Protocol):
@@ -277,8 +286,8 @@ class _Through(asyncio.Protocol):
     Once the StreamReader holds nothing more (a read of it came back short), this is the
     upstream transport's protocol until the answer ends: each read is handled in the
     transport's own callback, so it costs no StreamReader buffer, future or task wake-up. At
-    a provider's pace every event is a read of its own, and that was ~15 µs of the relay's
-    ~65 µs per event here (issue 16, docs/benchmarks.md "The relay's reads"). The
+    a provider's pace every event is a read of its own: ~30 µs less CPU per event here, paired
+    (issue 16, docs/benchmarks.md "The relay's reads"). The
     StreamReader's protocol is put back at the end, for the connection's next exchange from
     the pool; a connection lost meanwhile is passed on to it, so its reader is at EOF and its
     writer closing, as if it had read the end itself. A loopback that does not take what is
@@ -291,21 +300,12 @@ class _Through(asyncio.Protocol):
         self.mark = drain.base + len(drain.buf)  # the body's bytes read so far (the buffer's trims keep the sum)
         self.ended: asyncio.Future = asyncio.get_running_loop().create_future()  # set: the end; an exception: it broke
         self.original: asyncio.BaseProtocol | None = None  # the StreamReader's, while this one reads
-        self.full = False  # the loopback's write buffer holds bytes: drain before reading on
-        self.draining: asyncio.Future | None = None
+        self.draining: asyncio.Future | None = None  # the upstream paused until the loopback drains
 
     def step(self, data: bytes) -> None:
         """One read of the upstream; ``b""``: its end. Raises UpstreamBroke, FramingError."""
         d, frame = self.drain, self.frame
-        if data:
-            used = frame.feed(data, d.buf)
-            if used < len(data):
-                self.up.reusable = False  # bytes after the answer's end
-            data = frame.passed(data, used)
-        else:
-            frame.eof()
-            if not frame.done:
-                raise UpstreamBroke("ConnectionClosed")
+        data = _pass_on(self.up, frame, data, d.buf)
         if data:
             if d.taken:
                 d._guarded(d._feed)
@@ -315,12 +315,16 @@ class _Through(asyncio.Protocol):
                     data = _chunk(d.buf, self.mark - d.base, end - d.base, frame.done)
                     self.mark = end
                 d._down(self.writer, data)
-                self.full = bool(self.writer.transport.get_write_buffer_size())
         if frame.done and not self.ended.done():
             self.ended.set_result(None)
 
+    def _full(self) -> bool:
+        """The loopback's write buffer holds bytes: drain it before reading on (not once taken
+        over: nothing more goes down then)."""
+        d = self.drain
+        return not d.taken and d.down_alive and bool(self.writer.transport.get_write_buffer_size())
+
     async def _drain_down(self) -> None:
-        self.full = False
         try:
             await self.writer.drain()
         except OSError:
@@ -330,23 +334,21 @@ class _Through(asyncio.Protocol):
         """Pass the answer on from ``rest`` (read with its head) to its end."""
         if rest:
             self.step(rest)
-        elif self.frame.done:
-            return
         reader = self.up.reader
-        while not self.ended.done():
-            if self.full:
+        while not self.frame.done:
+            if self._full():
                 await self._drain_down()
             data = await reader.read(READ)
             self.step(data)
             if len(data) < READ:
                 break  # the reader's buffer is empty: the transport's callbacks come here now
-        if self.ended.done():
-            return self.ended.result()
+        if self.frame.done:
+            return
         transport = self.up.writer.transport
         self.original = transport.get_protocol()
         transport.set_protocol(self)
         try:
-            if self.full:
+            if self._full():
                 self._pause(transport)
             await self.ended
         finally:
@@ -377,7 +379,7 @@ class _Through(asyncio.Protocol):
         except Exception as e:  # noqa: BLE001 - run() raises it: BROKE, or a bug, as the loop's read would
             self.ended.set_exception(e)
             return
-        if self.full and self.draining is None and not self.ended.done():
+        if self.draining is None and not self.ended.done() and self._full():
             self._pause(self.up.writer.transport)
 
     def eof_received(self) -> bool:
