@@ -29,12 +29,21 @@ class OpenProxyGuard:
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
         self._authorized: set[str] = set()  # client connections that presented a secret
+        self._open = False  # intercept_open_proxy (``configure``)
+        self._exposed = False  # listening beyond loopback (``configure``)
+
+    def configure(self, updated: set[str]) -> None:
+        # Read when they change, not per request: each read of an unset option is a deep copy
+        # of its default (mitmproxy's OptManager), and parsing the modes ~20 µs (issue 16).
+        if updated & {"mode", "listen_host", "intercept_open_proxy"}:
+            self._open = ctx.options.intercept_open_proxy
+            self._exposed = bool(exposed_hosts())
 
     @property
     def enforcing(self) -> bool:
         # Behind a front (intercept_worker) every connection comes from loopback, whoever
         # opened it: the worker cannot tell, so it asks for the secret as if exposed.
-        return not ctx.options.intercept_open_proxy and (bool(exposed_hosts()) or self.registry.worker is not None)
+        return not self._open and (self._exposed or self.registry.worker is not None)
 
     def client_disconnected(self, client: connection.Client) -> None:
         self._authorized.discard(client.id)

@@ -34,6 +34,13 @@ class Reach:
         # One probe per address at a time: the requests that arrive while it runs wait for it
         # (without this, every request in flight when FRESH ran out opened a connection of its own).
         self._probes: dict[tuple[str, int], asyncio.Future[None]] = {}
+        self._regular = True  # mode is ["regular"] (``configure``)
+
+    def configure(self, updated: set[str]) -> None:
+        # Read when it changes, not per request: each read of an unset option is a deep copy
+        # of its default (mitmproxy's OptManager; issue 16).
+        if "mode" in updated:
+            self._regular = list(ctx.options.mode) == ["regular"]
 
     def reached(self, host: str, port: int) -> None:
         """The address answered: mitmproxy's connection, or the Relay's own (addons/relay.py),
@@ -48,7 +55,7 @@ class Reach:
         if flow.response or flow.error or not flow.live:
             return
         ex = exchange_of(flow)
-        if ex is None or list(ctx.options.mode) != ["regular"]:
+        if ex is None or not self._regular:
             return  # in upstream-proxy modes the address is not ours to probe
         if ex.session.upstream is not None and ex.session.upstream.local:
             return  # a replay source answers every request itself (addons/replay.py)

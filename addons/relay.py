@@ -949,6 +949,7 @@ class Relay:
         self.timeout = 300.0
         self.keepalive = 0.0
         self.spill = 4 << 20
+        self._mitmproxy_only = False  # an upstream-proxy mode or client certificates (``configure``)
         self.server: asyncio.Server | None = None
         self.port = 0
         self._tickets: dict[str, Drain] = {}
@@ -992,6 +993,10 @@ class Relay:
             self.spill = ctx.options.intercept_hold_spill
         if updated & {"ssl_insecure", "ssl_verify_upstream_trusted_ca", "ssl_verify_upstream_trusted_confdir"}:
             self._tls = None  # made again at the next https connection
+        if updated & {"mode", "client_certs"}:
+            # Read when they change, not per request: each read of an unset option is a deep
+            # copy of its default (mitmproxy's OptManager; issue 16).
+            self._mitmproxy_only = list(ctx.options.mode) != ["regular"] or bool(ctx.options.client_certs)
 
     async def running(self) -> None:
         if self.server is None:
@@ -1016,8 +1021,8 @@ class Relay:
         if ex is None or ex.route.kind != "model" or flow.request.method != "POST" or ex.drain is not None:
             return
         held = hold.holds(ex)
-        if (not self.port or self.timeout <= 0 or list(ctx.options.mode) != ["regular"]
-                or ctx.options.client_certs or flow.request.scheme not in ("http", "https")):
+        if (not self.port or self.timeout <= 0 or self._mitmproxy_only
+                or flow.request.scheme not in ("http", "https")):
             if held:  # fail closed: an answer the hooks must see is never streamed unheld
                 message = ("the session's response hooks need the proxy's relay to hold answers "
                            "(intercept_drain_timeout > 0, regular mode, no client certificates); nothing was forwarded")
