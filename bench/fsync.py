@@ -1,7 +1,9 @@
 """The trace's fsync policy under load (issue 16): CPU per request and throughput at 16
-concurrent clients, each its own session, side by side in one run.
+concurrent clients, each its own session, side by side in one run; with ``--before REV``, a
+change's cost in the same cell (this proxy as it was at ``REV`` as one more path).
 
     .venv/bin/python bench/fsync.py [--clients 16] [--requests 60] [--rounds 6]
+    .venv/bin/python bench/fsync.py --paths bare,grouped --before HEAD~1 --base bare --rounds 12
 
 Paths, each a real mitmdump with ``addons/interception.py`` on the simulator, in rotating
 order per round (reversed every other round): ``never`` (``intercept_fsync=never``, the
@@ -11,8 +13,11 @@ one fsync per file per ``intercept_fsync_ms``), and ``bare`` (bare mitmdump, for
 client sends 20 KB independent JSON requests one after another, all clients at once (as
 bench/compare.py's 16-client cell). Per path: the process's CPU (every thread, user and
 system) per request and the throughput, medians over rounds, and paired with ``never`` round
-by round (the machine's speed drifts within a run; a round's paths run back to back). Each
-path's traces are checked afterwards: every request a turn, every file verifying.
+by round (the machine's speed drifts within a run; a round's paths run back to back; ``--base``
+names another path to pair with). Also the CPU of the process's main thread alone: the event
+loop's, the one that saturates first at 16 clients (every hook and mitmproxy's own work run
+there), so its time per request is what the throughput follows. Each path's traces are
+checked afterwards: every request a turn, every file verifying.
 
 Why it matters: an fsync costs its thread's kernel time and a GIL hand-over each way, and
 under 16 clients there were hundreds a second, one per turn (py-spy ``--nonblocking`` put the
@@ -42,6 +47,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from mitm import MitmProcess  # noqa: E402
 from overhead import KEY_ENV, start_simulator  # noqa: E402
+from failclosed import checkout_proxy  # noqa: E402
 from trace_turns import cpu_between, cpu_ns  # noqa: E402
 
 from interceptor.trace import read_trace  # noqa: E402
@@ -60,19 +66,30 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--requests", type=int, default=60, help="per client and round")
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--paths", default="bare," + ",".join(PATHS), help="which of bare and %(default)s")
+    ap.add_argument("--before", metavar="REV", help="also this proxy as it was at REV (git archive), as it ships")
+    ap.add_argument("--base", default="never", help="the path the others are paired with")
     args = ap.parse_args()
+    wanted = [p.strip() for p in args.paths.split(",") if p.strip()]
+    unknown = [p for p in wanted if p != "bare" and p not in PATHS]
+    if unknown or args.base not in wanted + ["before"] * bool(args.before):
+        ap.error(f"unknown path(s) {unknown}, or --base {args.base!r} is not among the paths")
     work = Path(tempfile.mkdtemp(prefix="bench-fsync-"))
     sim, sim_url = start_simulator(work)
-    procs: dict[str, MitmProcess] = {
-        "bare": MitmProcess(script=False, workdir=work / "bare", options={
-            "connection_strategy": "lazy", "map_remote": f"|https://api\\.openai\\.com/v1|{sim_url}/v1"}),
-    }
+    procs: dict[str, MitmProcess] = {}
+    if "bare" in wanted:
+        procs["bare"] = MitmProcess(script=False, workdir=work / "bare", options={
+            "connection_strategy": "lazy", "map_remote": f"|https://api\\.openai\\.com/v1|{sim_url}/v1"})
+    proxy_options = {"intercept_upstream": f"{sim_url}/v1", "intercept_api_key_env": KEY_ENV}
     for name, options in PATHS.items():
-        procs[name] = MitmProcess(workdir=work / name.replace(" ", "-"), env={KEY_ENV: "sk-bench-real-key"}, options={
-            "intercept_upstream": f"{sim_url}/v1", "intercept_api_key_env": KEY_ENV, **options})
+        if name in wanted:
+            procs[name] = MitmProcess(workdir=work / name.replace(" ", "-"), env={KEY_ENV: "sk-bench-real-key"},
+                                      options={**proxy_options, **options})
+    if args.before:
+        procs["before"] = checkout_proxy(args.before, work, proxy_options, {KEY_ENV: "sk-bench-real-key"})
     counter = itertools.count()
     filler = "x" * 19_800
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in procs}
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in procs}
     sessions: dict[str, list[dict]] = {name: [] for name in procs}
 
     async def cell(name: str, proc: MitmProcess) -> None:
@@ -100,8 +117,11 @@ def main() -> int:
 
         await asyncio.gather(*(client(k) for k in range(len(made))))
         wall = time.perf_counter() - t0
+        c1 = cpu_ns(proc.proc.pid)
         n = len(made) * args.requests
-        results[name].append((cpu_between(c0, cpu_ns(proc.proc.pid)) / 1e6 / n, n / wall))
+        main_thread = str(proc.proc.pid)  # the main thread's id is the process's
+        results[name].append((cpu_between(c0, c1) / 1e6 / n, n / wall,
+                              (c1.get(main_thread, 0) - c0.get(main_thread, 0)) / 1e6 / n))
         for c in clients:
             await c.aclose()
 
@@ -130,19 +150,23 @@ def main() -> int:
     print(f"# bench/fsync.py\n\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}; {started}; {args.clients} clients x {args.requests} requests "
           f"(20 KB JSON) per cell, {args.rounds} rounds\n")
-    print("| path | CPU per request, ms | throughput/s | CPU minus never, paired, ms | throughput, share of never's, paired |")
-    print("|---|---|---|---|---|")
-    base = results["never"]
+    b = args.base
+    print(f"| path | CPU per request, ms | main thread's, ms | throughput/s | CPU minus {b}'s, paired, ms "
+          f"| main thread's minus {b}'s, paired, ms | throughput, share of {b}'s, paired |")
+    print("|---|---|---|---|---|---|---|")
+    base = results[b]
 
     def spread(xs: list[float], f: str) -> str:
         return f"{statistics.median(xs):{f}} ({min(xs):{f}}-{max(xs):{f}})"
 
     for name, rows in results.items():
-        cpu, thr = [c for c, _ in rows], [t for _, t in rows]
-        d_cpu = [c - b for (c, _), (b, _) in zip(rows, base)]
-        share = [t / b * 100 for (_, t), (_, b) in zip(rows, base)]
-        paired = "- | -" if name == "never" else f"{spread(d_cpu, '+.2f')} | {spread(share, '.0f')}%"
-        print(f"| {name} | {spread(cpu, '.2f')} | {spread(thr, '.0f')} | {paired} |")
+        cpu, thr, main = [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+        d_cpu = [r[0] - o[0] for r, o in zip(rows, base)]
+        d_main = [r[2] - o[2] for r, o in zip(rows, base)]
+        share = [r[1] / o[1] * 100 for r, o in zip(rows, base)]
+        paired = ("- | - | -" if name == b else
+                  f"{spread(d_cpu, '+.2f')} | {spread(d_main, '+.2f')} | {spread(share, '.0f')}%")
+        print(f"| {name} | {spread(cpu, '.2f')} | {spread(main, '.2f')} | {spread(thr, '.0f')} | {paired} |")
     if bad:
         print("\nFAILED checks:\n" + "\n".join(f"- {b}" for b in bad) + f"\n(the run's traces and logs: {work})")
         return 1
