@@ -95,7 +95,10 @@ def main() -> int:
 
         gc.callbacks.append(collected)
 
-        def run(hook: str, flow: http.HTTPFlow) -> None:
+        async def phase(hook: str, flow: http.HTTPFlow) -> None:
+            # One coroutine per hook, as the Chain's dispatch is: an async step that does not
+            # suspend costs no pass of the loop (running each with run_until_complete gave
+            # every async hook a loop pass of its own, ~30-50 µs it never costs in mitmdump).
             for addon in addons:
                 method = getattr(addon, hook, None)
                 if method is None:
@@ -103,8 +106,11 @@ def main() -> int:
                 t0 = time.thread_time_ns()
                 value = method(flow)
                 if inspect.isawaitable(value):
-                    loop.run_until_complete(value)
+                    await value
                 per[f"{type(getattr(addon, 'addon', addon)).__name__}.{hook}"] += time.thread_time_ns() - t0
+
+        def run(hook: str, flow: http.HTTPFlow) -> None:
+            loop.run_until_complete(phase(hook, flow))
 
         auth = {"authorization": f"Bearer {session.model_secret}", "content-type": "application/json",
                 "proxy-authorization": "Basic " + base64.b64encode(f"session:{session.model_secret}".encode()).decode()}
