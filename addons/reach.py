@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from mitmproxy import ctx, http
+from mitmproxy import http
 from mitmproxy.proxy import server_hooks
 
 from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import Step, exchange_of
 from interceptor.addons.record import commit
+from interceptor.addons.settings import regular_mode
 from interceptor.trace.messages import ResponseError
 
 FRESH = 30.0
@@ -37,10 +38,8 @@ class Reach:
         self._regular = True  # mode is ["regular"] (``configure``)
 
     def configure(self, updated: set[str]) -> None:
-        # Read when it changes, not per request: each read of an unset option is a deep copy
-        # of its default (mitmproxy's OptManager; issue 16).
         if "mode" in updated:
-            self._regular = list(ctx.options.mode) == ["regular"]
+            self._regular = regular_mode()
 
     def reached(self, host: str, port: int) -> None:
         """The address answered: mitmproxy's connection, or the Relay's own (addons/relay.py),

@@ -85,6 +85,7 @@ from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import KEY, Exchange, exchange_of
 from interceptor.addons.framing import CHUNKED, CLOSE, Body, FramingError, Head, read_head
 from interceptor.addons.record import commit, mark_undelivered
+from interceptor.addons.settings import regular_mode
 from interceptor.trace.messages import ResponseError
 
 if TYPE_CHECKING:
@@ -993,10 +994,8 @@ class Relay:
             self.spill = ctx.options.intercept_hold_spill
         if updated & {"ssl_insecure", "ssl_verify_upstream_trusted_ca", "ssl_verify_upstream_trusted_confdir"}:
             self._tls = None  # made again at the next https connection
-        if updated & {"mode", "client_certs"}:
-            # Read when they change, not per request: each read of an unset option is a deep
-            # copy of its default (mitmproxy's OptManager; issue 16).
-            self._mitmproxy_only = list(ctx.options.mode) != ["regular"] or bool(ctx.options.client_certs)
+        if updated & {"mode", "client_certs"}:  # read when they change (``regular_mode``)
+            self._mitmproxy_only = not regular_mode() or bool(ctx.options.client_certs)
 
     async def running(self) -> None:
         if self.server is None:

@@ -578,6 +578,14 @@ class Settings:
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost", "::ffff:127.0.0.1"})
 
 
+def regular_mode() -> bool:
+    """mitmproxy's default mode only: the flow's address is the upstream's own (in upstream-proxy
+    and other modes it is not the proxy's to probe or connect to). An addon that asks per request
+    asks in ``configure``: each read of an unset option is a deep copy of its default
+    (mitmproxy's OptManager; issue 16)."""
+    return list(ctx.options.mode) == ["regular"]
+
+
 def exposed_hosts() -> list[str]:
     """The addresses the proxy listens on beyond loopback ("" is every interface)."""
     out = []

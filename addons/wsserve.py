@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import h11
-from mitmproxy import ctx, http
+from mitmproxy import http
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
 from wsproto.events import AcceptConnection, CloseConnection, Ping, RejectConnection, TextMessage
@@ -71,7 +71,7 @@ from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 from interceptor.addons.exchange import KEY, Exchange, exchange_of
 from interceptor.addons.hold import holds
 from interceptor.addons.relay import _next as next_event
-from interceptor.addons.settings import Settings
+from interceptor.addons.settings import Settings, regular_mode
 from interceptor.addons.wsrelay import is_upgrade
 from interceptor.dialects.sse import SSEDecoder
 from interceptor.trace import Response
@@ -173,7 +173,7 @@ class WsServe:
     @staticmethod
     def serves(ex: Exchange) -> bool:
         up = ex.session.upstream
-        if up is None or up.replay is not None or list(ctx.options.mode) != ["regular"]:
+        if up is None or up.replay is not None or not regular_mode():
             return False
         if up.dialect is not None and up.dialect != ex.dialect.name:
             return True

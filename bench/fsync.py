@@ -66,14 +66,16 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--requests", type=int, default=60, help="per client and round")
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--paths", default="bare," + ",".join(PATHS), help="which of bare and %(default)s")
+    ap.add_argument("--paths", default="bare," + ",".join(PATHS), help="comma-separated (default: %(default)s)")
     ap.add_argument("--before", metavar="REV", help="also this proxy as it was at REV (git archive), as it ships")
     ap.add_argument("--base", default="never", help="the path the others are paired with")
     args = ap.parse_args()
     wanted = [p.strip() for p in args.paths.split(",") if p.strip()]
     unknown = [p for p in wanted if p != "bare" and p not in PATHS]
-    if unknown or args.base not in wanted + ["before"] * bool(args.before):
-        ap.error(f"unknown path(s) {unknown}, or --base {args.base!r} is not among the paths")
+    if unknown:
+        ap.error(f"unknown path(s) {unknown}: the paths are bare, {', '.join(PATHS)}")
+    if args.base not in wanted and not (args.before and args.base == "before"):
+        ap.error(f"--base {args.base!r} is not among the paths run")
     work = Path(tempfile.mkdtemp(prefix="bench-fsync-"))
     sim, sim_url = start_simulator(work)
     procs: dict[str, MitmProcess] = {}
@@ -150,11 +152,10 @@ def main() -> int:
     print(f"# bench/fsync.py\n\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}; {started}; {args.clients} clients x {args.requests} requests "
           f"(20 KB JSON) per cell, {args.rounds} rounds\n")
-    b = args.base
-    print(f"| path | CPU per request, ms | main thread's, ms | throughput/s | CPU minus {b}'s, paired, ms "
-          f"| main thread's minus {b}'s, paired, ms | throughput, share of {b}'s, paired |")
+    print(f"| path | CPU per request, ms | main thread's, ms | throughput/s | CPU minus {args.base}'s, paired, ms "
+          f"| main thread's minus {args.base}'s, paired, ms | throughput, share of {args.base}'s, paired |")
     print("|---|---|---|---|---|---|---|")
-    base = results[b]
+    base = results[args.base]
 
     def spread(xs: list[float], f: str) -> str:
         return f"{statistics.median(xs):{f}} ({min(xs):{f}}-{max(xs):{f}})"
@@ -164,7 +165,7 @@ def main() -> int:
         d_cpu = [r[0] - o[0] for r, o in zip(rows, base)]
         d_main = [r[2] - o[2] for r, o in zip(rows, base)]
         share = [r[1] / o[1] * 100 for r, o in zip(rows, base)]
-        paired = ("- | - | -" if name == b else
+        paired = ("- | - | -" if name == args.base else
                   f"{spread(d_cpu, '+.2f')} | {spread(d_main, '+.2f')} | {spread(share, '.0f')}%")
         print(f"| {name} | {spread(cpu, '.2f')} | {spread(main, '.2f')} | {spread(thr, '.0f')} | {paired} |")
     if bad:
