@@ -35,7 +35,7 @@ class Reach:
         # One probe per address at a time: the requests that arrive while it runs wait for it
         # (without this, every request in flight when FRESH ran out opened a connection of its own).
         self._probes: dict[tuple[str, int], asyncio.Future[None]] = {}
-        self._regular = True  # mode is ["regular"] (``configure``)
+        self._regular = True  # mitmproxy's default mode (``regular_mode``, in ``configure``)
 
     def configure(self, updated: set[str]) -> None:
         if "mode" in updated:

@@ -579,11 +579,16 @@ LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost", "::ffff:127.0.0.1"})
 
 
 def regular_mode() -> bool:
-    """mitmproxy's default mode only: the flow's address is the upstream's own (in upstream-proxy
-    and other modes it is not the proxy's to probe or connect to). An addon that asks per request
-    asks in ``configure``: each read of an unset option is a deep copy of its default
-    (mitmproxy's OptManager; issue 16)."""
-    return list(ctx.options.mode) == ["regular"]
+    """mitmproxy's default mode only, on any listener (``regular``, ``regular@8080``,
+    ``regular@127.0.0.1:8080``): the flow's address is the upstream's own (in upstream-proxy
+    and other modes it is not the proxy's to probe or connect to). An addon that asks per
+    request asks in ``configure``: each read of an unset option is a deep copy of its default
+    (mitmproxy's OptManager), and each parse of a spec a few µs (issue 16)."""
+    specs = list(ctx.options.mode)
+    try:
+        return bool(specs) and all(isinstance(mode_specs.ProxyMode.parse(s), mode_specs.RegularMode) for s in specs)
+    except ValueError:  # mitmproxy refuses such a mode at start; nothing is relayed meanwhile
+        return False
 
 
 def exposed_hosts() -> list[str]:

@@ -24,6 +24,7 @@ import pytest
 from interceptor.trace import read_trace
 from interceptor.trace.verify import problems
 from clients import session_clients
+from mitm import free_port
 from provider import ProviderSimulator, Reply, ToolCall
 from test_request_hooks import hooks_file
 from test_trace_proxy import ANTHROPIC_TOOLS, SYSTEM, TOOLS, mproxy, msim, session  # noqa: F401
@@ -334,6 +335,24 @@ def test_a_hook_may_not_add_a_tool_call(session, tmp_path, msim, mproxy):
     assert e.value.response.headers["x-should-retry"] == "false"
     trace = sealed(mproxy, s)
     assert trace.stop_condition == "hook_error" and trace.calls[0].delivered_node is None
+
+
+def test_a_listener_given_in_the_mode_holds_answers_as_the_default_one_does(start_proxy, sim, tmp_path, harness_env):
+    """``--mode regular@<port>`` (a port without ``--listen-port``) is mitmproxy's default mode:
+    the relay holds a session's answers there too. It once took only the bare ``regular``
+    spelling for that mode, and every held session was refused."""
+    proxy = start_proxy(listen=["--mode", f"regular@{free_port()}"])
+    log = tmp_path / "seen.log"
+    log.write_text("")
+    s = proxy.create_session(upstream={"base_url": sim.url("/v1")},
+                             hooks={"module": hooks_file(tmp_path, REPLACE, "response_hooks.py"),
+                                    "config": {"log": str(log), "replacement": WITHHELD}})
+    harness_env(s["env"])
+    oai, _ = session_clients(s)
+    sim.script(Reply(text=SECRET))
+    r = oai.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    assert r.choices[0].message.content == WITHHELD
+    assert log.read_text() == SECRET + "\n"
 
 
 def test_without_the_relay_a_held_session_is_refused_and_nothing_is_sent(start_proxy, sim, tmp_path, harness_env):
