@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +37,7 @@ from interceptor.addons.exchange import Exchange, exchange_of
 from interceptor.dialects.base import Override
 from interceptor.dialects.encoding import Decoder
 from interceptor.dialects.sse import split_lines
+from interceptor.trace.ids import new_id
 
 log = logging.getLogger(__name__)
 
@@ -337,7 +337,7 @@ class Collect:
         flow.request.content = content if content is not None else _dumps(body)
         # Plain bytes back, so events can be cut and rewritten as they pass.
         flow.request.headers["accept-encoding"] = "identity"
-        ex.call_id = ex.call_id or uuid.uuid4().hex[:16]  # the rewrite record names the call
+        ex.call_id = ex.call_id or new_id()  # the rewrite record names the call
         ex.collect = plan
 
     def on_headers(self, flow: http.HTTPFlow, stream):

@@ -32,7 +32,6 @@ import logging
 import threading
 import urllib.error
 import urllib.request
-import uuid
 from typing import Any
 
 from mitmproxy import ctx, http
@@ -41,6 +40,7 @@ from interceptor.addons.exchange import Exchange, exchange_of
 from interceptor.addons.record import commit
 from interceptor.addons.relay import upstream_tls
 from interceptor.dialects.common import NETWORK_POLICY, PROVIDER_REJECTED, related, undo
+from interceptor.trace.ids import new_id
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class Feedback:
     def _record_rejected(ex: Exchange, flow: http.HTTPFlow, error: Any) -> None:
         """The refused attempt: an error call of its own, with the overrides it was sent with."""
         rejected = copy.copy(ex)
-        rejected.call_id = uuid.uuid4().hex[:16]
+        rejected.call_id = new_id()
         rejected.overrides = list(ex.overrides)
         commit(rejected, flow, None, ex.dialect.response_error(400, error))
 

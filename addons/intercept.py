@@ -19,7 +19,6 @@ request takes the delivered content, so the graph holds what the model read and 
 
 from __future__ import annotations
 
-import uuid
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
@@ -28,6 +27,7 @@ from interceptor.addons.hookrun import HookFailure, call, effective_request
 from interceptor.addons.memory import Chain, Remembered, digest, kept
 from interceptor.dialects.base import RewriteError, Slot
 from interceptor.trace.hooks import HookContext, HookSpec
+from interceptor.trace.ids import new_id
 from interceptor.trace.messages import Message, Request, message_hash
 from interceptor.trace.model import Rewrite
 
@@ -237,7 +237,7 @@ def rewrite_record(old: Message, new: Message, hooks: list[str], keep: int, *, b
     removed = [f"content[{k}]" for k, part in enumerate(old.content if isinstance(old.content, list) else [])
                if part.type != "text" and part not in (new.content if isinstance(new.content, list) else [])]
     return Rewrite(
-        direction="request", by=by, id=uuid.uuid4().hex[:16], call=call,
+        direction="request", by=by, id=new_id(), call=call,
         hooks=hooks, target=old.role, position=position, tool_call_id=old.tool_call_id,
         what="tool_result" if tool else "user_message",
         message=f"tool {old.tool_call_id}" if tool and old.tool_call_id else f"message {position}",

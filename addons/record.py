@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 
 from mitmproxy import http
 
 from interceptor.addons.exchange import Exchange
 from interceptor.addons.memory import Remembered
 from interceptor.trace import ModelCall
+from interceptor.trace.ids import new_id
 from interceptor.trace.messages import Response, ResponseError, Sampling
 from interceptor.trace.model import Rewrite
 from interceptor.trace.prefix import touches
@@ -41,7 +41,7 @@ def endpoint(flow: http.HTTPFlow) -> str:
 def make_call(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: ResponseError | None,
               status: int | None = None) -> ModelCall:
     return ModelCall(
-        id=ex.call_id or uuid.uuid4().hex[:16],
+        id=ex.call_id or new_id(),
         dialect=ex.dialect.name,
         endpoint=endpoint(flow),
         model=(response.model if response and response.model else None) or ex.wire.requested_model(ex.body, flow.request.path),
@@ -132,7 +132,7 @@ def commit_replay(ex: Exchange, flow: http.HTTPFlow, status: int, replay_of: str
     ex.committed = True  # nothing more for the pipeline to record
     ex.replay_of = replay_of
     call = ModelCall(
-        id=uuid.uuid4().hex[:16],
+        id=new_id(),
         dialect=ex.dialect.name,
         endpoint=endpoint(flow),
         requested_model=ex.requested_model,

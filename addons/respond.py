@@ -20,13 +20,13 @@ delivered. See ``addons/hold.py`` for how the answer is held back meanwhile.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from interceptor.addons.hookrun import HookFailure, call, context, first_stop
 from interceptor.addons.memory import digest, kept
 from interceptor.trace.hooks import HookSpec
+from interceptor.trace.ids import new_id
 from interceptor.trace.messages import Message, Part, Response, piece_order
 from interceptor.trace.model import Rewrite
 
@@ -160,7 +160,7 @@ def rewrite_record(ex: Exchange, sampled: Response, verdict: Verdict) -> Rewrite
     keep = ex.session.memory.keep_bytes
     original, cut = kept(sampled.message.content, keep) if keep > 0 else (None, size_before > 0)
     return Rewrite(
-        direction="response", by="hook", id=uuid.uuid4().hex[:16], call=ex.call_id or None,
+        direction="response", by="hook", id=new_id(), call=ex.call_id or None,
         hooks=verdict.hooks, target="assistant", what="reply", message="the model's reply",
         digest_before=before, digest_after=after, size_before=size_before, size_after=size_after,
         original=original, original_truncated=cut, removed=verdict.removed,

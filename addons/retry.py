@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -40,6 +39,7 @@ from mitmproxy import connection, ctx, http
 from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import Exchange, Step, exchange_of
 from interceptor.addons.record import commit_replay
+from interceptor.trace.ids import new_id
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class Retry:
                 return
         elif last is not None and last.digest == digest:
             book.last = None  # a fresh turn: its retries must coalesce on it, not replay the old one
-        rec = Recorded(digest=digest, call_id=uuid.uuid4().hex[:16], conn_id=flow.client_conn.id)
+        rec = Recorded(digest=digest, call_id=new_id(), conn_id=flow.client_conn.id)
         ex.call_id = rec.call_id
         ex.recorded = rec
         book.inflight[digest] = rec

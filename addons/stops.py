@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 
 from mitmproxy import http
 
@@ -28,6 +27,7 @@ from interceptor.addons.hookrun import HookFailure, context, effective_request, 
 from interceptor.addons.limits import Stop, in_flight, reached
 from interceptor.addons.record import first_carried, make_call
 from interceptor.dialects.base import CONTEXT_LENGTH
+from interceptor.trace.ids import new_id
 from interceptor.trace.messages import ResponseError
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def decide(ex: Exchange) -> Stop | None:
     both take the last turn of the budget."""
     session = ex.session
     if not ex.call_id:  # a WebSocket frame's exchange: Retry never saw it
-        ex.call_id = uuid.uuid4().hex[:16]
+        ex.call_id = new_id()
     if session.stop is not None:
         return session.stop
     limits = session.config.limits

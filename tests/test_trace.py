@@ -13,6 +13,9 @@ import json
 import uuid
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from interceptor.trace import (
     Choice,
     Message,
@@ -313,3 +316,32 @@ def test_long_strings_hash_by_their_own_digest_and_still_tell_messages_apart():
             Message(role="assistant", tool_calls=[spaced]))
         assert message_hash(Message(role="assistant", tool_calls=[call])) != message_hash(
             Message(role="assistant", tool_calls=[changed]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(role=st.sampled_from(["system", "user", "assistant", "tool"]),
+       content=st.one_of(st.text(max_size=40), st.text(min_size=1020, max_size=1100),
+                         st.text(alphabet="ab\ud800é", min_size=1020, max_size=1100)))
+def test_a_plain_message_hashes_as_its_full_dump_and_a_change_forgets_the_hash(role, content):
+    """``message_hash`` reads a message of a role and a text without dumping it (issue 16):
+    the hash is the one the general path (``model_dump``) gives, empty and long texts and
+    lone surrogates included; assigning any field forgets the cached hash, so a message
+    that gains a name, a tool call id or other content hashes as what it is now."""
+    import hashlib
+
+    from interceptor.trace.escape import utf8
+    from interceptor.trace.messages import _digest_long_strings, _dumped, _plain, canonical_json, message_hash
+
+    def general(m: Message) -> str:
+        return hashlib.sha256(utf8(canonical_json(_digest_long_strings(_dumped(m))))).hexdigest()
+
+    m = Message(role=role, content=content)
+    assert _plain(m)
+    assert message_hash(m) == general(m)
+    m.name = "helper"
+    assert not _plain(m) and message_hash(m) == general(m) != message_hash(Message(role=role, content=content))
+    m.name = None
+    m.content = content + "!"
+    assert message_hash(m) == general(m) == message_hash(Message(role=role, content=content + "!"))
+    copy = m.model_copy(update={"content": content})
+    assert message_hash(copy) == message_hash(Message(role=role, content=content)) != message_hash(m)

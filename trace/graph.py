@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from interceptor.trace.messages import Message, message_hash, restated_hash
+from interceptor.trace.messages import Message, cached_hash, message_hash, restated_hash
 from interceptor.trace.model import MessageNode, Trace
 
 
@@ -201,7 +201,7 @@ class Graph:
             ids = nodes[cand].token_ids
             return ids is not None and prompt_token_ids[consumed:consumed + len(ids)] == ids
 
-        if message._hash is None:
+        if cached_hash(message) is None:
             kids = self.children.get(parent, ())
             if len(kids) <= FEW_CHILDREN:
                 for cand in kids:
