@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from mitmproxy import http
 
 from interceptor.addons.exchange import exchange_of
+from interceptor.dialects.base import header
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ def outcome(flow: http.HTTPFlow, *, numbers: bool = True) -> Outcome:
     number, turn, call = _find_call(ex, numbers)
     out.call_number, out.turn = number, turn
     out.call = call.id if call is not None else (ex.call_id or None)
-    replay = flow.response.headers.get(REPLAY_HEADER) if flow.response else None
+    replay = header(flow.response.headers, REPLAY_HEADER) if flow.response else None
     if replay or (call is not None and call.replay_of):
         out.kind, out.replay_of = "replay", replay or call.replay_of
         out.rewritten = []  # nothing was sent anywhere

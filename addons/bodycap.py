@@ -27,6 +27,7 @@ from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import KEY, exchange_of
 from interceptor.addons.settings import Settings
 from interceptor.dialects import CHAT, DIALECTS
+from interceptor.dialects.base import header
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class BodyCap:
         if ex is None or not limit:
             return
         try:
-            size = int(flow.request.headers.get("content-length", ""))
+            size = int(header(flow.request.headers, "content-length", ""))
         except ValueError:
             return  # chunked or none: measured in ``request``
         if size <= limit or not self.sink_port:

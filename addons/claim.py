@@ -19,6 +19,7 @@ from interceptor.addons.exchange import KEY, Exchange
 from interceptor.addons.session import Registry
 from interceptor.addons.settings import Settings
 from interceptor.dialects import host_dialect, local_answer, resolve
+from interceptor.dialects.base import header
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class Claim:
         dialect = route.dialect
         secret = (
             self._tunnel_secrets.get(flow.client_conn.id)
-            or proxy_auth_secret(flow.request.headers.get("proxy-authorization", ""))
+            or proxy_auth_secret(header(flow.request.headers, "proxy-authorization", ""))
             or dialect.secret(flow.request.headers, flow.request.query)
         )
         if not secret:

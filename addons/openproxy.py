@@ -22,6 +22,7 @@ from mitmproxy import connection, ctx, http
 from interceptor.addons.claim import proxy_auth_secret
 from interceptor.addons.session import Registry
 from interceptor.addons.settings import exposed_hosts
+from interceptor.dialects.base import header
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class OpenProxyGuard:
             flow.response = _refusal()
 
     def _admit(self, flow: http.HTTPFlow) -> bool:
-        secret = proxy_auth_secret(flow.request.headers.get("proxy-authorization", ""))
+        secret = proxy_auth_secret(header(flow.request.headers, "proxy-authorization", ""))
         session = self.registry.by_model_secret(secret) if secret else None
         if session is None or session.sealed:
             log.info(f"interceptor: refused {flow.request.method} {flow.request.host}:{flow.request.port} from "

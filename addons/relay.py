@@ -86,6 +86,7 @@ from interceptor.addons.exchange import KEY, Exchange, exchange_of
 from interceptor.addons.framing import CHUNKED, CLOSE, Body, FramingError, Head, read_head
 from interceptor.addons.record import commit, mark_undelivered
 from interceptor.addons.settings import regular_mode
+from interceptor.dialects.base import drop, header
 from interceptor.trace.messages import ResponseError
 
 if TYPE_CHECKING:
@@ -452,7 +453,7 @@ class Drain:
         """Observers (mitmweb, flow files, the log) see the upstream, not the relay."""
         t = self.target
         flow.request.data.host, flow.request.data.port, flow.request.scheme = t.host, t.port, t.scheme
-        flow.request.headers.pop(TICKET, None)  # used (or never used): never sent anywhere again
+        drop(flow.request.headers, (TICKET,))  # used (or never used): never sent anywhere again
 
     def meter(self, stream: Any) -> Any:
         return _Meter(stream, self) if stream else stream
@@ -727,7 +728,7 @@ class Drain:
         stream = flow.response.stream
         ticker = None
         if (held.keepalive > 0 and held.sse and flow.response.status_code == 200 and not self.taken
-                and flow.response.headers.get("content-encoding", "identity").lower() == "identity"):
+                and header(flow.response.headers, "content-encoding", "identity").lower() == "identity"):
             held.head_sent = True
             self._down(writer, down.send(h11.Response(status_code=200, headers=_framed(flow.response.headers.fields))))
             ticker = asyncio.ensure_future(self._keepalive(down, writer, held.keepalive))

@@ -39,6 +39,7 @@ from mitmproxy import connection, ctx, http
 from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import Exchange, Step, exchange_of
 from interceptor.addons.record import commit_replay
+from interceptor.dialects.base import header
 from interceptor.trace.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ def _captured(stream) -> bool:
 
 def retry_count(flow: http.HTTPFlow) -> int:
     try:
-        return int(flow.request.headers.get("x-stainless-retry-count", "0"))
+        return int(header(flow.request.headers, "x-stainless-retry-count", "0"))
     except ValueError:
         return 0
 
@@ -167,7 +168,7 @@ class Retry:
         flagged = retry_count(flow) > 0
         new_key = False  # an idempotency key never seen before: certainly not a retry
         for name in self.retry_headers:
-            value = flow.request.headers.get(name)
+            value = header(flow.request.headers, name)
             if value is not None:
                 key = (name, value)
                 flagged = flagged or key in book.seen_keys
@@ -242,7 +243,7 @@ class Retry:
             rec.completed = True
             if ex is not None and not ex.delivered:
                 rec.conn_closed = True  # the Relay read the rest after the harness went away
-            elif "close" in (flow.request.headers.get("connection", "") + flow.response.headers.get("connection", "")).lower():
+            elif "close" in (header(flow.request.headers, "connection", "") + header(flow.response.headers, "connection", "")).lower():
                 rec.followed = True  # the connection was meant to close: closing it proves nothing
         except Exception:
             rec.failed = True  # never replayed; but settled, or its retries would wait forever

@@ -29,7 +29,7 @@ from interceptor.addons.wsrelay import is_upgrade
 from interceptor.addons.network import answer_search_only, mediate
 from interceptor.addons.limits import output_cap
 from interceptor.addons.session import SessionConfig
-from interceptor.dialects.base import Dialect, Override
+from interceptor.dialects.base import Dialect, Override, drop
 from interceptor.dialects.body import Body, parse_body
 from interceptor.dialects.translate import TRANSLATION, Translation, translation
 from interceptor.trace.messages import Request
@@ -332,7 +332,7 @@ class Rewrite:
         ex.prefix_len = len(prefix)
 
     def _swap_credential(self, flow: http.HTTPFlow, ex: Exchange) -> None:
-        flow.request.headers.pop("proxy-authorization", None)
+        drop(flow.request.headers, ("proxy-authorization",))
         if ex.wire is not ex.dialect:  # the harness's credential headers go too
             ex.dialect.put_key(flow.request.headers, flow.request.query, None)
         ex.wire.put_key(flow.request.headers, flow.request.query, ex.session.upstream_key())

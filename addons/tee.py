@@ -33,7 +33,7 @@ from interceptor.addons.hold import Hold
 from interceptor.addons.pipeline import Pipeline, Stage
 from interceptor.addons.record import commit
 from interceptor.addons.translate import Translate
-from interceptor.dialects.base import Frames
+from interceptor.dialects.base import Frames, header
 from interceptor.dialects.encoding import Decoder, Identity
 from interceptor.dialects.sse import SSEDecoder
 from interceptor.trace.messages import ResponseError
@@ -139,10 +139,10 @@ class Assemble:
         if ex is None or ex.route.kind != "model" or flow.response is None or ex.committed:
             return stream
         ex.first_byte_at = time.time()
-        ctype = flow.response.headers.get("content-type", "")
+        ctype = header(flow.response.headers, "content-type", "")
         frames = ex.wire.frames(flow.response.status_code, ctype, ex.stream)
         if frames is not None:
-            encoding = flow.response.headers.get("content-encoding", "identity")
+            encoding = header(flow.response.headers, "content-encoding", "identity")
             try:
                 ex.clock = EventClock()
                 ex.tee = StreamTee(ex, flow, encoding, frames, ex.clock)
@@ -160,11 +160,11 @@ class Assemble:
             ex.tee.finish()
             return
         status = flow.response.status_code
-        frames = ex.dialect.frames(status, flow.response.headers.get("content-type", ""), ex.stream)
+        frames = ex.dialect.frames(status, header(flow.response.headers, "content-type", ""), ex.stream)
         if frames is not None:
             # A stream read whole (Feedback's second attempt): assembled as if it had streamed.
             try:
-                tee = StreamTee(ex, flow, flow.response.headers.get("content-encoding", "identity"), frames)
+                tee = StreamTee(ex, flow, header(flow.response.headers, "content-encoding", "identity"), frames)
             except ValueError as e:
                 commit(ex, flow, None, ResponseError(type="unsupported_encoding", message=str(e), status=status))
                 return

@@ -47,6 +47,7 @@ from interceptor.addons.memory import Remembered
 from interceptor.addons.stops import (
     HOOK_ERROR, STOPPED, decide, hook_failed, hook_stop, record_refusal, stop_message, upstream_error,
 )
+from interceptor.dialects.base import header
 from interceptor.dialects.body import parse_body
 from interceptor.dialects.sse import SSEEvent
 from interceptor.trace.messages import Message, Request, ResponseError, Tool
@@ -57,7 +58,7 @@ WS_KEY = "interceptor_ws"
 
 
 def is_upgrade(request: http.Request) -> bool:
-    return request.headers.get("upgrade", "").lower() == "websocket"
+    return header(request.headers, "upgrade", "").lower() == "websocket"
 
 
 @dataclass(eq=False)

@@ -41,7 +41,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from interceptor.dialects.base import Mediation, Override, RouteKind
+from interceptor.dialects.base import Mediation, Override, RouteKind, drop, header
 from interceptor.dialects.common import (
     REMOVED_PART,
     notice_first_user,
@@ -527,14 +527,13 @@ class GeminiDialect(KnobDialect):
     # -- credentials -------------------------------------------------------------------------
 
     def secret(self, headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
-        return (headers.get("x-goog-api-key", "").strip() or (query.get("key") or "").strip()
+        return (header(headers, "x-goog-api-key", "").strip() or (query.get("key") or "").strip()
                 or super().secret(headers, query))
 
     def put_key(self, headers: MutableMapping[str, str], query: MutableMapping[str, str], key: str | None) -> None:
         in_query = "key" in query
         query.pop("key", None)
-        for name in self.credential_headers:
-            headers.pop(name, None)
+        drop(headers, self.credential_headers)
         if key and in_query:
             query["key"] = key
         elif key:
