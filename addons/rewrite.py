@@ -10,6 +10,7 @@ environment, is set; neither ever reaches a record or a log.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -203,6 +204,18 @@ def _translate(out: Prepared, translated: Translation, config: SessionConfig, ca
     return out
 
 
+@functools.lru_cache(maxsize=256)
+def _split(base: str) -> tuple[str, str, int, str, str]:
+    """An upstream's base URL as the request takes it: scheme, host, port, path, and the
+    Host header's value (the port only when it is not the scheme's own). Parsed once per
+    base URL, not per request."""
+    u = urlsplit(base)
+    scheme = u.scheme
+    port = u.port or (443 if scheme == "https" else 80)
+    default_port = (scheme == "https" and port == 443) or (scheme == "http" and port == 80)
+    return scheme, u.hostname, port, u.path, u.hostname if default_port else f"{u.hostname}:{port}"
+
+
 class Rewrite:
     def __init__(self, refused: Refused | None = None) -> None:
         # What the provider refused per model earlier (Feedback): the proxy's change to it
@@ -341,12 +354,14 @@ class Rewrite:
         base = ex.session.upstream.base_url if ex.session.upstream else None
         if not base:
             return
-        u = urlsplit(base)
-        scheme = u.scheme
-        port = u.port or (443 if scheme == "https" else 80)
-        flow.request.scheme = scheme
-        flow.request.host = u.hostname
-        flow.request.port = port
-        flow.request.path = ex.wire.upstream_path(u.path, flow.request.path)
-        default_port = (scheme == "https" and port == 443) or (scheme == "http" and port == 80)
-        flow.request.host_header = u.hostname if default_port else f"{u.hostname}:{port}"
+        scheme, host, port, path, hostport = _split(base)
+        req = flow.request
+        req.scheme = scheme
+        # What the host and port setters leave, set once: each setter rewrites the Host
+        # header and the authority it finds (a header scan, a rebuild), and host_header below
+        # sets the header again anyway (issue 16).
+        req.data.host, req.data.port = host, port
+        if req.data.authority:
+            req.authority = hostport
+        req.path = ex.wire.upstream_path(path, req.path)
+        req.host_header = hostport
