@@ -17,6 +17,7 @@ the functions here only search the registry:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from interceptor.dialects.anthropic import ANTHROPIC, AnthropicDialect
@@ -91,11 +92,13 @@ def _candidates(host: str | None) -> tuple[Dialect, ...]:
     return owners + tuple(d for d in REGISTRY if d not in owners)
 
 
+@functools.lru_cache(maxsize=1024)
 def resolve(method: str, path: str, host: str | None = None) -> Route | None:
     """The route for ``method path`` (query string allowed, e.g. ``/v1/messages?beta=true``),
     or None when the proxy should answer locally with 404. ``host`` decides between
     dialects that share a path (``GET /v1/models`` is OpenAI's on its hosts, Anthropic's on
-    Anthropic's)."""
+    Anthropic's). Remembered (a Route is frozen, the registry fixed): a harness asks the
+    same few routes every turn, and finding one walks every dialect's route patterns."""
     path = path.split("?", 1)[0].split("#", 1)[0]
     if len(path) > 1:
         path = path.rstrip("/")

@@ -56,9 +56,9 @@ def drop(headers: Any, names: Sequence[str]) -> None:
             headers.pop(name, None)
         return
     keys = {name.encode() for name in names}
-    kept = tuple(f for f in fields if f[0].lower() not in keys)
-    if len(kept) != len(fields):
-        headers.fields = kept
+    sizes = {len(k) for k in keys}
+    if any(len(k) in sizes and k.lower() in keys for k, _ in fields):  # usually none: no copy
+        headers.fields = tuple(f for f in fields if f[0].lower() not in keys)
 
 
 @dataclass(slots=True)
