@@ -275,7 +275,8 @@ def message_hash(message: Message) -> str:
     """
     private = message.__pydantic_private__
     if private is None:  # a model built without pydantic's init (never here; kept safe)
-        message.__pydantic_private__ = private = {"_hash": None}
+        private = {"_hash": None}
+        object.__setattr__(message, "__pydantic_private__", private)
     h = private.get("_hash")
     if h is not None:
         return h
