@@ -61,6 +61,25 @@ PATHS = {
 }
 
 
+def bare_process(work: Path, sim_url: str) -> MitmProcess:
+    """Bare mitmdump with api.openai.com mapped to the simulator: mitmproxy's own cost."""
+    return MitmProcess(script=False, workdir=work / "bare", options={
+        "connection_strategy": "lazy", "map_remote": f"|https://api\\.openai\\.com/v1|{sim_url}/v1"})
+
+
+def session_problems(procs: dict[str, MitmProcess], sessions: dict[str, list[dict]], sent: int) -> list[str]:
+    """Each session sealed (DELETE) and its trace read back: ``sent`` turns, verifying."""
+    bad: list[str] = []
+    for name, made in sessions.items():
+        for s in made:
+            status, _ = procs[name].api("DELETE", f"sessions/{s['id']}")
+            trace = read_trace(Path(s["trace_path"]))
+            if status != 200 or trace.num_turns != sent or problems(trace):
+                bad.append(f"{name}: session {s['id']}: DELETE {status}, {trace.num_turns} turns (sent {sent}), "
+                           f"{problems(trace)[:2]}")
+    return bad
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=16)
@@ -80,8 +99,7 @@ def main() -> int:
     sim, sim_url = start_simulator(work)
     procs: dict[str, MitmProcess] = {}
     if "bare" in wanted:
-        procs["bare"] = MitmProcess(script=False, workdir=work / "bare", options={
-            "connection_strategy": "lazy", "map_remote": f"|https://api\\.openai\\.com/v1|{sim_url}/v1"})
+        procs["bare"] = bare_process(work, sim_url)
     proxy_options = {"intercept_upstream": f"{sim_url}/v1", "intercept_api_key_env": KEY_ENV}
     for name, options in PATHS.items():
         if name in wanted:
@@ -136,13 +154,7 @@ def main() -> int:
             order = list(procs) if r % 2 == 0 else list(procs)[::-1]
             for name in order[r % len(order):] + order[:r % len(order)]:
                 asyncio.run(cell(name, procs[name]))
-        for name, made in sessions.items():
-            for s in made:
-                status, _ = procs[name].api("DELETE", f"sessions/{s['id']}")
-                trace = read_trace(Path(s["trace_path"]))
-                if status != 200 or trace.num_turns != args.requests + 1 or problems(trace):
-                    bad.append(f"{name}: session {s['id']}: DELETE {status}, {trace.num_turns} turns "
-                               f"(sent {args.requests + 1}), {problems(trace)[:2]}")
+        bad = session_problems(procs, sessions, args.requests + 1)
     finally:
         for proc in procs.values():
             proc.cleanup()

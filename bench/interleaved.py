@@ -49,10 +49,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from mitm import MitmProcess  # noqa: E402
 from overhead import KEY_ENV, start_simulator  # noqa: E402
 from failclosed import checkout_proxy  # noqa: E402
+from fsync import bare_process, session_problems  # noqa: E402
 from trace_turns import cpu_ns  # noqa: E402
-
-from interceptor.trace import read_trace  # noqa: E402
-from interceptor.trace.verify import problems  # noqa: E402
 
 URL = "https://api.openai.com/v1/chat/completions"
 CLIENTS = 16
@@ -74,9 +72,8 @@ def main() -> int:
     env = {KEY_ENV: "sk-bench-real-key"}
     procs: dict[str, MitmProcess] = {}
     for name in wanted:
-        procs[name] = (MitmProcess(script=False, workdir=work / "bare", options={
-            "connection_strategy": "lazy", "map_remote": f"|https://api\\.openai\\.com/v1|{sim_url}/v1"})
-            if name == "bare" else MitmProcess(workdir=work / "proxy", env=env, options=options))
+        procs[name] = (bare_process(work, sim_url) if name == "bare"
+                       else MitmProcess(workdir=work / "proxy", env=env, options=options))
     if args.before:
         procs[f"at {args.before}"] = checkout_proxy(args.before, work, options, env)
     names = list(procs)
@@ -136,14 +133,7 @@ def main() -> int:
             proc.start()
         started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         asyncio.run(run())
-        for name, made in sessions.items():
-            for s in made:
-                status, _ = procs[name].api("DELETE", f"sessions/{s['id']}")
-                trace = read_trace(Path(s["trace_path"]))
-                sent = args.rounds * args.requests + 1
-                if status != 200 or trace.num_turns != sent or problems(trace):
-                    bad.append(f"{name}: session {s['id']}: DELETE {status}, {trace.num_turns} turns (sent {sent}), "
-                               f"{problems(trace)[:2]}")
+        bad = session_problems(procs, sessions, args.rounds * args.requests + 1)
     finally:
         for proc in procs.values():
             proc.cleanup()

@@ -101,9 +101,7 @@ class Message(_Model):
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)
         if not name.startswith("_"):
-            private = self.__pydantic_private__
-            if private is not None:
-                private["_hash"] = None
+            self.__pydantic_private__["_hash"] = None
 
     def __eq__(self, other: object) -> bool:
         # The cached hash is not part of a message's value.
@@ -115,8 +113,7 @@ class Message(_Model):
 
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Message:
         copy = super().model_copy(update=update, deep=deep)
-        if copy.__pydantic_private__ is not None:
-            copy.__pydantic_private__["_hash"] = None
+        copy.__pydantic_private__["_hash"] = None
         return copy
 
     def pieces(self) -> list[tuple[Piece, Any]]:
@@ -263,8 +260,7 @@ def canonical_arguments(arguments: str) -> str:
 
 def cached_hash(message: Message) -> str | None:
     """``message_hash(message)`` if it was computed since the message last changed, else None."""
-    private = message.__pydantic_private__
-    return private.get("_hash") if private is not None else None
+    return message.__pydantic_private__["_hash"]
 
 
 def message_hash(message: Message) -> str:
@@ -273,11 +269,8 @@ def message_hash(message: Message) -> str:
     Covers role, content, tool calls (canonical arguments), tool call id, reasoning and opaque
     provider state; excludes nothing the model saw. Used by the graph to reuse a prefix.
     """
-    private = message.__pydantic_private__
-    if private is None:  # a model built without pydantic's init (never here; kept safe)
-        private = {"_hash": None}
-        object.__setattr__(message, "__pydantic_private__", private)
-    h = private.get("_hash")
+    private = message.__pydantic_private__  # set by every constructor, copy and validation
+    h = private["_hash"]
     if h is not None:
         return h
     if _plain(message):
