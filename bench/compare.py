@@ -769,12 +769,20 @@ def metrics(cs: list[dict], ds: list[dict] | None, stream: bool) -> dict[str, li
     return m
 
 
+def bare_share(cs: list[dict], bare: list[dict] | None) -> list[float]:
+    """Throughput as a share of bare mitmdump's (%), paired repetition by repetition: the
+    issue's throughput goal is stated against bare's, and a repetition's two cells ran
+    seconds apart, where the medians of the shares of direct mix minutes (the machine's
+    speed drifts by tens of percent within minutes here)."""
+    return [c["n"] / c["wall"] / (b["n"] / b["wall"]) * 100 for c, b in zip(cs, bare or [])]
+
+
 def cell_table(w: Workload, paths: list[Path_], cells: dict[str, list[dict]]) -> list[str]:
     """One workload's table: per path, medians over repetitions (min-max for the share)."""
     unit = "event, µs" if w.stream else "request, ms"
     rows = [f"| path | p50 ms | added p50 ms | p99 ms | added p99 ms | {'first event p50 ms | ' if w.stream else ''}"
-            f"throughput/s | share of direct | CPU per {unit} | RSS MB |",
-            "|---" * (9 + w.stream) + "|"]
+            f"throughput/s | share of direct | share of bare's, paired | CPU per {unit} | RSS MB |",
+            "|---" * (10 + w.stream) + "|"]
     for p in paths:
         cs = cells.get(p.name)
         if not cs:
@@ -786,6 +794,7 @@ def cell_table(w: Workload, paths: list[Path_], cells: dict[str, list[dict]]) ->
                     f"{med(m['p99']):.2f} | {'-' if d else f'{med(m['add99']):+.2f}'} | "
                     f"{f'{med(m['first']):.2f} | ' if w.stream else ''}{med(m['rate']):.0f} | "
                     f"{'-' if d else spread(m['share'], '.0f') + '%'} | "
+                    f"{spread(bare_share(cs, cells.get('bare')), '.0f') + '%' if p.name not in ('direct', 'bare') and cells.get('bare') else '-'} | "
                     f"{spread(m['cpu'], '.1f' if w.stream else '.2f') if proc else '-'} | "
                     f"{format(med(m['rss']), '.0f') if proc else '-'} |")
     return rows
@@ -847,7 +856,8 @@ def summary_table(workloads: list[Workload], paths: list[Path_], cells: dict, da
             "|---" * (len(proxies) + 1) + "|"]
     picks = [(workloads[0], "add50", "added p50, ms", "+.2f"), (workloads[0], "add99", "added p99, ms", "+.1f")]
     for w in workloads[3:5]:
-        picks += [(w, "share", "throughput, share of direct %", ".0f"), (w, "add99", "added p99, ms", "+.1f")]
+        picks += [(w, "share", "throughput, share of direct %", ".0f"), (w, "bare", "throughput, share of bare's %, paired", ".0f"),
+                  (w, "add99", "added p99, ms", "+.1f")]
     picks += [(w, "cpu", "proxy CPU per event, µs", ".1f") for w in workloads[5:]]
     picks += [(workloads[1], "cpu", "proxy CPU per event, µs", ".1f"), (workloads[0], "cpu", "proxy CPU per request, ms", ".2f"),
               (workloads[0], "rss", "RSS, MB", ".0f")]
@@ -855,8 +865,11 @@ def summary_table(workloads: list[Workload], paths: list[Path_], cells: dict, da
         vals = []
         for p in proxies:
             cs = cells[w.name].get(p.name)
-            xs = metrics(cs, cells[w.name].get("direct"), w.stream)[key] if cs else []
-            vals.append(format(med(xs), f) if xs else "-")
+            if key == "bare":
+                xs = bare_share(cs, cells[w.name].get("bare")) if cs and p.name != "bare" else []
+            else:
+                xs = metrics(cs, cells[w.name].get("direct"), w.stream)[key] if cs else []
+            vals.append((spread(xs, f) if key == "bare" else format(med(xs), f)) if xs else "-")
         rows.append(f"| {w.name}: {label} | " + " | ".join(vals) + " |")
     direct = data.get("direct", {}).get("lat", [])
     if direct:
@@ -1059,7 +1072,7 @@ def main() -> int:
     lines += [f"| {n} | SKIPPED: {why} |" for n, why in skipped.items()]
     band = max(5, turns // 12)
     if all(cells[w.name] for w in base_workloads):
-        lines += ["", "**summary** (medians over repetitions; every figure relative to direct where it says so)", ""]
+        lines += ["", "**summary** (medians over repetitions, with min-max where it says paired; every figure relative to direct or bare where it says so)", ""]
         lines += summary_table(base_workloads, paths, cells, rollout_data, band)
     for w in workloads:
         lines += ["", f"**{w.name}** ({w.clients} client{'s' * (w.clients > 1)} x {w.count} request(s), "

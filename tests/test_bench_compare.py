@@ -86,3 +86,21 @@ def test_the_rollout_pairs_each_turn_with_bare_mitmdump():
     # without bare in the run, no paired columns
     rows = compare.rollout_table([paths[0], paths[2]], {k: data[k] for k in ("direct", "proxy")}, band=25)
     assert "minus bare" not in rows[0]
+
+
+def test_the_share_of_bare_pairs_each_repetition():
+    """A repetition's throughput against bare mitmdump's in the same repetition: a machine twice
+    as fast in the second repetition moves both, not the share (the median of shares of direct
+    over mixed minutes would not say 90% here)."""
+    bare = [{"n": 100, "wall": 1.0}, {"n": 200, "wall": 1.0}]
+    proxy = [{"n": 90, "wall": 1.0}, {"n": 180, "wall": 1.0}]
+    assert compare.bare_share(proxy, bare) == [90.0, 90.0]
+    assert compare.bare_share(proxy, None) == []
+    paths = [compare.Path_(name, name, "", "", "", False) for name in ("direct", "bare", "proxy")]
+    w = compare.Workload("JSON, 16 clients", 16, 1, False, 0, True)
+    cell = {"lat": [0.01], "first": [], "events": 0, "cpu": 0, "rss": 0}
+    cells = {"direct": [{**cell, "n": 300, "wall": 1.0}, {**cell, "n": 300, "wall": 1.0}],
+             "bare": [{**cell, **b} for b in bare], "proxy": [{**cell, **p} for p in proxy]}
+    rows = compare.cell_table(w, paths, cells)
+    assert rows[4].split(" | ")[7] == "90 (90-90)%", rows[4]  # proxy's row, the paired column
+    assert rows[3].split(" | ")[7] == "-"  # bare against itself says nothing
