@@ -773,8 +773,10 @@ def bare_share(cs: list[dict], bare: list[dict] | None) -> list[float]:
     """Throughput as a share of bare mitmdump's (%), paired repetition by repetition: the
     issue's throughput goal is stated against bare's, and a repetition's two cells ran
     seconds apart, where the medians of the shares of direct mix minutes (the machine's
-    speed drifts by tens of percent within minutes here)."""
-    return [c["n"] / c["wall"] / (b["n"] / b["wall"]) * 100 for c, b in zip(cs, bare or [])]
+    speed drifts by tens of percent within minutes here). Paired by repetition number: a path
+    whose cell failed in one repetition has no figure for it."""
+    rate = {b.get("rep", k): b["n"] / b["wall"] for k, b in enumerate(bare or [])}
+    return [c["n"] / c["wall"] / rate[r] * 100 for k, c in enumerate(cs) if (r := c.get("rep", k)) in rate]
 
 
 def cell_table(w: Workload, paths: list[Path_], cells: dict[str, list[dict]]) -> list[str]:
@@ -1023,6 +1025,7 @@ def main() -> int:
                         p.problems.append(f"{w.name}: {type(e).__name__}: {e}"[:300])
                         read_tally(httpx, sim_url)
                         continue
+                    cell["rep"] = r
                     cells[w.name].setdefault(p.name, []).append(cell)
                     done = cell["n"] + w.clients  # the warm-up requests count too
                     for problem in tally_problems({p.upstream_model: (done, p.swaps_key)}, read_tally(httpx, sim_url)):

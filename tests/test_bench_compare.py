@@ -96,6 +96,8 @@ def test_the_share_of_bare_pairs_each_repetition():
     proxy = [{"n": 90, "wall": 1.0}, {"n": 180, "wall": 1.0}]
     assert compare.bare_share(proxy, bare) == [90.0, 90.0]
     assert compare.bare_share(proxy, None) == []
+    # the proxy's first cell failed: its second repetition is paired with bare's second
+    assert compare.bare_share([{**proxy[1], "rep": 1}], [{**b, "rep": k} for k, b in enumerate(bare)]) == [90.0]
     paths = [compare.Path_(name, name, "", "", "", False) for name in ("direct", "bare", "proxy")]
     w = compare.Workload("JSON, 16 clients", 16, 1, False, 0, True)
     cell = {"lat": [0.01], "first": [], "events": 0, "cpu": 0, "rss": 0}
