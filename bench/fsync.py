@@ -80,6 +80,18 @@ def session_problems(procs: dict[str, MitmProcess], sessions: dict[str, list[dic
     return bad
 
 
+def conclude(bad: list[str], work: Path, sessions: dict[str, list[dict]], checked: str) -> int:
+    """The run's end: a failed check printed with the work dir kept to look at (exit 1), or
+    the work dir removed and what was checked said (exit 0)."""
+    if bad:
+        print("\nFAILED: " + "; ".join(bad) + f"\n(the run's traces and logs: {work})")
+        return 1
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"\nchecks: {checked}; every session's trace holds each of its requests as a turn and verifies "
+          f"({sum(len(v) for v in sessions.values())} sessions)")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=16)
@@ -180,13 +192,7 @@ def main() -> int:
         paired = ("- | - | -" if name == args.base else
                   f"{spread(d_cpu, '+.2f')} | {spread(d_main, '+.2f')} | {spread(share, '.0f')}%")
         print(f"| {name} | {spread(cpu, '.2f')} | {spread(main, '.2f')} | {spread(thr, '.0f')} | {paired} |")
-    if bad:
-        print("\nFAILED checks:\n" + "\n".join(f"- {b}" for b in bad) + f"\n(the run's traces and logs: {work})")
-        return 1
-    shutil.rmtree(work, ignore_errors=True)  # kept when a check failed, to look at
-    print(f"\nchecks: every session's trace holds each of its requests as a turn and verifies "
-          f"({sum(len(v) for v in sessions.values())} sessions)")
-    return 0
+    return conclude(bad, work, sessions, "every cell's requests answered")
 
 
 if __name__ == "__main__":

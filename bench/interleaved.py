@@ -33,7 +33,6 @@ import itertools
 import json
 import os
 import platform
-import shutil
 import statistics
 import sys
 import tempfile
@@ -49,7 +48,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from mitm import MitmProcess  # noqa: E402
 from overhead import KEY_ENV, start_simulator  # noqa: E402
 from failclosed import checkout_proxy  # noqa: E402
-from fsync import bare_process, session_problems  # noqa: E402
+from fsync import bare_process, conclude, session_problems  # noqa: E402
 from trace_turns import cpu_ns  # noqa: E402
 
 URL = "https://api.openai.com/v1/chat/completions"
@@ -157,13 +156,7 @@ def main() -> int:
             f"{spread([r[0] - b[0] for r, b in zip(rows[name], rows[base])])} | "
             f"{spread([r[1] - b[1] for r, b in zip(rows[name], rows[base])])}")
         print(f"| {name} | {statistics.median(cpu):.3f} | {statistics.median(main_cpu):.3f} | {paired} |")
-    if errors or bad:
-        print("\nFAILED: " + "; ".join((errors[:3] + bad[:5])) + f"\n(the run's traces and logs: {work})")
-        return 1
-    shutil.rmtree(work, ignore_errors=True)  # kept when a check failed, to look at
-    print(f"\nchecks: every request answered; every session's trace holds each of its requests as a turn and "
-          f"verifies ({sum(len(v) for v in sessions.values())} sessions)")
-    return 0
+    return conclude(errors[:3] + bad[:5], work, sessions, "every request answered")
 
 
 if __name__ == "__main__":
