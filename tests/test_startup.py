@@ -33,6 +33,7 @@ BAD = {
     "bad value": ({"intercept_sampling": '{"temprature": 1}'}, "temprature"),
     "bad choice": ({"intercept_fsync": "sometimes"}, "intercept_fsync"),
     "negative interval": ({"intercept_fsync_ms": "-1"}, "intercept_fsync_ms"),
+    "bad trace writes": ({"intercept_trace_writes": "disk"}, "intercept_trace_writes"),
     "unknown option": ({"intercept_modle": "x"}, "intercept_modle"),
     "removed option": ({"intercept_admin_token": "x" * 30}, "INTERCEPT_ADMIN_TOKEN"),
     "unreadable sessions file": ({"intercept_sessions": "/nonexistent/sessions.json"}, "intercept_sessions"),

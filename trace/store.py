@@ -1,11 +1,26 @@
-"""Append trace records to msgpack files from one writer thread, never leaving a hole.
+"""Append trace records to msgpack files, never leaving a hole and never waiting for a disk.
 
 The proxy's event loop must never wait for a disk: a slow fsync would stall every stream of
-every session. So recorders pack each record (on their thread, so a record that cannot be
-packed fails the commit that made it, not the file) and put its bytes on a queue; one thread,
-shared by all sessions, appends them, one write per file per batch, so a killed proxy loses at
-most what was still queued (the turn in flight). Each record is one msgpack map, self-framing:
-a reader stops cleanly at a torn tail.
+every session. Recorders pack each record on their thread (so a record that cannot be packed
+fails the commit that made it, not the file). One writer thread, shared by all sessions, does
+everything that can wait for the disk: it opens files, fsyncs, closes, truncates after a
+failure and retries held records. The record's ``write`` itself is done where it was packed
+while the file is healthy and open (``write_on_loop``, the default): a write into the page
+cache costs ~11 us for 20 KB here, while handing each record to the thread cost ~0.1-0.25 ms
+of CPU per request at 16 clients (the thread's wake-up and the GIL passed back and forth;
+issue 16, docs/benchmarks.md), most of what the proxy spent over bare mitmdump. A write that
+fails, or takes longer than ``SLOW_WRITE_SECONDS`` (a disk or network filesystem pushing
+back), hands that file, and every later write, to the thread. A file's first record, its
+footer, and every record of a file the thread holds (failing, closed to bound the open
+descriptors, or with records still queued) go through the queue, in order. A killed proxy
+loses at most what was still queued (the turn in flight). Each record is one msgpack map,
+self-framing: a reader stops cleanly at a torn tail.
+
+Who writes a file is its ``inline`` flag, changed only under ``Store._own``: True, the
+producer writes it (and the thread only fsyncs it); False, the thread alone does. The producer
+turns it off (a record it must queue, a failed or slow write); the thread turns it off before
+anything it does to the file beyond an fsync, and on only once nothing of the file is queued.
+The thread never holds ``_own`` across I/O, so the producer never waits on the disk for it.
 
 A file is never corrupt in the middle. The writer knows each file's last good offset (the end
 of its last complete record); a failed or short write (ENOSPC, EIO) is truncated back to it
@@ -68,6 +83,10 @@ MAX_HELD_SECONDS = 600.0
 FSYNC_INTERVAL = 1.0
 # One file's write and fsync taking longer than this: the writer is stalled (``Store.stalled``).
 STALL_SECONDS = 10.0
+# A write done by the producer (``write_on_loop``) that takes longer than this: the disk makes
+# writers wait (dirty-page throttling, a network filesystem), so from then on the thread writes
+# every record; the event loop waits for this once at most.
+SLOW_WRITE_SECONDS = 0.05
 # Test hook, never set in production: write each record in two halves this many seconds
 # apart, so a test can SIGKILL the proxy in the middle of a record and check the reader.
 TORN_WRITE_PAUSE = float(os.environ.get("INTERCEPT_TEST_TORN_WRITES") or 0)
@@ -136,7 +155,7 @@ class WriteHealth:
 
 @dataclass(eq=False)
 class _File:
-    """Writer-thread state of one file."""
+    """The state of one file: the writer thread's, and the producer's while ``inline``."""
 
     path: Path
     health: WriteHealth
@@ -151,6 +170,8 @@ class _File:
     unsynced: list[tuple[bytes, bool, bool]] = field(default_factory=list)
     synced: int | None = None
     due: float | None = None
+    inline: bool = False  # the producer writes it (see the module docstring)
+    torn: bool = False  # a producer's write failed part-way: cut back to ``good`` before the next
 
 
 class _Barrier:
@@ -170,6 +191,9 @@ class _Barrier:
                 pass
 
 
+_WAKE = object()  # queued to make the writer look at its fsyncs again (no record)
+
+
 class Store:
     """The writer thread and its open files.
 
@@ -179,10 +203,15 @@ class Store:
     other sessions' traces.
     """
 
-    def __init__(self, fsync_interval: float = FSYNC_INTERVAL) -> None:
+    def __init__(self, fsync_interval: float = FSYNC_INTERVAL, write_on_loop: bool = True) -> None:
         # The longest an asked-for fsync waits (0: after each write); read by the writer, so
         # it may be changed while it runs.
         self.fsync_interval = fsync_interval
+        # Healthy open files are written by the producer (the module docstring); off, or
+        # turned off by a slow write, every record goes through the writer thread.
+        self.write_on_loop = write_on_loop
+        self._own = threading.Lock()  # who writes which file (``_File.inline``), see above
+        self._queued: dict[Path, int] = {}  # records queued and not yet taken by the writer
         self._due: dict[Path, _File] = {}  # the files whose ``due`` is set: the writer's index
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -212,8 +241,55 @@ class Store:
             path = Path(path)
         if new or path not in self._health:
             self._health[path] = WriteHealth()
+        if not (new or close) and self.write_on_loop and self._write_here(path, data, sync):
+            return
+        with self._own:
+            self._queued[path] = self._queued.get(path, 0) + 1
+            f = self._state.get(path)
+            if f is not None:
+                f.inline = False  # this record is queued: the ones after it must follow it
         self._start()
         self._queue.put((path, data, sync, close, new))
+
+    def _write_here(self, path: Path, data: bytes, sync: bool) -> bool:
+        """Write one record on the caller's thread if the file is the producer's (``inline``);
+        False: queue it. A failed or slow write hands the file to the thread (the record that
+        failed is queued by the caller, after the thread cuts the file back to ``good``)."""
+        with self._own:
+            f = self._state.get(path)
+            if f is None or not f.inline:
+                return False
+            t0 = time.monotonic()
+            try:
+                _write_all(f.fd, data)  # type: ignore[arg-type]  # open while inline
+            except BaseException as e:  # noqa: BLE001 - anything: the thread writes it again
+                f.inline, f.torn = False, True
+                log.warning("trace store: writing %s failed (%s: %s); the writer thread takes "
+                            "the file over", path, type(e).__name__, e)
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                return False
+            took = time.monotonic() - t0
+            f.good += len(data)  # type: ignore[operator]  # known once open
+            self.bytes_written += len(data)
+            self.records_written += 1
+            wake = False
+            if f.due is not None or sync:
+                f.unsynced.append((data, sync, False))
+                if f.due is None:
+                    f.due = time.monotonic() + self.fsync_interval
+                    self._due[path] = f
+                    # The writer sleeps up to RETRY_INTERVAL without looking at new dues.
+                    wake = self.fsync_interval < RETRY_INTERVAL
+            if took > SLOW_WRITE_SECONDS:
+                self.write_on_loop = False
+                f.inline = False
+                log.warning("trace store: a write of %s took %.0f ms; the writer thread writes "
+                            "every record from now on", path, took * 1000)
+        if wake:
+            self._start()
+            self._queue.put(_WAKE)
+        return True
 
     def health(self, path: Path) -> WriteHealth:
         return self._health.get(Path(path)) or WriteHealth()
@@ -372,58 +448,76 @@ class Store:
     def _wait(self) -> float:
         """How long the writer may wait for a record: until the next fsync is due, at most
         ``RETRY_INTERVAL``."""
-        if not self._due:
+        with self._own:  # the producer adds to ``_due``
+            dues = [f.due for f in self._due.values()]
+        if not dues:
             return RETRY_INTERVAL
-        due = min(f.due for f in self._due.values())  # type: ignore[type-var]  # set while listed
-        return min(RETRY_INTERVAL, max(0.0, due - time.monotonic()))
+        return min(RETRY_INTERVAL, max(0.0, min(dues) - time.monotonic()))  # type: ignore[type-var]
 
     def _sync_due(self, everything: bool = False) -> None:
         now = time.monotonic()
-        for f in list(self._due.values()):
-            if everything or f.due <= now:  # type: ignore[operator]  # set while listed
+        with self._own:
+            files = list(self._due.values())
+        for f in files:
+            due = f.due
+            if due is not None and (everything or due <= now):
                 self._sync(f)
 
     def _sync(self, f: _File) -> bool:
         """fsync what ``f`` wrote since its last one; on failure roll it back to that offset
-        and hold those records (written again, in order, as after a failed write)."""
-        self._due.pop(f.path, None)
-        if f.due is None:
-            return True
-        f.due = None
+        and hold those records (written again, in order, as after a failed write). The
+        producer may go on writing an ``inline`` file meanwhile: what it writes after the
+        snapshot waits for the next fsync (or is held with the rest if this one fails)."""
+        with self._own:
+            self._due.pop(f.path, None)
+            if f.due is None:
+                return True
+            f.due = None
+            fd, upto, covered = f.fd, f.good, len(f.unsynced)
         # Restored after, not cleared: an fsync of a file evicted from the LRU runs inside
         # another file's write (``_drain`` -> ``_fd``), whose stall must stay visible.
         busy, self._busy = self._busy, (time.monotonic(), f.path)
         try:
-            if f.fd is None:
+            if fd is None:
                 raise OSError(5, "the file was closed before its fsync")
-            os.fsync(f.fd)
+            os.fsync(fd)  # only this thread closes descriptors: ``fd`` stays ``f``'s
         except Exception as e:  # noqa: BLE001 - as a failed write (``_drain``)
             if not isinstance(e, OSError) and f.failing_since is None:
                 log.exception("trace store: fsync of %s failed", f.path)
-            f.out[:0] = f.unsynced
-            f.out_bytes += sum(len(d) for d, _, _ in f.unsynced)
-            f.unsynced = []
-            f.good = f.synced
+            with self._own:
+                f.inline = False
+                f.out[:0] = f.unsynced
+                f.out_bytes += sum(len(d) for d, _, _ in f.unsynced)
+                f.unsynced = []
+                f.good = f.synced
+                if f.due is not None:  # set by the producer after the snapshot: held now
+                    f.due = None
+                    self._due.pop(f.path, None)
             self._failed(f, e)
             return False
         finally:
             self._busy = busy
-        f.unsynced = []
-        f.synced = f.good
+        with self._own:
+            del f.unsynced[:covered]
+            f.synced = upto
         return True
 
     def _write_batch(self, batch: list) -> bool:
         barriers: list[_Barrier] = []
         touched: dict[Path, _File] = {}
         stop = False
+        taken: list[Path] = []
         for item in batch:
             if item is None:
                 stop = True
+                continue
+            if item is _WAKE:
                 continue
             if isinstance(item, _Barrier):
                 barriers.append(item)
                 continue
             path, data, sync, close, new = item
+            taken.append(path)
             f = self._state.get(path)
             if new:
                 if f is not None:  # the same path started over: finish the old trace first
@@ -435,6 +529,11 @@ class Store:
             f.out.append((data, sync, close))
             f.out_bytes += len(data)
             touched[path] = f
+        with self._own:
+            for path in taken:
+                left = self._queued.pop(path) - 1
+                if left:
+                    self._queued[path] = left
         for f in touched.values():
             self._drain(f)  # never raises an Exception: a failed file is held (``_failed``)
         if barriers:
@@ -457,6 +556,9 @@ class Store:
         self._busy = (time.monotonic(), f.path)
         try:
             fd = self._fd(f)
+            if f.torn:  # the producer's write failed part-way: its bytes go first
+                os.ftruncate(fd, f.good)  # type: ignore[arg-type]  # known once open
+                f.torn = False
             if TORN_WRITE_PAUSE:
                 _write_in_halves(fd, data)
             else:
@@ -478,8 +580,9 @@ class Store:
                 self._due[f.path] = f
         f.out = []
         f.out_bytes = 0
-        self.bytes_written += len(data)
-        self.records_written += n
+        with self._own:  # the producer counts its writes too
+            self.bytes_written += len(data)
+            self.records_written += n
         if f.failing_since is not None:
             f.failing_since = None
             f.health.late += f.health.held
@@ -492,6 +595,10 @@ class Store:
         if closing:
             self._close(f)
             self._state.pop(f.path, None)
+        elif self.write_on_loop and not TORN_WRITE_PAUSE and f.fd is not None:
+            with self._own:  # nothing of it queued: the producer may write the next record
+                if not self._queued.get(f.path) and self._state.get(f.path) is f:
+                    f.inline = True
 
     def _failed(self, f: _File, e: OSError) -> None:
         message = f"{type(e).__name__}: {e}"
@@ -544,6 +651,8 @@ class Store:
         return fd
 
     def _close(self, f: _File) -> None:
+        with self._own:
+            f.inline = False  # the thread's from here: the producer queues its next record
         if f.due is not None and f.fd is not None:
             self._sync(f)  # before its descriptor goes (an idle file evicted, the proxy stopping)
         self._files.pop(f.path, None)
