@@ -104,7 +104,10 @@ class Control:
         failing = {s.id: s.recorder.write_health().as_dict() for s in sessions
                    if not s.sealed and not s.recorder.write_health().ok}
         trouble = self.registry.store.trouble  # no writer, or one stuck on the disk: all records wait
-        body = {"ok": not failing and not trouble, "sessions": len(sessions)}
+        body = {"ok": not failing and not trouble, "sessions": len(sessions),
+                # "thread" once a slow write made the writer thread take every record
+                # (trace/store.py), or by intercept_trace_writes: what a benchmark measured.
+                "trace_writes": "loop" if self.registry.store.write_on_loop else "thread"}
         if failing:
             body["store"] = failing
         if trouble:

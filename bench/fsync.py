@@ -51,6 +51,7 @@ from failclosed import checkout_proxy  # noqa: E402
 from trace_turns import cpu_between, cpu_ns  # noqa: E402
 
 from interceptor.trace import read_trace  # noqa: E402
+from interceptor.trace.store import FELL_BACK, SLOW_WRITE_SECONDS  # noqa: E402
 from interceptor.trace.verify import problems  # noqa: E402
 
 URL = "https://api.openai.com/v1/chat/completions"
@@ -80,9 +81,20 @@ def session_problems(procs: dict[str, MitmProcess], sessions: dict[str, list[dic
     return bad
 
 
-def conclude(bad: list[str], work: Path, sessions: dict[str, list[dict]], checked: str) -> int:
-    """The run's end: a failed check printed with the work dir kept to look at (exit 1), or
-    the work dir removed and what was checked said (exit 0)."""
+def fallbacks(procs: dict[str, MitmProcess]) -> list[str]:
+    """The proxies whose trace writes left the event loop during the run (a write there took
+    over ``SLOW_WRITE_SECONDS``): from then on their figures are the writer thread's."""
+    return [f"{name}: a trace write on the event loop took over {SLOW_WRITE_SECONDS * 1000:.0f} ms; "
+            f"{FELL_BACK} (its figures after that are the thread's)"
+            for name, proc in procs.items() if FELL_BACK in proc.log()]
+
+
+def conclude(bad: list[str], work: Path, sessions: dict[str, list[dict]], checked: str,
+             notes: list[str] = ()) -> int:
+    """The run's end: ``notes`` said, then a failed check printed with the work dir kept to
+    look at (exit 1), or the work dir removed and what was checked said (exit 0)."""
+    for note in notes:
+        print(f"\nnote: {note}")
     if bad:
         print("\nFAILED: " + "; ".join(bad) + f"\n(the run's traces and logs: {work})")
         return 1
@@ -192,7 +204,7 @@ def main() -> int:
         paired = ("- | - | -" if name == args.base else
                   f"{spread(d_cpu, '+.2f')} | {spread(d_main, '+.2f')} | {spread(share, '.0f')}%")
         print(f"| {name} | {spread(cpu, '.2f')} | {spread(main, '.2f')} | {spread(thr, '.0f')} | {paired} |")
-    return conclude(bad, work, sessions, "every cell's requests answered")
+    return conclude(bad, work, sessions, "every cell's requests answered", fallbacks(procs))
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from mitm import MitmProcess  # noqa: E402
 from overhead import KEY_ENV, start_simulator  # noqa: E402
 from failclosed import checkout_proxy  # noqa: E402
-from fsync import bare_process, conclude, session_problems  # noqa: E402
+from fsync import bare_process, conclude, fallbacks, session_problems  # noqa: E402
 from trace_turns import cpu_ns  # noqa: E402
 
 URL = "https://api.openai.com/v1/chat/completions"
@@ -156,7 +156,7 @@ def main() -> int:
             f"{spread([r[0] - b[0] for r, b in zip(rows[name], rows[base])])} | "
             f"{spread([r[1] - b[1] for r, b in zip(rows[name], rows[base])])}")
         print(f"| {name} | {statistics.median(cpu):.3f} | {statistics.median(main_cpu):.3f} | {paired} |")
-    return conclude(errors[:3] + bad[:5], work, sessions, "every request answered")
+    return conclude(errors[:3] + bad[:5], work, sessions, "every request answered", fallbacks(procs))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ from clients import KEY_ENV, REAL_KEY, session_clients
 from mitm import MitmProcess, free_port
 from provider import Reply
 
+from interceptor.trace import read_trace
+
 
 def _refused(tmp_path, options: dict, env: dict | None = None) -> tuple[int, str, float]:
     """Start mitmdump expecting it to refuse: (exit status, what it printed, seconds)."""
@@ -117,3 +119,27 @@ def test_a_port_taken_before_mitmdump_binds_it_is_retried_on_another(monkeypatch
     finally:
         proc.cleanup()
         taken.close()
+
+
+@pytest.mark.parametrize("writes", ["loop", "thread"])
+def test_health_says_who_writes_the_trace_and_either_way_records_every_turn(start_proxy, sim, harness_env, writes):
+    """``intercept_trace_writes``: the event loop writes each record of a healthy file
+    (the default) or the writer thread writes them all; health says which, so a benchmark
+    knows what it measured, and the trace is whole either way."""
+    proc = start_proxy({"intercept_trace_writes": writes})
+    status, body = proc.api("GET", "health")
+    assert status == 200 and body["trace_writes"] == writes
+    session = proc.create_session(model="written")
+    harness_env(session["env"])
+    oai, _ = session_clients(session)
+    history = []
+    for k in range(3):
+        sim.script(Reply(text=f"answer {k}"))
+        history.append({"role": "user", "content": f"question {k}"})
+        r = oai.chat.completions.create(model="x", messages=history)
+        history.append({"role": "assistant", "content": r.choices[0].message.content})
+    assert proc.api("DELETE", f"sessions/{session['id']}")[0] == 200
+    trace = read_trace(session["trace_path"])
+    assert trace.num_turns == 3 and [trace.nodes[c.node].message.text() for c in trace.calls] == [
+        f"answer {k}" for k in range(3)]
+    assert proc.api("GET", "health")[1]["trace_writes"] == writes

@@ -508,7 +508,7 @@ def test_a_slow_write_hands_every_later_record_to_the_thread(tmp_path, monkeypat
     assert r.path.stat().st_size == size  # the thread's now, and it is held
     release.set()
     sealed_whole(r, store, turns=4)
-    assert sum("writes every record from now on" in m for m in caplog.messages) == 1
+    assert sum(store_module.FELL_BACK in m for m in caplog.messages) == 1
 
 
 def test_a_write_that_fails_part_way_where_it_was_made_is_cut_back_and_written_again(tmp_path, monkeypatch):
