@@ -197,7 +197,7 @@ _WAKE = object()  # queued to make the writer look at its fsyncs again (no recor
 
 
 class Store:
-    """The writer thread and its open files.
+    """The writer thread, its open files, and the producer's writes to them.
 
     ``append`` is all the event loop calls. A file is opened on its first record and closed
     after a record marked ``close`` (the footer). A write failure holds that file's records
@@ -232,8 +232,9 @@ class Store:
 
     def append(self, path: Path, record: dict[str, Any], *, sync: bool = False,
                close: bool = False, new: bool = False) -> None:
-        """Pack one record now (raising if it cannot be packed) and queue it for ``path``.
-        ``new`` marks the first record of a trace (an existing file there is moved aside,
+        """Pack one record now (raising if it cannot be packed) and write it to ``path`` here
+        (an open, healthy file the producer writes: ``_write_here``) or queue it for the
+        writer thread. ``new`` marks the first record of a trace (an existing file there is moved aside,
         never appended to); ``sync`` asks for an fsync after it; ``close`` closes the file
         after it."""
         data = pack(record)
