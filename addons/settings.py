@@ -50,7 +50,7 @@ from interceptor.addons.upstream import DEFAULT, KNOWN, Upstream, format_validat
 from interceptor.dialects import default_hosts, key_variables
 from interceptor.trace.hooks import HookError
 from interceptor.trace.messages import Sampling
-from interceptor.trace.store import FSYNC_INTERVAL, FSYNC_POLICIES
+from interceptor.trace.store import FSYNC_INTERVAL, FSYNC_POLICIES, TRACE_WRITES
 from interceptor.trace.tokens import warm as warm_estimator
 
 __all__ = ["Settings", "format_validation_error"]
@@ -182,7 +182,7 @@ class Settings:
                           "Who writes a trace record into the page cache: the event loop that made it (loop: ~11 us "
                           "for 20 KB, and a write slower than 50 ms hands every later one to the thread), or always "
                           "the writer thread (thread). Opening, fsync and retries are always the thread's.",
-                          choices=("loop", "thread"))
+                          choices=TRACE_WRITES)
 
     def configure(self, updated: set[str]) -> None:
         try:
@@ -250,9 +250,9 @@ class Settings:
                     f"intercept_fsync_ms must be between 0 and 60000 (a minute), got {o.intercept_fsync_ms}")
             self.registry.store.fsync_interval = o.intercept_fsync_ms / 1000
         if "intercept_trace_writes" in updated:
-            if o.intercept_trace_writes not in ("loop", "thread"):
+            if o.intercept_trace_writes not in TRACE_WRITES:
                 raise exceptions.OptionsError(
-                    f"intercept_trace_writes must be loop or thread, got {o.intercept_trace_writes!r}")
+                    f"intercept_trace_writes must be one of {', '.join(TRACE_WRITES)}, got {o.intercept_trace_writes!r}")
             self.registry.store.write_on_loop = o.intercept_trace_writes == "loop"
         if "intercept_upstreams" in updated:
             try:

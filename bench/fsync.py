@@ -51,7 +51,6 @@ from failclosed import checkout_proxy  # noqa: E402
 from trace_turns import cpu_between, cpu_ns  # noqa: E402
 
 from interceptor.trace import read_trace  # noqa: E402
-from interceptor.trace.store import FELL_BACK, SLOW_WRITE_SECONDS  # noqa: E402
 from interceptor.trace.verify import problems  # noqa: E402
 
 URL = "https://api.openai.com/v1/chat/completions"
@@ -82,11 +81,13 @@ def session_problems(procs: dict[str, MitmProcess], sessions: dict[str, list[dic
 
 
 def fallbacks(procs: dict[str, MitmProcess]) -> list[str]:
-    """The proxies whose trace writes left the event loop during the run (a write there took
-    over ``SLOW_WRITE_SECONDS``): from then on their figures are the writer thread's."""
-    return [f"{name}: a trace write on the event loop took over {SLOW_WRITE_SECONDS * 1000:.0f} ms; "
-            f"{FELL_BACK} (its figures after that are the thread's)"
-            for name, proc in procs.items() if FELL_BACK in proc.log()]
+    """The proxies whose trace writes left the event loop during the run (health's
+    ``trace_writes``, as bench/compare.py reads it): from then on their figures are the
+    writer thread's. Asked while they run; bare mitmdump has no health to ask."""
+    return [f"{name}: a trace write on its event loop was slow, and its writer thread wrote every later "
+            "record (trace/store.py): its figures after that are the thread's"
+            for name, proc in procs.items()
+            if proc.script and proc.api("GET", "health", token=None)[1].get("trace_writes") == "thread"]
 
 
 def conclude(bad: list[str], work: Path, sessions: dict[str, list[dict]], checked: str,
@@ -170,6 +171,7 @@ def main() -> int:
             await c.aclose()
 
     bad: list[str] = []
+    notes: list[str] = []
     try:
         for proc in procs.values():
             proc.start()
@@ -179,6 +181,7 @@ def main() -> int:
             for name in order[r % len(order):] + order[:r % len(order)]:
                 asyncio.run(cell(name, procs[name]))
         bad = session_problems(procs, sessions, args.requests + 1)
+        notes = fallbacks(procs)
     finally:
         for proc in procs.values():
             proc.cleanup()
@@ -204,7 +207,7 @@ def main() -> int:
         paired = ("- | - | -" if name == args.base else
                   f"{spread(d_cpu, '+.2f')} | {spread(d_main, '+.2f')} | {spread(share, '.0f')}%")
         print(f"| {name} | {spread(cpu, '.2f')} | {spread(main, '.2f')} | {spread(thr, '.0f')} | {paired} |")
-    return conclude(bad, work, sessions, "every cell's requests answered", fallbacks(procs))
+    return conclude(bad, work, sessions, "every cell's requests answered", notes)
 
 
 if __name__ == "__main__":

@@ -127,12 +127,14 @@ def main() -> int:
                     await c.aclose()
 
     bad: list[str] = []
+    notes: list[str] = []
     try:
         for proc in procs.values():
             proc.start()
         started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         asyncio.run(run())
         bad = session_problems(procs, sessions, args.rounds * args.requests + 1)
+        notes = fallbacks(procs)
     finally:
         for proc in procs.values():
             proc.cleanup()
@@ -156,7 +158,7 @@ def main() -> int:
             f"{spread([r[0] - b[0] for r, b in zip(rows[name], rows[base])])} | "
             f"{spread([r[1] - b[1] for r, b in zip(rows[name], rows[base])])}")
         print(f"| {name} | {statistics.median(cpu):.3f} | {statistics.median(main_cpu):.3f} | {paired} |")
-    return conclude(errors[:3] + bad[:5], work, sessions, "every request answered", fallbacks(procs))
+    return conclude(errors[:3] + bad[:5], work, sessions, "every request answered", notes)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ from interceptor.trace.records import BIG_INT_EXT
 log = logging.getLogger(__name__)
 
 FSYNC_POLICIES = ("never", "turn", "seal")
+TRACE_WRITES = ("loop", "thread")  # who writes a record into the page cache (``write_on_loop``)
 # Open files kept by the writer; beyond this the least recently written one is closed (and
 # reopened for append when its session writes again), so thousands of idle sessions never
 # exhaust file descriptors.
@@ -87,7 +88,7 @@ STALL_SECONDS = 10.0
 # writers wait (dirty-page throttling, a network filesystem), so from then on the thread writes
 # every record; the event loop waits for this once at most.
 SLOW_WRITE_SECONDS = 0.05
-# In the warning that says so (a benchmark looks for it: its figures are then the thread's).
+# In the warning that says so (health's ``trace_writes`` says "thread" from then on).
 FELL_BACK = "the writer thread writes every record from now on"
 # Test hook, never set in production: write each record in two halves this many seconds
 # apart, so a test can SIGKILL the proxy in the middle of a record and check the reader.
@@ -234,9 +235,9 @@ class Store:
                close: bool = False, new: bool = False) -> None:
         """Pack one record now (raising if it cannot be packed) and write it to ``path`` here
         (an open, healthy file the producer writes: ``_write_here``) or queue it for the
-        writer thread. ``new`` marks the first record of a trace (an existing file there is moved aside,
-        never appended to); ``sync`` asks for an fsync after it; ``close`` closes the file
-        after it."""
+        writer thread. ``new`` marks the first record of a trace (an existing file there is
+        moved aside, never appended to); ``sync`` asks for an fsync after it; ``close``
+        closes the file after it."""
         data = pack(record)
         if not isinstance(path, Path):
             # The caller's Path kept (a Recorder's, every record of the trace): a new one
@@ -272,7 +273,7 @@ class Store:
                 if isinstance(e, KeyboardInterrupt):
                     raise
                 return False
-            took = time.monotonic() - t0
+            now = time.monotonic()
             f.good += len(data)  # type: ignore[operator]  # known once open
             self.bytes_written += len(data)
             self.records_written += 1
@@ -280,14 +281,14 @@ class Store:
             if f.due is not None or sync:
                 f.unsynced.append((data, sync, False))
                 if f.due is None:
-                    f.due = time.monotonic() + self.fsync_interval
+                    f.due = now + self.fsync_interval
                     self._due[path] = f
                     # The writer sleeps up to RETRY_INTERVAL without looking at new dues.
                     wake = self.fsync_interval < RETRY_INTERVAL
-            if took > SLOW_WRITE_SECONDS:
+            if now - t0 > SLOW_WRITE_SECONDS:
                 self.write_on_loop = False
                 f.inline = False
-                log.warning("trace store: a write of %s took %.0f ms; %s", path, took * 1000, FELL_BACK)
+                log.warning("trace store: a write of %s took %.0f ms; %s", path, (now - t0) * 1000, FELL_BACK)
         if wake:
             self._start()
             self._queue.put(_WAKE)
