@@ -145,8 +145,9 @@ def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, pat
     if kind == "model":
         try:
             listing = parsed.listed
-            known = listing.messages if listing is not None else ()
-            out.request = dialect.parse_request(body, known) if known else dialect.parse_request(body)
+            out.request = dialect.parse_request(body, listing) if listing is not None else dialect.parse_request(body)
+            if listing is not None and listing.complete:  # the messages before the list's
+                listing.lead = len(out.request.messages) - listing.marks[-1]
             if out.request.model is None and out.requested_model:  # a dialect with the model in the path
                 out.request.model = out.requested_model
         except Exception as e:  # a shape the dialect does not know: refuse rather than record wrong

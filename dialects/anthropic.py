@@ -40,6 +40,7 @@ from interceptor.dialects.common import (
     without,
 )
 from interceptor.dialects.sse import SSEEvent
+from interceptor.trace.prefix import Listed
 from interceptor.trace.messages import (
     FinishReason,
     Message,
@@ -185,6 +186,17 @@ def _user(content: Any) -> list[Message]:
     if run or not out:
         out.append(Message(role="user", content=_content(run)))
     return out
+
+
+def _element(m: dict[str, Any]) -> list[Message]:
+    """A ``messages`` element's canonical messages, read on its own (``Dialect.list_messages``)."""
+    role = m.get("role")
+    if role == "assistant":
+        return [_assistant(m.get("content"))]
+    if role == "system":
+        # Claude Code's mid-conversation `# Environment` block: a system message, as sent.
+        return [Message(role="system", content=_content(m.get("content")))]
+    return _user(m.get("content"))
 
 
 def _tool(tool: dict[str, Any]) -> Tool:
@@ -521,6 +533,9 @@ class AnthropicDialect(KnobDialect):
         ("POST", "/v1/messages/count_tokens"): "side",
     }
     knobs = KNOBS
+    # After the system prompt, each element read on its own (_element): a tool result
+    # carries its call's id, not its name, so no element depends on another.
+    message_list = "messages"
 
     def route(self, method: str, path: str) -> RouteKind | None:
         return super().route(method, path) or models_route(method, path)
@@ -543,20 +558,12 @@ class AnthropicDialect(KnobDialect):
     def request_body(self, request: Request) -> dict[str, Any]:
         return _native_request(request)
 
-    def parse_request(self, body: dict[str, Any]) -> Request:
+    def parse_request(self, body: dict[str, Any], listed: Listed | None = None) -> Request:
         messages: list[Message] = []
         system = _without_billing_header(body.get("system"))
         if system:
             messages.append(Message(role="system", content=_content(system)))
-        for m in body.get("messages") or []:
-            role = m.get("role")
-            if role == "assistant":
-                messages.append(_assistant(m.get("content")))
-            elif role == "system":
-                # Claude Code's mid-conversation `# Environment` block: a system message, as sent.
-                messages.append(Message(role="system", content=_content(m.get("content"))))
-            else:
-                messages.extend(_user(m.get("content")))
+        messages += self.list_messages(body.get("messages") or [], listed, _element)
         return Request(
             messages=messages,
             tools=[_tool(t) for t in body.get("tools") or []],

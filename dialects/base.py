@@ -11,12 +11,13 @@ import json
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any, ClassVar, Literal, Protocol
 
 from interceptor.dialects.body import Edit
 from interceptor.dialects.sse import SSEDecoder, SSEEvent
 from interceptor.trace.messages import Message, Part, Request, Response, ResponseError, Sampling
+from interceptor.trace.prefix import Listed
 
 # A parameter an error message names: `temperature`, 'top_p', "reasoning.effort"; or opens with.
 _QUOTED = re.compile(r"[`'\"]([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)[`'\"]")
@@ -157,11 +158,12 @@ class Dialect(ABC):
     #: The body keys ``collect_tokens`` sets true on this route to get them, the token ids'
     #: first (addons/collect.py); they come back in fields the harness never asked for.
     token_keys: ClassVar[tuple[str, ...]] = ()
-    #: The body key of a message list whose elements are one canonical message each, parsed
-    #: on their own and in order (Chat's ``messages``): the history a request restates is then
-    #: recognised from its text and not parsed again (trace/prefix.py), and ``parse_request``
-    #: gets the known leading messages. None where one element can make several messages or
-    #: depends on another (a tool result named by an earlier call).
+    #: The body key of a message list whose elements each make one or more canonical
+    #: messages, parsed on their own and in order, after any messages from elsewhere in the
+    #: body (Chat's ``messages``; Anthropic's, after its ``system``): the history a request
+    #: restates is then recognised from its text and not parsed again (trace/prefix.py), and
+    #: ``parse_request`` gets the scan (``list_messages``). None where an element's messages
+    #: depend on another element (a tool result named by an earlier call).
     message_list: ClassVar[str | None] = None
 
     # -- where it is spoken ------------------------------------------------------------
@@ -233,10 +235,29 @@ class Dialect(ABC):
     # -- bodies ----------------------------------------------------------------------------
 
     @abstractmethod
-    def parse_request(self, body: dict[str, Any], known: Sequence[Message] = ()) -> Request:
-        """The canonical request. ``known`` (only with ``message_list``) are the canonical
-        messages of the list's first ``len(known)`` elements, already parsed from the very
-        same text: used as they are."""
+    def parse_request(self, body: dict[str, Any], listed: Listed | None = None) -> Request:
+        """The canonical request. ``listed`` (only with ``message_list``) is the list as
+        scanned from the body: the canonical messages of its first ``listed.known`` elements
+        were parsed from the very same text and are used as they are (``list_messages``)."""
+
+    @staticmethod
+    def list_messages(items: list[Any], listed: Listed | None,
+                      element: Callable[[Any], list[Message]]) -> list[Message]:
+        """The canonical messages of a ``message_list``'s ``items``: the known leading
+        elements' from ``listed``, each other one's from ``element`` (its messages, parsed on
+        its own). Counts them into ``listed.marks`` (trace/prefix.py), so the list can be
+        remembered. A ``listed`` that is not these items' scan is ignored."""
+        if listed is None or listed.items is not items or len(listed.marks) != listed.known:
+            out: list[Message] = []
+            for item in items:
+                out += element(item)
+            return out
+        out = list(listed.messages)
+        marks = listed.marks
+        for item in items[listed.known:]:
+            out += element(item)
+            marks.append(len(out))
+        return out
 
     def request_body(self, request: Request) -> dict[str, Any]:
         """A canonical request as this dialect's request body, without model or sampling (the

@@ -306,8 +306,10 @@ def _scan_list(text: str, i: int, key: str, prefixes: Prefixes | None) -> tuple[
                 j = start + entry.ends[k - 1]
                 listing.ends = entry.ends[:k]
                 listing.items = entry.items[:k]
-                listing.messages = entry.messages[:k]
-                listing.nodes = entry.nodes[:k]
+                listing.marks = entry.marks[:k]
+                listing.messages = entry.messages[:entry.marks[k - 1]]
+                listing.lead_known = entry.lead
+                listing.nodes = entry.nodes[:len(entry.lead) + entry.marks[k - 1]]
                 listing.known = k
                 listing.generation = prefixes.generation
     ends, items = listing.ends, listing.items

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from collections.abc import Sequence
 from typing import Any
 
 from interceptor.dialects.base import Mediation, Override, RouteKind, Slot
@@ -40,6 +39,7 @@ from interceptor.dialects.common import (
 )
 from interceptor.dialects.sse import SSEEvent
 from interceptor.trace import export
+from interceptor.trace.prefix import Listed
 from interceptor.trace.messages import (
     Choice,
     FinishReason,
@@ -152,6 +152,11 @@ def _assistant(msg: dict[str, Any]) -> Message:
         reasoning=[Reasoning(text=thought)] if isinstance(thought, str) and thought else [],
         name=msg.get("name"),
     )
+
+
+def _element(m: Any) -> list[Message]:
+    """A ``messages`` element's canonical messages: always the one (``Dialect.list_messages``)."""
+    return [_message(m)]
 
 
 def _message(msg: dict[str, Any]) -> Message:
@@ -314,7 +319,7 @@ class ChatDialect(OpenAIDialect):
     model_table = "openai"
     routes = {("POST", "/v1/chat/completions"): "model"}
     knobs = KNOBS
-    message_list = "messages"  # one element, one message (_message)
+    message_list = "messages"  # one element, one message (_element)
     collects_tokens = True  # vLLM >= 0.10.2 and SGLang return token ids on this route
     token_keys = ("return_token_ids", "logprobs")
 
@@ -327,13 +332,12 @@ class ChatDialect(OpenAIDialect):
             body["tools"] = export.chat_tools(request.tools)
         return body
 
-    def parse_request(self, body: dict[str, Any], known: Sequence[Message] = ()) -> Request:
+    def parse_request(self, body: dict[str, Any], listed: Listed | None = None) -> Request:
         tools = [_tool(t) for t in body.get("tools") or []]
         tools += [Tool(name=f.get("name", ""), description=f.get("description"),
                        parameters=f.get("parameters")) for f in body.get("functions") or []]
-        items = body.get("messages") or []
         return Request(
-            messages=[*known, *(_message(m) for m in items[len(known):])],
+            messages=self.list_messages(body.get("messages") or [], listed, _element),
             tools=tools,
             model=body.get("model"),
             sampling=self.sampling(body),

@@ -12,15 +12,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import interceptor.dialects.anthropic as anthropic
 import interceptor.dialects.chat as chat
 from interceptor.addons.rewrite import prepare
 from interceptor.addons.session import SessionConfig
-from interceptor.dialects import CHAT
+from interceptor.dialects import ANTHROPIC, CHAT
 from interceptor.dialects.body import parse_body
 from interceptor.trace import Message, ModelCall, Recorder, Response, Store, Usage
 from interceptor.trace.prefix import Prefixes
 
 PATH = "/v1/chat/completions"
+PATHS = {"chat": PATH, "anthropic": "/v1/messages"}
 
 
 def reply_of(k: int) -> dict:
@@ -39,14 +41,16 @@ def follow_up(k: int, reply: dict) -> dict:
 class Session:
     """A recorder driven as the proxy drives it: prepare (Rewrite), then commit (Record)."""
 
-    def __init__(self, path: Path, fast: bool):
+    def __init__(self, path: Path, fast: bool, dialect=CHAT):
         self.store = Store()
         self.rec = Recorder(path, {"id": path.stem}, store=self.store, fsync="never")
         self.fast = fast
+        self.dialect = dialect
 
     def turn(self, body: dict, reply: Message, **dump_kw):
         raw = json.dumps(body, **dump_kw).encode()
-        p = prepare(raw, CHAT, "model", SessionConfig(), PATH, prefixes=self.rec.prefixes if self.fast else None)
+        p = prepare(raw, self.dialect, "model", SessionConfig(), PATHS[self.dialect.name],
+                    prefixes=self.rec.prefixes if self.fast else None)
         assert p.refusal is None
         call = ModelCall(id=uuid.uuid4().hex[:12], started_at=1.0, ended_at=2.0)
         response = Response(message=reply, usage=Usage(input_tokens=1, output_tokens=1))
@@ -141,6 +145,7 @@ def test_an_element_that_goes_on_past_the_known_text_is_parsed_again():
     prefix of ``[123``. The element is parsed again, never taken as known."""
     prefixes = Prefixes()
     first = parse_body(b'{"messages": [1, 12]}', "messages", prefixes)
+    first.listed.marks = [1, 2]  # one message each, as a dialect's parse_request counts them
     prefixes.remember(first.listed, [Message(role="user", content="1"), Message(role="user", content="12")], [0, 1])
     again = parse_body(b'{"messages": [1, 123]}', "messages", prefixes)
     assert again.data == {"messages": [1, 123]} and again.listed.known == 1
@@ -165,4 +170,138 @@ def test_nodes_from_before_a_rollback_are_never_used(tmp_path):
     s.rec.commit_turn(p.request, Response(message=Message(role="assistant", content="b")), call, p.listed)
     assert s.rec.trace.branches[-1].nodes[:3] == [0, 1, 2]  # walked: system, user, the reply
     assert len(s.rec.trace.branches) == 1
+    s.close()
+
+
+# -- Anthropic Messages: a system prompt before the list, and one element, several messages --
+
+def claude_turn(k: int) -> tuple[dict, dict]:
+    """Turn ``k`` of a Claude Code-like loop: the assistant's blocks, then the user turn that
+    answers them (two tool results and a text block, or plain text)."""
+    if k % 2:
+        return ({"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": f"think {k}", "signature": f"sig{k}"},
+                    {"type": "tool_use", "id": f"toolu_{k}a", "name": "Bash", "input": {"command": f"ls {k}"}},
+                    {"type": "tool_use", "id": f"toolu_{k}b", "name": "Read", "input": {"path": f"f{k}"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": f"toolu_{k}a", "content": f"out {k} é"},
+                    {"type": "tool_result", "tool_use_id": f"toolu_{k}b", "content": [{"type": "text", "text": "x"}],
+                     "is_error": True},
+                    {"type": "text", "text": f"note {k}"}]})
+    return ({"role": "assistant", "content": [{"type": "text", "text": f"answer {k} ✓"}]},
+            {"role": "user", "content": f"next {k}"})
+
+
+def claude_body(messages: list[dict], k: int, system: str = "You are Claude Code.") -> dict:
+    """As Claude Code sends it: a billing header that changes every request, and the
+    cache_control marker on the newest block only (it moves every turn)."""
+    marked = [dict(m) for m in messages]
+    last = marked[-1]
+    content = last["content"] if isinstance(last["content"], list) else [{"type": "text", "text": last["content"]}]
+    last["content"] = content[:-1] + [{**content[-1], "cache_control": {"type": "ephemeral"}}]
+    return {"model": "claude-x", "max_tokens": 64, "stream": True,
+            "system": [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2; cch={k:05x};"},
+                       {"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
+            "messages": marked}
+
+
+def test_a_claude_code_loop_parses_only_its_new_messages(tmp_path, monkeypatch):
+    """The marker moves off the restated message every turn, so that one element is read
+    again; the history before it never is, and the request, body and graph are a full parse's."""
+    parsed = []
+    original = anthropic._element
+    monkeypatch.setattr(anthropic, "_element", lambda m: parsed.append(m) or original(m))
+    fast = Session(tmp_path / "fast.msgpack", True, ANTHROPIC)
+    full = Session(tmp_path / "full.msgpack", False, ANTHROPIC)
+    messages = [{"role": "user", "content": "fix the bug"},
+                {"role": "system", "content": "# Environment\nworking directory: /w"}]
+    for k in range(30):
+        body = claude_body(messages, k)
+        reply_body, follow = claude_turn(k)
+        reply = ANTHROPIC.parse_response({"type": "message", "role": "assistant", "content": reply_body["content"],
+                                          "stop_reason": "end_turn"}).message
+        parsed.clear()
+        a = fast.turn(body, reply)
+        fast_parsed = len(parsed)
+        b = full.turn(body, reply)
+        assert a.request == b.request and a.body == b.body
+        assert a.listed.lead == 1 and a.listed.marks == b.listed.marks
+        if k >= 1:
+            # the element that lost its marker, the reply restated and its follow-up
+            assert a.listed.known == len(messages) - 3 and fast_parsed == 3, (k, a.listed.known, fast_parsed)
+        messages = messages + [reply_body, follow]
+    assert graph_of(fast.rec) == graph_of(full.rec)
+    assert len(fast.rec.trace.branches) == 1
+    fast.close(), full.close()
+
+
+def test_a_new_system_prompt_keeps_the_parse_but_not_the_nodes(tmp_path):
+    """The list's nodes hang under the system prompt's: with another prompt the same history
+    is a new branch from a new root, as a full parse makes it."""
+    fast = Session(tmp_path / "fast.msgpack", True, ANTHROPIC)
+    full = Session(tmp_path / "full.msgpack", False, ANTHROPIC)
+    messages = [{"role": "user", "content": "go"}]
+    for k, system in enumerate(["one", "one", "two", "two", "one"]):
+        body = claude_body(messages, k, system)
+        reply = Message(role="assistant", content=f"r{k}")
+        a, b = fast.turn(body, reply), full.turn(body, reply)
+        assert a.request == b.request and a.body == b.body
+        if k >= 2:  # (the first request's one element carried the marker)
+            assert a.listed.known == len(messages) - 3  # the history is never parsed again...
+        messages = messages + [{"role": "assistant", "content": f"r{k}"}, {"role": "user", "content": f"u{k}"}]
+    assert graph_of(fast.rec) == graph_of(full.rec)  # ...and its nodes are the graph's own
+    roots = {fast.rec.trace.nodes[b.nodes[0]].message.content[0].text for b in fast.rec.trace.branches}
+    assert roots == {"one", "two"}
+    fast.close(), full.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=edits)
+def test_any_anthropic_history_edit_gives_what_a_full_parse_gives(tmp_path_factory, steps):
+    tmp = tmp_path_factory.mktemp("a")
+    fast = Session(tmp / "fast.msgpack", True, ANTHROPIC)
+    full = Session(tmp / "full.msgpack", False, ANTHROPIC)
+    messages = [{"role": "user", "content": "u0"}]
+    system, spacing = "sys", {}
+    for n, (op, x) in enumerate(steps):
+        if op == "edit" and len(messages) > 1:
+            j = x % len(messages)
+            messages = messages[:j] + [claude_turn(x)[1]] + messages[j + 1:]
+        elif op == "drop" and len(messages) > 2:
+            j = 1 + x % (len(messages) - 1)
+            messages = messages[:j] + messages[j + 1:]
+        elif op == "respace":
+            spacing = [{}, {"indent": 1}, {"separators": (",", ":")}][x % 3]
+            system = f"sys {x % 2}"
+        elif op == "fork":
+            messages = messages[: 1 + x % len(messages)]
+        body = claude_body(messages, n, system)
+        reply = Message(role="assistant", content=f"r{n}")
+        a, b = fast.turn(body, reply, **spacing), full.turn(body, reply, **spacing)
+        assert a.request == b.request and a.body == b.body
+        assert a.listed.ends == b.listed.ends and a.listed.marks == b.listed.marks
+        reply_body, follow = claude_turn(n)
+        messages = messages + [{"role": "assistant", "content": f"r{n}"}, follow]
+    assert graph_of(fast.rec) == graph_of(full.rec)
+    fast.close(), full.close()
+
+
+def test_a_sub_agent_in_between_does_not_cost_the_main_loop_its_history(tmp_path, monkeypatch):
+    """Claude Code's Task tool: a sub-agent's requests (their own list) come between the main
+    loop's. The main loop's next request, its marker moved, is still recognised up to the
+    element that lost it, not only as far as the newest remembered list (the sub-agent's)."""
+    parsed = []
+    original = anthropic._element
+    monkeypatch.setattr(anthropic, "_element", lambda m: parsed.append(m) or original(m))
+    s = Session(tmp_path / "s.msgpack", True, ANTHROPIC)
+    main = [{"role": "user", "content": "fix the bug"}]
+    for k in range(6):
+        s.turn(claude_body(main, k), Message(role="assistant", content=f"r{k}"))
+        main += [{"role": "assistant", "content": f"r{k}"}, {"role": "user", "content": f"u{k}"}]
+    sub = [{"role": "user", "content": "search the code"}]
+    s.turn(claude_body(sub, 0, "You are a sub-agent."), Message(role="assistant", content="found"))
+    parsed.clear()
+    p = s.turn(claude_body(main, 7), Message(role="assistant", content="r7"))
+    assert p.listed.known == len(main) - 3 and len(parsed) == 3
+    assert len(s.rec.trace.branches) == 2  # the main loop's and the sub-agent's
     s.close()

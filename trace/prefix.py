@@ -16,8 +16,12 @@ when an override touches the list, and an entry is remembered only from a list n
 touched), and nodes that no longer exist (a rolled-back turn, a released graph: ``clear``
 bumps ``generation``, and a scan from an older generation gives no nodes).
 
-Used only for dialects whose list elements are one canonical message each, parsed on their
-own (``Dialect.message_list``); imports nothing else of ours.
+Used for dialects whose list elements are parsed on their own, each into one or more
+canonical messages (``Dialect.message_list``): Chat Completions (one each) and Anthropic
+Messages (a user turn is one message per tool result and per run of other blocks). A
+dialect may put messages before the list's (Anthropic's ``system``): those are parsed every
+time, and the remembered nodes are used only when they are the same messages as when the
+list was remembered (the list's nodes hang under theirs). Imports nothing else of ours.
 """
 
 from __future__ import annotations
@@ -37,9 +41,15 @@ class Listed:
     """A request's message list as scanned from its body.
 
     ``ends[j]`` is where element ``j`` ends, counted from ``start`` (just after the ``[``) in
-    ``text`` (the body's text); ``items`` are the elements as parsed. The first ``known``
-    elements were recognised from an earlier request: their canonical ``messages`` and, when
-    ``generation`` is still current, their graph ``nodes`` come from it.
+    ``text`` (the body's text); ``items`` are the elements as parsed. ``marks[j]`` is how
+    many canonical messages elements ``0..j`` make (the dialect's ``parse_request`` fills it
+    for the elements it parses), and ``lead`` how many of the request's messages come before
+    the list's (set by Rewrite once the request is parsed).
+
+    The first ``known`` elements were recognised from an earlier request: their canonical
+    ``messages`` come from it, and so, when ``generation`` is still current and the request's
+    lead messages are ``lead_known`` (those the earlier request had), do the graph ``nodes``
+    of the lead and those messages.
     """
 
     key: str
@@ -47,10 +57,19 @@ class Listed:
     start: int
     ends: list[int] = field(default_factory=list)
     items: list[Any] = field(default_factory=list)
+    marks: list[int] = field(default_factory=list)
+    lead: int = 0
     known: int = 0
     messages: list[Message] = field(default_factory=list)
+    lead_known: tuple[Message, ...] = ()
     nodes: list[int] = field(default_factory=list)
     generation: int = 0
+
+    @property
+    def complete(self) -> bool:
+        """Whether every element's messages were counted (the request was parsed from this
+        scan's elements, not from other ones)."""
+        return bool(self.ends) and len(self.marks) == len(self.ends)
 
 
 @dataclass(slots=True, frozen=True)
@@ -58,8 +77,10 @@ class _Entry:
     text: str  # the list's text from just after '[' to the end of its last element
     ends: list[int]
     items: list[Any]
-    messages: list[Message]
-    nodes: list[int]
+    marks: list[int]
+    messages: list[Message]  # the list's, without the lead
+    lead: tuple[Message, ...]  # the messages before the list's
+    nodes: list[int]  # the lead's and the list's, in order: the prompt's path
 
 
 class Prefixes:
@@ -79,7 +100,17 @@ class Prefixes:
                 best, best_k = entry, len(entry.ends)
         if best is not None or not self._entries:
             return best, best_k
-        # No entry is a whole prefix (a compaction, an edited message): the newest one's
+        # No entry is a whole prefix. Most often only its last element changed: Claude Code
+        # moves its cache_control marker to the newest block every turn, so the message that
+        # carried it is restated without it. One compare per entry (a sub-agent's request
+        # may have come in between, so not only the newest).
+        for entry in reversed(self._entries):
+            k = len(entry.ends) - 1
+            if k > best_k and text.startswith(entry.text[:entry.ends[k - 1]], start):
+                best, best_k = entry, k
+        if best is not None:
+            return best, best_k
+        # Something earlier changed (a compaction, an edited message): the newest one's
         # longest prefix of whole elements, by bisection (each probe is one compare).
         entry = self._entries[-1]
         lo, hi = 0, len(entry.ends) - 1  # the answer is in [lo, hi]: all of it did not match
@@ -92,12 +123,14 @@ class Prefixes:
         return (entry, lo) if lo else (None, 0)
 
     def remember(self, listed: Listed, messages: list[Message], nodes: list[int]) -> None:
-        """Remember a committed request's list: ``messages`` and ``nodes`` are its elements'
-        canonical messages and graph nodes, one per element."""
-        if not listed.ends or len(messages) != len(listed.ends) or len(nodes) != len(listed.ends):
+        """Remember a committed request's list: ``messages`` are the request's canonical
+        messages (its ``listed.lead`` first, then its elements') and ``nodes`` their graph
+        nodes, one each."""
+        lead = listed.lead
+        if not listed.complete or len(messages) != lead + listed.marks[-1] or len(nodes) != len(messages):
             return
         entry = _Entry(listed.text[listed.start:listed.start + listed.ends[-1]], listed.ends,
-                       listed.items, list(messages), list(nodes))
+                       listed.items, listed.marks, messages[lead:], tuple(messages[:lead]), list(nodes))
         # A request the new one extends is superseded by it.
         kept = tuple(e for e in self._entries if not entry.text.startswith(e.text))
         self._entries = (kept + (entry,))[-ENTRIES:]

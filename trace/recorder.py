@@ -113,9 +113,10 @@ class Recorder:
         (``call.node``), fill what the call lacks from the response, append and record.
 
         ``listed``: the request's message list as scanned from its body (trace/prefix.py),
-        when ``request.messages`` are its elements one for one. Its known leading messages
-        skip the graph walk (their nodes are known), and the list is remembered so the next
-        request that restates it is not parsed again. ``rewrites`` (request hooks' rewrites
+        when ``request.messages`` are its lead's and then its elements' messages. Its known
+        leading messages skip the graph walk (their nodes are known) when the lead is the one
+        they were remembered under, and the list is remembered so the next request that
+        restates it is not parsed again. ``rewrites`` (request hooks' rewrites
         first carried by this request) follow the turn, each naming the node its
         ``position`` became. ``delivered``: what a response hook gave the harness instead of
         the sampled reply, a non-sampled sibling (``call.delivered_node``); a response
@@ -158,11 +159,12 @@ class Recorder:
               listed: Listed | None = None, delivered: Message | None = None) -> dict[str, Any]:
         trace = self._trace
         messages = request.messages
-        if listed is not None and len(messages) != len(listed.ends):
+        if listed is not None and (not listed.complete or len(messages) != listed.lead + listed.marks[-1]):
             listed = None  # not the list as scanned (a chained or rewritten request)
         known: list[int] = []
         if (listed is not None and listed.known and listed.generation == self.prefixes.generation
-                and messages[listed.known - 1] is listed.messages[-1]):
+                and listed.messages and messages[listed.lead + len(listed.messages) - 1] is listed.messages[-1]
+                and _same(messages[:listed.lead], listed.lead_known)):
             known = listed.nodes
         turn = self._graph.add_turn(
             messages,
@@ -471,3 +473,9 @@ class Recorder:
         output = count(call.node) + sum(count(i) for i in call.choice_nodes)
         return Usage(input_tokens=sum(count(i) for i in prompt_path) + tools,
                      output_tokens=output, estimated=True)
+
+
+def _same(lead: list[Message], known: tuple[Message, ...]) -> bool:
+    """Whether a request's messages before its list (Anthropic's system prompt) are those of
+    the remembered request: its list's nodes hang under theirs only then."""
+    return len(lead) == len(known) and all(a is b or a == b for a, b in zip(lead, known))
