@@ -1,12 +1,15 @@
 """A growing rollout, turn by turn: does the proxy's cost per turn grow with the history?
 
-    .venv/bin/python bench/rollout.py [--turns 300] [--chunk 570] [--before REV]
+    .venv/bin/python bench/rollout.py [--turns 300] [--chunk 570] [--before REV] [--dialect anthropic]
 
 One Chat Completions conversation of ``--turns`` turns, each restating the whole history and
 adding a ``--chunk``-character user message and reply (300 x 2 x 570 characters: the last
 request is ~340 KB, the workload of issue 16), sent to every path **in the same turn, the
 order rotating every turn**, so the machine's load (a shared 2-core box) hits every path
-alike:
+alike. ``--dialect anthropic`` sends the same conversation as Claude Code sends its own to
+the Messages API: a system prompt opened by a billing header that changes every request, and
+the ``cache_control`` marker on the newest block only, so the message that carried it is
+restated without it every turn.
 
 - ``direct``: to the simulator, no proxy (the latency floor);
 - ``bare``: bare mitmdump, TLS intercepted for api.openai.com and mapped to the simulator
@@ -56,7 +59,24 @@ from trace_turns import cpu_between, cpu_ns, machine  # noqa: E402
 from interceptor.trace import read_trace  # noqa: E402
 
 MODEL = "gpt-4o-bench"  # what each proxy session imposes
-URL = "https://api.openai.com/v1/chat/completions"
+URLS = {"chat": "https://api.openai.com/v1/chat/completions", "anthropic": "https://api.anthropic.com/v1/messages"}
+
+
+def request_body(dialect: str, messages: list[dict], k: int) -> bytes:
+    """Turn ``k``'s body: Chat as is; Anthropic as Claude Code sends it (the module docstring)."""
+    if dialect == "chat":
+        return json.dumps({"model": "gpt-4o", "messages": messages}).encode()
+    system, *rest = messages
+    rest = [{"role": m["role"], "content": [{"type": "text", "text": m["content"]}]} for m in rest]
+    rest[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    return json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 1024,
+                       "system": [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1; cch={k:05x};"},
+                                  {"type": "text", "text": system["content"], "cache_control": {"type": "ephemeral"}}],
+                       "messages": rest}).encode()
+
+
+def answer_text(dialect: str, body: dict) -> str:
+    return body["choices"][0]["message"]["content"] if dialect == "chat" else body["content"][0]["text"]
 
 
 def before_rev() -> str:
@@ -81,13 +101,15 @@ def main() -> int:
     ap.add_argument("--band", type=int, default=25, help="turns per band of the table")
     ap.add_argument("--before", default=None, help="a git revision, or 'none'")
     ap.add_argument("--relay-off", action="store_true", help="also this checkout without the relay")
+    ap.add_argument("--dialect", choices=tuple(URLS), default="chat")
     args = ap.parse_args()
+    url = URLS[args.dialect]
     work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
     reply = ("The answer, at length. " * (args.chunk // 23 + 1))[:args.chunk]
     script = work / "script.json"
     script.write_text(json.dumps({"default": {"text": [reply]}}))
     sim, sim_url = start_simulator(work, [sys.executable, "-m", "provider", "--port", "0", "--script", str(script)])
-    remap = f"|https://api\\.openai\\.com/v1|{sim_url}/v1"
+    remap = f"|{url.split('/v1/')[0].replace('.', chr(92) + '.')}/v1|{sim_url}/v1"
     opts = {"intercept_upstream": f"{sim_url}/v1", "intercept_api_key_env": KEY_ENV}
     env = {KEY_ENV: "sk-bench-real-key"}
     procs = {"bare": MitmProcess(script=False, workdir=work / "bare",
@@ -113,22 +135,25 @@ def main() -> int:
             clients = {"direct": (stack.enter_context(httpx.Client(timeout=120)), f"{sim_url}/v1/chat/completions")}
             for n, p in procs.items():
                 ca = p.confdir / "mitmproxy-ca-cert.pem" if n == "bare" else p.ca_bundle
-                clients[n] = (stack.enter_context(httpx.Client(proxy=p.url, verify=str(ca), timeout=120)), URL)
+                clients[n] = (stack.enter_context(httpx.Client(proxy=p.url, verify=str(ca), timeout=120)), url)
+            if args.dialect != "chat":
+                clients["direct"] = (clients["direct"][0], f"{sim_url}/v1/messages")
 
             def send(n: str, payload: bytes, secret: str) -> str:
-                client, url = clients[n]
-                r = client.post(url, content=payload, headers={"authorization": f"Bearer {secret}",
-                                                                "content-type": "application/json"})
+                client, where = clients[n]
+                r = client.post(where, content=payload, headers={
+                    "authorization": f"Bearer {secret}", "x-api-key": secret, "anthropic-version": "2023-06-01",
+                    "content-type": "application/json"})
                 r.raise_for_status()
-                return r.json()["choices"][0]["message"]["content"]
+                return answer_text(args.dialect, r.json())
 
-            hello = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}).encode()
+            hello = request_body(args.dialect, [{"role": "system", "content": "hi"}, {"role": "user", "content": "hi"}], 0)
             for n in names:  # connections, TLS and certificates before the first measured turn
                 send(n, hello, warm[n]["model_secret"] if n in warm else "sk-unused")
             messages = [{"role": "system", "content": "You are a patient assistant."}]
             for k in range(args.turns):
                 messages.append({"role": "user", "content": (f"turn {k}: " + "please go on. " * (args.chunk // 14 + 1))[:args.chunk]})
-                payload = json.dumps({"model": "gpt-4o", "messages": messages}).encode()
+                payload = request_body(args.dialect, messages, k)
                 order = names[k % len(names):] + names[:k % len(names)]
                 for n in order:
                     pid = procs[n].proc.pid if n in procs else None
@@ -151,7 +176,7 @@ def main() -> int:
             trace = read_trace(s["trace_path"])
             assert trace.num_turns == args.turns and len(trace.branches) == 1, (n, trace.num_turns, len(trace.branches))
             assert {c.model for c in trace.calls} == {MODEL}, (n, {c.model for c in trace.calls})
-            assert len(trace.nodes) == 1 + 2 * args.turns, (n, len(trace.nodes))
+            assert len(trace.nodes) == 1 + 2 * args.turns, (n, len(trace.nodes))  # the system prompt, then a pair a turn
     finally:
         for p in procs.values():
             p.cleanup()
@@ -160,7 +185,7 @@ def main() -> int:
 
     short = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True).stdout.strip() if rev else None
     print(f"machine: {machine()}; load average (1, 5, 15 min) at the start and every 50 turns: {' | '.join(loads)}")
-    print(f"{args.turns} turns, {args.chunk} characters a side per turn, last request {last_request / 1e3:.0f} KB; "
+    print(f"{args.dialect}: {args.turns} turns, {args.chunk} characters a side per turn, last request {last_request / 1e3:.0f} KB; "
           f"paths in rotating order every turn" + (f"; before = {short}" if short else ""))
     print()
     bands = [(lo, min(lo + args.band, args.turns)) for lo in range(0, args.turns, args.band)]
