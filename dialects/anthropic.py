@@ -188,7 +188,7 @@ def _user(content: Any) -> list[Message]:
     return out
 
 
-def _element(m: dict[str, Any]) -> list[Message]:
+def _element(m: dict[str, Any], before: Any = None) -> list[Message]:
     """A ``messages`` element's canonical messages, read on its own (``Dialect.list_messages``)."""
     role = m.get("role")
     if role == "assistant":

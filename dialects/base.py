@@ -242,20 +242,22 @@ class Dialect(ABC):
 
     @staticmethod
     def list_messages(items: list[Any], listed: Listed | None,
-                      element: Callable[[Any], list[Message]]) -> list[Message]:
+                      element: Callable[[Any, Any], list[Message]]) -> list[Message]:
         """The canonical messages of a ``message_list``'s ``items``: the known leading
-        elements' from ``listed``, each other one's from ``element`` (its messages, parsed on
-        its own). Counts them into ``listed.marks`` (trace/prefix.py), so the list can be
-        remembered. A ``listed`` that is not these items' scan is ignored."""
+        elements' from ``listed``, each other one's from ``element(item, before)`` (its
+        messages, read from it and the element before it, None for the first: Gemini pairs a
+        function response with the model turn before it). Counts them into ``listed.marks``
+        (trace/prefix.py), so the list can be remembered. A ``listed`` that is not these
+        items' scan is ignored."""
+        out: list[Message] = []
         if listed is None or listed.items is not items or len(listed.marks) != listed.known:
-            out: list[Message] = []
-            for item in items:
-                out += element(item)
+            for j, item in enumerate(items):
+                out += element(item, items[j - 1] if j else None)
             return out
-        out = list(listed.messages)
+        out += listed.messages
         marks = listed.marks
-        for item in items[listed.known:]:
-            out += element(item)
+        for j in range(listed.known, len(items)):
+            out += element(items[j], items[j - 1] if j else None)
             marks.append(len(out))
         return out
 

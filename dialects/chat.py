@@ -154,7 +154,7 @@ def _assistant(msg: dict[str, Any]) -> Message:
     )
 
 
-def _element(m: Any) -> list[Message]:
+def _element(m: Any, before: Any = None) -> list[Message]:
     """A ``messages`` element's canonical messages: always the one (``Dialect.list_messages``)."""
     return [_message(m)]
 

@@ -59,6 +59,7 @@ from interceptor.dialects.common import (
 )
 from interceptor.dialects.models import Capabilities, capabilities
 from interceptor.dialects.sse import SSEDecoder, SSEEvent
+from interceptor.trace.prefix import Listed
 from interceptor.trace.messages import (
     FinishReason,
     Message,
@@ -279,6 +280,20 @@ def _user_messages(parts: list[dict[str, Any]], answered: list[ToolCall], wire_i
     if rest:
         out.append(Message(role="user", content=_text_parts(rest)))
     return out
+
+
+def _element(content: dict[str, Any], before: Any) -> list[Message]:
+    """A ``contents`` element's canonical messages (``Dialect.list_messages``): a model turn
+    on its own; a user turn's function responses paired with the calls of the model turn
+    right before it, if that is one (read again here: it is one element, not the history)."""
+    parts = content.get("parts") or []
+    if content.get("role") == "model":
+        return [_model_message(parts)]
+    wire_ids: dict[str, str] = {}
+    answered: list[ToolCall] = []
+    if isinstance(before, dict) and before.get("role") == "model":
+        answered = list(_model_message(before.get("parts") or [], wire_ids).tool_calls)
+    return _user_messages(parts, answered, wire_ids)
 
 
 def _tools(tool: dict[str, Any]) -> list[Tool]:
@@ -505,6 +520,8 @@ class GeminiDialect(KnobDialect):
     key_variables = ("GEMINI_API_KEY",)
     credential_headers: ClassVar[tuple[str, ...]] = ("x-goog-api-key", "authorization", "x-api-key", "api-key")
     knobs = KNOBS
+    # After the system instruction, each element read with the one before it (_element).
+    message_list = "contents"
 
     # -- where it is spoken ----------------------------------------------------------------
 
@@ -582,25 +599,14 @@ class GeminiDialect(KnobDialect):
     def request_body(self, request: Request) -> dict[str, Any]:
         return _native_request(request)
 
-    def parse_request(self, body: dict[str, Any]) -> Request:
+    def parse_request(self, body: dict[str, Any], listed: Listed | None = None) -> Request:
         messages: list[Message] = []
         system = body.get("systemInstruction") or body.get("system_instruction")
         if isinstance(system, dict):
             messages.append(Message(role="system", content=_text_parts(system.get("parts") or [])))
         elif isinstance(system, str):
             messages.append(Message(role="system", content=system))
-        last_calls: list[ToolCall] = []
-        wire_ids: dict[str, str] = {}
-        for c in body.get("contents") or []:
-            parts = c.get("parts") or []
-            if c.get("role") == "model":
-                wire_ids = {}
-                msg = _model_message(parts, wire_ids)
-                messages.append(msg)
-                last_calls = list(msg.tool_calls)
-            else:
-                messages.extend(_user_messages(parts, last_calls, wire_ids))
-                last_calls, wire_ids = [], {}
+        messages += self.list_messages(body.get("contents") or [], listed, _element)
         return Request(
             messages=messages,
             tools=[t for tool in body.get("tools") or [] for t in _tools(tool)],

@@ -14,15 +14,16 @@ from hypothesis import strategies as st
 
 import interceptor.dialects.anthropic as anthropic
 import interceptor.dialects.chat as chat
+import interceptor.dialects.gemini as gemini
 from interceptor.addons.rewrite import prepare
 from interceptor.addons.session import SessionConfig
-from interceptor.dialects import ANTHROPIC, CHAT
+from interceptor.dialects import ANTHROPIC, CHAT, GEMINI
 from interceptor.dialects.body import parse_body
 from interceptor.trace import Message, ModelCall, Recorder, Response, Store, Usage
 from interceptor.trace.prefix import Prefixes
 
 PATH = "/v1/chat/completions"
-PATHS = {"chat": PATH, "anthropic": "/v1/messages"}
+PATHS = {"chat": PATH, "anthropic": "/v1/messages", "gemini": "/v1beta/models/gemini-2.5-pro:generateContent"}
 
 
 def reply_of(k: int) -> dict:
@@ -98,32 +99,42 @@ edits = st.lists(st.tuples(st.sampled_from(["append", "edit", "drop", "respace",
                            st.integers(0, 30)), min_size=1, max_size=12)
 
 
+def check_edits(tmp: Path, dialect, steps, items: list[dict], body, edited, turn) -> None:
+    """Drive a fast and a full session through ``steps`` (editing ``items``, the message
+    list; ``edited(x)`` is an element put in place of another, ``turn(n)`` the reply and the
+    elements it adds, ``body(items, n, system)`` the request) and hold them equal."""
+    fast, full = Session(tmp / "fast.msgpack", True, dialect), Session(tmp / "full.msgpack", False, dialect)
+    system, spacing = "sys", {}
+    for n, (op, x) in enumerate(steps):
+        if op == "edit" and len(items) > 1:
+            j = x % len(items)
+            items = items[:j] + [edited(x)] + items[j + 1:]
+        elif op == "drop" and len(items) > 2:
+            j = 1 + x % (len(items) - 1)
+            items = items[:j] + items[j + 1:]
+        elif op == "respace":  # the spacing, and with it the lead (a system prompt outside the list)
+            spacing = [{}, {"indent": 1}, {"separators": (",", ":")}][x % 3]
+            system = f"sys {x % 2}"
+        elif op == "fork":
+            items = items[: 1 + x % len(items)]
+        reply, added = turn(n)
+        a, b = fast.turn(body(items, n, system), reply, **spacing), full.turn(body(items, n, system), reply, **spacing)
+        assert a.request == b.request and a.body == b.body
+        assert a.listed.ends == b.listed.ends and a.listed.marks == b.listed.marks
+        items = items + added
+    assert graph_of(fast.rec) == graph_of(full.rec)
+    fast.close(), full.close()
+
+
 @settings(max_examples=60, deadline=None)
 @given(steps=edits)
 def test_any_history_edit_gives_what_a_full_parse_gives(tmp_path_factory, steps):
-    tmp = tmp_path_factory.mktemp("p")
-    fast, full = Session(tmp / "fast.msgpack", True), Session(tmp / "full.msgpack", False)
-    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "u0"}]
-    spacing = {}
-    for n, (op, x) in enumerate(steps):
-        if op == "edit" and len(messages) > 1:
-            j = x % len(messages)
-            messages = messages[:j] + [{"role": "user", "content": f"edited {n}"}] + messages[j + 1:]
-        elif op == "drop" and len(messages) > 2:
-            j = 1 + x % (len(messages) - 1)
-            messages = messages[:j] + messages[j + 1:]
-        elif op == "respace":
-            spacing = [{}, {"indent": 1}, {"separators": (",", ":")}][x % 3]
-        elif op == "fork":
-            messages = messages[: 1 + x % len(messages)]
-        body = {"messages": messages, "model": "m"}
-        reply = Message(role="assistant", content=f"r{n}")
-        a, b = fast.turn(body, reply, **spacing), full.turn(body, reply, **spacing)
-        assert a.request == b.request and a.body == b.body
-        assert a.listed.ends == b.listed.ends
-        messages = messages + [{"role": "assistant", "content": f"r{n}"}, {"role": "user", "content": f"u{n + 1}"}]
-    assert graph_of(fast.rec) == graph_of(full.rec)
-    fast.close(), full.close()
+    check_edits(tmp_path_factory.mktemp("p"), CHAT, steps,
+                [{"role": "system", "content": "sys"}, {"role": "user", "content": "u0"}],
+                lambda items, n, system: {"messages": items, "model": "m"},
+                lambda x: {"role": "user", "content": f"edited {x}"},
+                lambda n: (Message(role="assistant", content=f"r{n}"),
+                           [{"role": "assistant", "content": f"r{n}"}, {"role": "user", "content": f"u{n + 1}"}]))
 
 
 def test_an_edited_message_keeps_the_history_before_it(tmp_path):
@@ -210,7 +221,7 @@ def test_a_claude_code_loop_parses_only_its_new_messages(tmp_path, monkeypatch):
     again; the history before it never is, and the request, body and graph are a full parse's."""
     parsed = []
     original = anthropic._element
-    monkeypatch.setattr(anthropic, "_element", lambda m: parsed.append(m) or original(m))
+    monkeypatch.setattr(anthropic, "_element", lambda m, before=None: parsed.append(m) or original(m, before))
     fast = Session(tmp_path / "fast.msgpack", True, ANTHROPIC)
     full = Session(tmp_path / "full.msgpack", False, ANTHROPIC)
     messages = [{"role": "user", "content": "fix the bug"},
@@ -258,32 +269,10 @@ def test_a_new_system_prompt_keeps_the_parse_but_not_the_nodes(tmp_path):
 @settings(max_examples=60, deadline=None)
 @given(steps=edits)
 def test_any_anthropic_history_edit_gives_what_a_full_parse_gives(tmp_path_factory, steps):
-    tmp = tmp_path_factory.mktemp("a")
-    fast = Session(tmp / "fast.msgpack", True, ANTHROPIC)
-    full = Session(tmp / "full.msgpack", False, ANTHROPIC)
-    messages = [{"role": "user", "content": "u0"}]
-    system, spacing = "sys", {}
-    for n, (op, x) in enumerate(steps):
-        if op == "edit" and len(messages) > 1:
-            j = x % len(messages)
-            messages = messages[:j] + [claude_turn(x)[1]] + messages[j + 1:]
-        elif op == "drop" and len(messages) > 2:
-            j = 1 + x % (len(messages) - 1)
-            messages = messages[:j] + messages[j + 1:]
-        elif op == "respace":
-            spacing = [{}, {"indent": 1}, {"separators": (",", ":")}][x % 3]
-            system = f"sys {x % 2}"
-        elif op == "fork":
-            messages = messages[: 1 + x % len(messages)]
-        body = claude_body(messages, n, system)
-        reply = Message(role="assistant", content=f"r{n}")
-        a, b = fast.turn(body, reply, **spacing), full.turn(body, reply, **spacing)
-        assert a.request == b.request and a.body == b.body
-        assert a.listed.ends == b.listed.ends and a.listed.marks == b.listed.marks
-        reply_body, follow = claude_turn(n)
-        messages = messages + [{"role": "assistant", "content": f"r{n}"}, follow]
-    assert graph_of(fast.rec) == graph_of(full.rec)
-    fast.close(), full.close()
+    check_edits(tmp_path_factory.mktemp("a"), ANTHROPIC, steps, [{"role": "user", "content": "u0"}], claude_body,
+                lambda x: claude_turn(x)[1],
+                lambda n: (Message(role="assistant", content=f"r{n}"),
+                           [{"role": "assistant", "content": f"r{n}"}, claude_turn(n)[1]]))
 
 
 def test_a_sub_agent_in_between_does_not_cost_the_main_loop_its_history(tmp_path, monkeypatch):
@@ -292,7 +281,7 @@ def test_a_sub_agent_in_between_does_not_cost_the_main_loop_its_history(tmp_path
     element that lost it, not only as far as the newest remembered list (the sub-agent's)."""
     parsed = []
     original = anthropic._element
-    monkeypatch.setattr(anthropic, "_element", lambda m: parsed.append(m) or original(m))
+    monkeypatch.setattr(anthropic, "_element", lambda m, before=None: parsed.append(m) or original(m, before))
     s = Session(tmp_path / "s.msgpack", True, ANTHROPIC)
     main = [{"role": "user", "content": "fix the bug"}]
     for k in range(6):
@@ -305,3 +294,68 @@ def test_a_sub_agent_in_between_does_not_cost_the_main_loop_its_history(tmp_path
     assert p.listed.known == len(main) - 3 and len(parsed) == 3
     assert len(s.rec.trace.branches) == 2  # the main loop's and the sub-agent's
     s.close()
+
+
+
+# -- Gemini: a function response is paired with the model turn right before it --
+
+def gemini_turn(k: int) -> tuple[dict, dict]:
+    """A model turn and the user turn answering it: two calls of one name answered in order
+    (paired by rank), or one call with a wire id answered by it, or plain text."""
+    if k % 3 == 1:
+        return ({"role": "model", "parts": [
+                    {"functionCall": {"name": "run", "args": {"cmd": f"ls {k}"}}, "thoughtSignature": f"s{k}"},
+                    {"functionCall": {"name": "run", "args": {"cmd": f"ls {k}"}}}]},
+                {"role": "user", "parts": [{"functionResponse": {"name": "run", "response": {"out": f"a{k}"}}},
+                                           {"functionResponse": {"name": "run", "response": {"out": f"b{k}"}}}]})
+    if k % 3 == 2:
+        return ({"role": "model", "parts": [{"functionCall": {"id": f"w{k}", "name": "read", "args": {"p": k}}}]},
+                {"role": "user", "parts": [{"functionResponse": {"id": f"w{k}", "name": "read", "response": {"x": k}}},
+                                           {"text": f"and {k}"}]})
+    return {"role": "model", "parts": [{"text": f"answer {k}"}]}, {"role": "user", "parts": [{"text": f"next {k}"}]}
+
+
+def gemini_body(contents: list[dict], system: str = "You are Gemini CLI.") -> dict:
+    return {"systemInstruction": {"parts": [{"text": system}]}, "contents": contents,
+            "generationConfig": {"temperature": 0}}
+
+
+def test_a_gemini_cli_loop_parses_only_its_new_messages(tmp_path, monkeypatch):
+    """Each turn reads its model turn and the user turn after it; the function responses
+    pair with their calls as a full parse pairs them (the model turn before is one element)."""
+    parsed = []
+    original = gemini._element
+    monkeypatch.setattr(gemini, "_element", lambda c, before: parsed.append(c) or original(c, before))
+    fast = Session(tmp_path / "fast.msgpack", True, GEMINI)
+    full = Session(tmp_path / "full.msgpack", False, GEMINI)
+    contents = [{"role": "user", "parts": [{"text": "fix the bug"}]}]
+    for k in range(30):
+        model, follow = gemini_turn(k)
+        reply = GEMINI.parse_response({"candidates": [{"content": model, "finishReason": "STOP"}]}).message
+        parsed.clear()
+        a = fast.turn(gemini_body(contents), reply)
+        fast_parsed = len(parsed)
+        b = full.turn(gemini_body(contents), reply)
+        assert a.request == b.request and a.body == b.body
+        if k >= 1:
+            assert a.listed.known == len(contents) - 2 and fast_parsed == 2, (k, a.listed.known, fast_parsed)
+            tools = [m for m in a.request.messages if m.role == "tool"]
+            assert not any("unpaired" in m.tool_call_id for m in tools)
+        contents = contents + [model, follow]
+    assert graph_of(fast.rec) == graph_of(full.rec)
+    assert len(fast.rec.trace.branches) == 1
+    fast.close(), full.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=edits)
+def test_any_gemini_history_edit_gives_what_a_full_parse_gives(tmp_path_factory, steps):
+    """Edits that move a user turn away from its model turn (or next to another) change its
+    pairing: the element is then read with its new neighbour, as a full parse reads it."""
+
+    def turn(n: int) -> tuple[Message, list[dict]]:
+        model, follow = gemini_turn(n)
+        return GEMINI.parse_response({"candidates": [{"content": model, "finishReason": "STOP"}]}).message, [model, follow]
+
+    check_edits(tmp_path_factory.mktemp("g"), GEMINI, steps, [{"role": "user", "parts": [{"text": "u0"}]}],
+                lambda items, n, system: gemini_body(items, system), lambda x: gemini_turn(x)[x % 2], turn)
