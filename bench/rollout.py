@@ -1,6 +1,6 @@
 """A growing rollout, turn by turn: does the proxy's cost per turn grow with the history?
 
-    .venv/bin/python bench/rollout.py [--turns 300] [--chunk 570] [--before REV] [--dialect anthropic]
+    .venv/bin/python bench/rollout.py [--turns 300] [--chunk 570] [--before REV] [--dialect anthropic|gemini]
 
 One Chat Completions conversation of ``--turns`` turns, each restating the whole history and
 adding a ``--chunk``-character user message and reply (300 x 2 x 570 characters: the last
@@ -9,7 +9,8 @@ order rotating every turn**, so the machine's load (a shared 2-core box) hits ev
 alike. ``--dialect anthropic`` sends the same conversation as Claude Code sends its own to
 the Messages API: a system prompt opened by a billing header that changes every request, and
 the ``cache_control`` marker on the newest block only, so the message that carried it is
-restated without it every turn.
+restated without it every turn; ``--dialect gemini`` as Gemini CLI sends it to
+``generateContent``.
 
 - ``direct``: to the simulator, no proxy (the latency floor);
 - ``bare``: bare mitmdump, TLS intercepted for api.openai.com and mapped to the simulator
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -59,14 +61,20 @@ from trace_turns import cpu_between, cpu_ns, machine  # noqa: E402
 from interceptor.trace import read_trace  # noqa: E402
 
 MODEL = "gpt-4o-bench"  # what each proxy session imposes
-URLS = {"chat": "https://api.openai.com/v1/chat/completions", "anthropic": "https://api.anthropic.com/v1/messages"}
+URLS = {"chat": "https://api.openai.com/v1/chat/completions", "anthropic": "https://api.anthropic.com/v1/messages",
+        "gemini": "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-pro:generateContent"}
 
 
 def request_body(dialect: str, messages: list[dict], k: int) -> bytes:
-    """Turn ``k``'s body: Chat as is; Anthropic as Claude Code sends it (the module docstring)."""
+    """Turn ``k``'s body: Chat as is; Anthropic as Claude Code sends it (the module docstring);
+    Gemini as Gemini CLI does (the system prompt as ``systemInstruction``)."""
     if dialect == "chat":
         return json.dumps({"model": "gpt-4o", "messages": messages}).encode()
     system, *rest = messages
+    if dialect == "gemini":
+        return json.dumps({"systemInstruction": {"parts": [{"text": system["content"]}]},
+                           "contents": [{"role": "model" if m["role"] == "assistant" else "user",
+                                         "parts": [{"text": m["content"]}]} for m in rest]}).encode()
     rest = [{"role": m["role"], "content": [{"type": "text", "text": m["content"]}]} for m in rest]
     rest[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
     return json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 1024,
@@ -76,6 +84,8 @@ def request_body(dialect: str, messages: list[dict], k: int) -> bytes:
 
 
 def answer_text(dialect: str, body: dict) -> str:
+    if dialect == "gemini":
+        return "".join(p.get("text", "") for p in body["candidates"][0]["content"]["parts"])
     return body["choices"][0]["message"]["content"] if dialect == "chat" else body["content"][0]["text"]
 
 
@@ -109,8 +119,10 @@ def main() -> int:
     script = work / "script.json"
     script.write_text(json.dumps({"default": {"text": [reply]}}))
     sim, sim_url = start_simulator(work, [sys.executable, "-m", "provider", "--port", "0", "--script", str(script)])
-    remap = f"|{url.split('/v1/')[0].replace('.', chr(92) + '.')}/v1|{sim_url}/v1"
-    opts = {"intercept_upstream": f"{sim_url}/v1", "intercept_api_key_env": KEY_ENV}
+    host, path = "/".join(url.split("/")[:3]), "/" + url.split("/", 3)[3]
+    remap = f"|{re.escape(host)}|{sim_url}"
+    base = sim_url if args.dialect == "gemini" else f"{sim_url}/v1"  # Gemini's path carries its version
+    opts = {"intercept_upstream": base, "intercept_api_key_env": KEY_ENV}
     env = {KEY_ENV: "sk-bench-real-key"}
     procs = {"bare": MitmProcess(script=False, workdir=work / "bare",
                                  options={"connection_strategy": "lazy", "map_remote": remap})}
@@ -128,21 +140,20 @@ def main() -> int:
     try:
         for p in procs.values():
             p.start()
-        sessions = {n: p.create_session(upstream={"base_url": f"{sim_url}/v1"}, model=MODEL)
+        sessions = {n: p.create_session(upstream={"base_url": base}, model=MODEL)
                     for n, p in procs.items() if n != "bare"}
-        warm = {n: p.create_session(upstream={"base_url": f"{sim_url}/v1"}) for n, p in procs.items() if n != "bare"}
+        warm = {n: p.create_session(upstream={"base_url": base}) for n, p in procs.items() if n != "bare"}
         with ExitStack() as stack:
-            clients = {"direct": (stack.enter_context(httpx.Client(timeout=120)), f"{sim_url}/v1/chat/completions")}
+            clients = {"direct": (stack.enter_context(httpx.Client(timeout=120)), f"{sim_url}{path}")}
             for n, p in procs.items():
                 ca = p.confdir / "mitmproxy-ca-cert.pem" if n == "bare" else p.ca_bundle
                 clients[n] = (stack.enter_context(httpx.Client(proxy=p.url, verify=str(ca), timeout=120)), url)
-            if args.dialect != "chat":
-                clients["direct"] = (clients["direct"][0], f"{sim_url}/v1/messages")
 
             def send(n: str, payload: bytes, secret: str) -> str:
                 client, where = clients[n]
                 r = client.post(where, content=payload, headers={
-                    "authorization": f"Bearer {secret}", "x-api-key": secret, "anthropic-version": "2023-06-01",
+                    "authorization": f"Bearer {secret}", "x-api-key": secret, "x-goog-api-key": secret,
+                    "anthropic-version": "2023-06-01",
                     "content-type": "application/json"})
                 r.raise_for_status()
                 return answer_text(args.dialect, r.json())
