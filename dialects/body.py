@@ -312,6 +312,7 @@ def _scan_list(text: str, i: int, key: str, prefixes: Prefixes | None) -> tuple[
                 listing.nodes = entry.nodes[:len(entry.lead) + entry.marks[k - 1]]
                 listing.known = k
                 listing.generation = prefixes.generation
+                listing.source = entry
     ends, items = listing.ends, listing.items
     j = _skip(text, j)
     if not items:

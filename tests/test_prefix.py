@@ -241,6 +241,7 @@ def test_a_claude_code_loop_parses_only_its_new_messages(tmp_path, monkeypatch):
             # the element that lost its marker, the reply restated and its follow-up
             assert a.listed.known == len(messages) - 3 and fast_parsed == 3, (k, a.listed.known, fast_parsed)
         messages = messages + [reply_body, follow]
+        assert len(fast.rec.prefixes) == 1  # the history's text once, not once per turn
     assert graph_of(fast.rec) == graph_of(full.rec)
     assert len(fast.rec.trace.branches) == 1
     fast.close(), full.close()
@@ -293,6 +294,9 @@ def test_a_sub_agent_in_between_does_not_cost_the_main_loop_its_history(tmp_path
     p = s.turn(claude_body(main, 7), Message(role="assistant", content="r7"))
     assert p.listed.known == len(main) - 3 and len(parsed) == 3
     assert len(s.rec.trace.branches) == 2  # the main loop's and the sub-agent's
+    # The main loop's history once, the sub-agent's list for its next request, and the main
+    # loop's first request (its one element carried the marker, so nothing restates it).
+    assert sorted(len(e.ends) for e in s.rec.prefixes._entries) == [1, 1, len(main)]
     s.close()
 
 

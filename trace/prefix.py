@@ -64,6 +64,7 @@ class Listed:
     lead_known: tuple[Message, ...] = ()
     nodes: list[int] = field(default_factory=list)
     generation: int = 0
+    source: _Entry | None = None  # the remembered list the known elements came from
 
     @property
     def complete(self) -> bool:
@@ -131,8 +132,12 @@ class Prefixes:
             return
         entry = _Entry(listed.text[listed.start:listed.start + listed.ends[-1]], listed.ends,
                        listed.items, listed.marks, messages[lead:], tuple(messages[:lead]), list(nodes))
-        # A request the new one extends is superseded by it.
-        kept = tuple(e for e in self._entries if not entry.text.startswith(e.text))
+        # A request the new one extends is superseded by it, and so is the one it was read
+        # from when it restates all of that one but the last element (the element Claude Code
+        # took its marker from): kept, every turn of such a loop would hold a copy of the
+        # whole history until ENTRIES of them are.
+        source = listed.source if listed.source is not None and listed.known >= len(listed.source.ends) - 1 else None
+        kept = tuple(e for e in self._entries if e is not source and not entry.text.startswith(e.text))
         self._entries = (kept + (entry,))[-ENTRIES:]
 
     def clear(self) -> None:
