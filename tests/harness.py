@@ -228,3 +228,28 @@ def check_strict(sim: ProviderSimulator) -> None:
     assert not sim.refusals(), [(r.json.get("model"), r.refusal) for r in sim.refusals()]
     for r in sim.model_requests():
         assert strict.check(r.route, r.json, sim.refuse, frame=r.transport == "websocket") is None, r.json
+
+
+def check_history_recognised(requests: list[RequestRecord], dialect, key: str) -> None:
+    """A harness's own bytes, as the simulator saw them (a session whose overrides leave the
+    message list alone forwards its text as sent): each request after the first is
+    recognised up to where the previous one's list stops matching (the whole of it, or all
+    but the element a cache_control marker moved off), and what is recognised parses as a
+    full parse does (trace/prefix.py)."""
+    from interceptor.addons.rewrite import prepare
+    from interceptor.addons.session import SessionConfig
+    from interceptor.trace.prefix import Prefixes
+
+    prefixes = Prefixes()
+    previous = None
+    for r in requests:
+        path = r.path.split("?")[0]
+        fast = prepare(r.body, dialect, "model", SessionConfig(), path, prefixes=prefixes)
+        full = prepare(r.body, dialect, "model", SessionConfig(), path)
+        assert fast.refusal is None and fast.request == full.request and fast.listed.lead == 1
+        if previous is not None:
+            items = r.json[key]
+            same = next((j for j, (a, b) in enumerate(zip(previous, items)) if a != b), min(len(previous), len(items)))
+            assert same and fast.listed.known == same, (fast.listed.known, same, len(previous))
+        prefixes.remember(fast.listed, fast.request.messages, list(range(len(fast.request.messages))))
+        previous = r.json[key]

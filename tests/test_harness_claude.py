@@ -10,10 +10,12 @@ import uuid
 import pytest
 
 from harness import (
-    FINAL, PROMPT, SESSIONS, TOOL_OUTPUT, check_ran, check_retried_529, check_sim_saw_only_the_session,
+    FINAL, PROMPT, SESSIONS, TOOL_OUTPUT, check_history_recognised, check_ran, check_retried_529,
+    check_sim_saw_only_the_session,
     check_strict, check_task_trace, check_unknown_secret_fails, node_harness, run_harness, trace_of,
 )
 from harness import hproxy, hsim, sim  # noqa: F401 (this module's fixtures)
+from interceptor.dialects import ANTHROPIC
 from provider import Reply, ToolCall
 
 SESSION = {"model": "claude-session-model",
@@ -84,28 +86,6 @@ def check_thinking_kept_or_explained(bodies: list[dict], trace, thinking: dict |
             assert body["thinking"] == (thinking or body["thinking"]) == call.sampling.thinking
 
 
-def check_history_recognised(requests) -> None:
-    """Claude Code's own bytes (a session that changes nothing forwards them as sent): each
-    request after the first is recognised up to the element its cache_control marker moved
-    off, and what is recognised parses as a full parse does (trace/prefix.py)."""
-    from interceptor.addons.rewrite import prepare
-    from interceptor.addons.session import SessionConfig
-    from interceptor.dialects import ANTHROPIC
-    from interceptor.trace.prefix import Prefixes
-
-    prefixes = Prefixes()
-    previous = None
-    for r in requests:
-        fast = prepare(r.body, ANTHROPIC, "model", SessionConfig(), "/v1/messages", prefixes=prefixes)
-        full = prepare(r.body, ANTHROPIC, "model", SessionConfig(), "/v1/messages")
-        assert fast.request == full.request and fast.listed.lead == 1
-        if previous is not None:
-            assert fast.listed.known == len(previous["messages"]) - 1, (fast.listed.known, len(previous["messages"]))
-        messages = fast.request.messages
-        prefixes.remember(fast.listed, messages, list(range(len(messages))))
-        previous = r.json
-
-
 def _edits(body: dict) -> list[str]:
     return [e.get("type") for e in (body.get("context_management") or {}).get("edits") or []]
 
@@ -127,7 +107,7 @@ def test_claude_code_against_strict_mode(hproxy, sim, claude, tmp_path, name):
         # Claude Code's own request, untouched: no override, so its bytes went out as sent.
         assert keys == [[], []]
         assert all(b["thinking"]["type"] == "adaptive" and "clear_thinking_20251015" in _edits(b) for b in bodies)
-        check_history_recognised(sim.model_requests())
+        check_history_recognised(sim.model_requests(), ANTHROPIC, "messages")
     elif name == "model":
         assert all(b["model"] == "x" for b in bodies)
         assert keys[0] == [("model", "session")]

@@ -9,11 +9,12 @@ import uuid
 import pytest
 
 from harness import (
-    FINAL, PROMPT, SECRET_PREFIX, TOOL_OUTPUT, check_ran, check_task_trace, check_unknown_secret_fails,
-    node_harness, run_harness, trace_of,
+    FINAL, PROMPT, SECRET_PREFIX, TOOL_OUTPUT, check_history_recognised, check_ran, check_task_trace,
+    check_unknown_secret_fails, node_harness, run_harness, trace_of,
 )
 from harness import hproxy, hsim, sim  # noqa: F401 (this module's fixtures)
 from conftest import REAL_KEY
+from interceptor.dialects import GEMINI
 from provider import Reply, ToolCall
 
 SESSION = {"model": "gemini-session-model", "sampling": {"temperature": 0.2, "max_tokens": 2048}}
@@ -59,6 +60,7 @@ def test_gemini_cli_runs_a_tool_task_through_the_proxy(hproxy, sim, gemini, tmp_
     check_task_trace(trace, turns=2, tool="run_shell_command")
     assert all(c.dialect == "gemini" and c.model == SESSION["model"] for c in trace.calls)
     assert all(c.requested_model == "gemini-2.5-flash" for c in trace.calls)
+    check_history_recognised(sim.model_requests(), GEMINI, "contents")
 
 
 def test_gemini_cli_retries_a_429_and_the_graph_has_one_turn(hproxy, sim, gemini, tmp_path):
