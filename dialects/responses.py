@@ -38,6 +38,7 @@ from interceptor.dialects.common import (
     url_part,
 )
 from interceptor.dialects.sse import SSEEvent
+from interceptor.trace.prefix import Listed
 from interceptor.trace.messages import (
     FinishReason,
     Message,
@@ -174,8 +175,11 @@ def _output_content(output: Any) -> str | list[Part]:
     return [other_part(output)] if isinstance(output, dict) else ""
 
 
-def _items(items: list[dict[str, Any]]) -> tuple[list[Message], list[Tool], list[float] | None]:
-    """Input or output items -> canonical messages (and tools from ``additional_tools``)."""
+def _items(items: list[dict[str, Any]], marks: list[int] | None = None
+           ) -> tuple[list[Message], list[Tool], list[float] | None]:
+    """Input or output items -> canonical messages (and tools from ``additional_tools``).
+    ``marks`` gets, per item, how many messages the items so far made (a run's assistant
+    message counts at the item that closes it, or at the last item)."""
     messages: list[Message] = []
     tools: list[Tool] = []
     turn = _Turn()
@@ -214,8 +218,21 @@ def _items(items: list[dict[str, Any]]) -> tuple[list[Message], list[Tool], list
                                     content=_output_content(item.get("output"))))
         else:
             turn.add(item, kind)
+        if marks is not None:
+            marks.append(len(messages))
     flush()
+    if marks:
+        marks[-1] = len(messages)
     return messages, tools, logprobs
+
+
+def _closes(item: Any) -> bool:
+    """Whether ``_items`` has emitted every message of the items up to and including this
+    one once it is read (it ends any run of assistant items): where a known prefix of the
+    input can stop, since a run's message depends on the items after it."""
+    kind = item.get("type") or ("message" if "role" in item else "")
+    return ((kind == "message" and item.get("role") != "assistant") or kind == "configuration_update"
+            or (kind.endswith("_output") and "call_id" in item))
 
 
 def _tools(tool: dict[str, Any], namespace: str | None = None) -> list[Tool]:
@@ -474,6 +491,9 @@ class ResponsesDialect(OpenAIDialect):
     # secret); a host that receives a secret must be intercepted, so it is answered locally.
     hosts = ("api.openai.com", "chatgpt.com")
     key_variables = ("OPENAI_API_KEY", "CODEX_API_KEY")
+    # After the instructions; known items are used up to the last that closes a run of
+    # assistant items (parse_request), since such a run is one message.
+    message_list = "input"
     # vLLM's own /v1/responses returns the prompt and the output as token ids when asked
     # (``enable_response_messages``: ``input_messages`` / ``output_messages`` of
     # ``raw_message_tokens``, ResponseRawMessageAndToken in
@@ -506,13 +526,28 @@ class ResponsesDialect(OpenAIDialect):
     def request_body(self, request: Request) -> dict[str, Any]:
         return _native_request(request)
 
-    def parse_request(self, body: dict[str, Any]) -> Request:
+    def parse_request(self, body: dict[str, Any], listed: Listed | None = None) -> Request:
         messages: list[Message] = []
         if body.get("instructions"):
             messages.append(Message(role="system", content=_content(body["instructions"])))
         raw = body.get("input")
         items = [{"type": "message", "role": "user", "content": raw}] if isinstance(raw, str) else raw or []
-        converted, more_tools, _ = _items(items)
+        k = 0
+        if listed is not None and listed.items is items and len(listed.marks) == listed.known:
+            # The known items are used up to the last one that closes a run (``_closes``):
+            # a run's one assistant message may go on in the items after it.
+            k = listed.known
+            while k and not _closes(items[k - 1]):
+                k -= 1
+            listed.keep(k)
+            messages += listed.messages
+        marks: list[int] | None = [] if listed is not None and listed.items is items else None
+        converted, more_tools, _ = _items(items[k:] if k else items, marks)
+        if k:
+            more_tools[:0] = [t for item in items[:k] if item.get("type") == "additional_tools"
+                              for tool in item.get("tools") or [] for t in _tools(tool)]
+        if marks is not None:
+            listed.marks += [len(listed.messages) + m for m in marks]
         messages += converted
         tools = [t for tool in body.get("tools") or [] for t in _tools(tool)]
         return Request(

@@ -15,15 +15,17 @@ from hypothesis import strategies as st
 import interceptor.dialects.anthropic as anthropic
 import interceptor.dialects.chat as chat
 import interceptor.dialects.gemini as gemini
+import interceptor.dialects.responses as responses
 from interceptor.addons.rewrite import prepare
 from interceptor.addons.session import SessionConfig
-from interceptor.dialects import ANTHROPIC, CHAT, GEMINI
+from interceptor.dialects import ANTHROPIC, CHAT, GEMINI, RESPONSES
 from interceptor.dialects.body import parse_body
 from interceptor.trace import Message, ModelCall, Recorder, Response, Store, Usage
 from interceptor.trace.prefix import Prefixes
 
 PATH = "/v1/chat/completions"
-PATHS = {"chat": PATH, "anthropic": "/v1/messages", "gemini": "/v1beta/models/gemini-2.5-pro:generateContent"}
+PATHS = {"chat": PATH, "anthropic": "/v1/messages", "gemini": "/v1beta/models/gemini-2.5-pro:generateContent",
+         "responses": "/v1/responses"}
 
 
 def reply_of(k: int) -> dict:
@@ -363,3 +365,68 @@ def test_any_gemini_history_edit_gives_what_a_full_parse_gives(tmp_path_factory,
 
     check_edits(tmp_path_factory.mktemp("g"), GEMINI, steps, [{"role": "user", "parts": [{"text": "u0"}]}],
                 lambda items, n, system: gemini_body(items, system), lambda x: gemini_turn(x)[x % 2], turn)
+
+
+
+# -- Responses: a run of assistant items (reasoning, calls, a message) is one message --
+
+def responses_turn(k: int) -> tuple[list[dict], list[dict]]:
+    """The reply's output items and the input items that answer them: a reasoning item and
+    two calls answered by their outputs, or a message answered by the user."""
+    if k % 2:
+        return ([{"type": "reasoning", "id": f"rs_{k}", "summary": [], "encrypted_content": f"enc{k}"},
+                 {"type": "function_call", "call_id": f"c{k}a", "name": "shell", "arguments": f'{{"cmd": "ls {k}"}}'},
+                 {"type": "function_call", "call_id": f"c{k}b", "name": "shell", "arguments": "{}"}],
+                [{"type": "function_call_output", "call_id": f"c{k}a", "output": f"out {k}"},
+                 {"type": "function_call_output", "call_id": f"c{k}b", "output": "ok"}])
+    return ([{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": f"answer {k}"}]}],
+            [{"role": "user", "content": f"next {k}"}])
+
+
+def responses_body(items: list[dict], n: int = 0, system: str = "You are an agent.") -> dict:
+    return {"model": "gpt-5", "instructions": system, "input": items, "stream": True, "store": False}
+
+
+def test_an_agent_loop_over_responses_parses_only_its_new_items(tmp_path, monkeypatch):
+    """Codex's tools as an input item, then turns: each request reads only the reply's items
+    and what answers them; the tools the known items carry are the request's still."""
+    parsed = []
+    original = responses._items
+    monkeypatch.setattr(responses, "_items", lambda items, marks=None: parsed.extend(items) or original(items, marks))
+    fast = Session(tmp_path / "fast.msgpack", True, RESPONSES)
+    full = Session(tmp_path / "full.msgpack", False, RESPONSES)
+    items = [{"type": "additional_tools", "tools": [{"type": "function", "name": "shell", "parameters": {}}]},
+             {"role": "user", "content": "fix the bug"}]
+    for k in range(20):
+        output, follow = responses_turn(k)
+        reply = RESPONSES.parse_response({"status": "completed", "output": output}).message
+        parsed.clear()
+        a = fast.turn(responses_body(items), reply)
+        if k:  # the last reply's items and what answers them
+            assert parsed == previous and a.listed.known == len(items) - len(previous)
+        b = full.turn(responses_body(items), reply)
+        assert a.request == b.request and a.body == b.body and [t.name for t in a.request.tools] == ["shell"]
+        assert a.listed.lead == 1 and a.listed.marks == b.listed.marks
+        previous = output + follow
+        items = items + previous
+    assert graph_of(fast.rec) == graph_of(full.rec)
+    assert len(fast.rec.trace.branches) == 1
+    fast.close(), full.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=edits)
+def test_any_responses_history_edit_gives_what_a_full_parse_gives(tmp_path_factory, steps):
+    """Edits that put a run's items next to other run items (so they are one message now)
+    or split a run: the known items stop where a run may go on."""
+
+    def turn(n: int) -> tuple[Message, list[dict]]:
+        output, follow = responses_turn(n)
+        return RESPONSES.parse_response({"status": "completed", "output": output}).message, output + follow
+
+    def edited(x: int) -> dict:
+        output, follow = responses_turn(x)
+        return (output + follow)[x % (len(output) + len(follow))]
+
+    check_edits(tmp_path_factory.mktemp("r"), RESPONSES, steps, [{"role": "user", "content": "u0"}],
+                responses_body, edited, turn)

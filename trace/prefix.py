@@ -66,6 +66,18 @@ class Listed:
     generation: int = 0
     source: _Entry | None = None  # the remembered list the known elements came from
 
+    def keep(self, k: int) -> None:
+        """Use only the first ``k`` known elements (a dialect whose element's messages may
+        depend on the elements after it stops where they cannot)."""
+        if k >= self.known:
+            return
+        lead = len(self.nodes) - len(self.messages)  # the nodes are the lead's, then the messages'
+        made = self.marks[k - 1] if k else 0
+        self.nodes = self.nodes[:lead + made] if k else []
+        self.messages = self.messages[:made]
+        self.marks = self.marks[:k]
+        self.known = k
+
     @property
     def complete(self) -> bool:
         """Whether every element's messages were counted (the request was parsed from this
