@@ -68,6 +68,13 @@ def graph_of(rec: Recorder):
     return [(n.parent, n.message, n.sampled) for n in rec.trace.nodes]
 
 
+def check_one_branch(fast: Session, full: Session) -> None:
+    """The recognising session's graph is the full parse's, one branch; both closed."""
+    assert graph_of(fast.rec) == graph_of(full.rec)
+    assert len(fast.rec.trace.branches) == 1
+    fast.close(), full.close()
+
+
 def test_a_growing_conversation_parses_only_its_new_messages(tmp_path, monkeypatch):
     parsed = []
     original = chat._message
@@ -89,9 +96,7 @@ def test_a_growing_conversation_parses_only_its_new_messages(tmp_path, monkeypat
             assert a.listed.known == len(messages) - 2 and fast_parsed == 2, (k, fast_parsed)
             assert len(parsed) == len(messages)
         messages = messages + [reply_of(k), follow_up(k, reply_of(k))]
-    assert graph_of(fast.rec) == graph_of(full.rec)
-    assert len(fast.rec.trace.branches) == 1
-    fast.close(), full.close()
+    check_one_branch(fast, full)
 
 
 # Histories of a few messages, each request sent with one of three spacings, possibly with
@@ -244,9 +249,7 @@ def test_a_claude_code_loop_parses_only_its_new_messages(tmp_path, monkeypatch):
             assert a.listed.known == len(messages) - 3 and fast_parsed == 3, (k, a.listed.known, fast_parsed)
         messages = messages + [reply_body, follow]
         assert len(fast.rec.prefixes) == 1  # the history's text once, not once per turn
-    assert graph_of(fast.rec) == graph_of(full.rec)
-    assert len(fast.rec.trace.branches) == 1
-    fast.close(), full.close()
+    check_one_branch(fast, full)
 
 
 def test_a_new_system_prompt_keeps_the_parse_but_not_the_nodes(tmp_path):
@@ -348,9 +351,7 @@ def test_a_gemini_cli_loop_parses_only_its_new_messages(tmp_path, monkeypatch):
             tools = [m for m in a.request.messages if m.role == "tool"]
             assert not any("unpaired" in m.tool_call_id for m in tools)
         contents = contents + [model, follow]
-    assert graph_of(fast.rec) == graph_of(full.rec)
-    assert len(fast.rec.trace.branches) == 1
-    fast.close(), full.close()
+    check_one_branch(fast, full)
 
 
 @settings(max_examples=60, deadline=None)
@@ -409,9 +410,7 @@ def test_an_agent_loop_over_responses_parses_only_its_new_items(tmp_path, monkey
         assert a.listed.lead == 1 and a.listed.marks == b.listed.marks
         previous = output + follow
         items = items + previous
-    assert graph_of(fast.rec) == graph_of(full.rec)
-    assert len(fast.rec.trace.branches) == 1
-    fast.close(), full.close()
+    check_one_branch(fast, full)
 
 
 @settings(max_examples=60, deadline=None)
