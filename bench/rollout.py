@@ -1,6 +1,6 @@
 """A growing rollout, turn by turn: does the proxy's cost per turn grow with the history?
 
-    .venv/bin/python bench/rollout.py [--turns 300] [--chunk 570] [--before REV] [--dialect anthropic|gemini]
+    .venv/bin/python bench/rollout.py [--turns 300] [--chunk 570] [--before REV] [--dialect anthropic|gemini|responses]
 
 One Chat Completions conversation of ``--turns`` turns, each restating the whole history and
 adding a ``--chunk``-character user message and reply (300 x 2 x 570 characters: the last
@@ -10,7 +10,8 @@ alike. ``--dialect anthropic`` sends the same conversation as Claude Code sends 
 the Messages API: a system prompt opened by a billing header that changes every request, and
 the ``cache_control`` marker on the newest block only, so the message that carried it is
 restated without it every turn; ``--dialect gemini`` as Gemini CLI sends it to
-``generateContent``.
+``generateContent``; ``--dialect responses`` as a Responses client that restates its whole
+input (``store: false``; the openai-agents SDK's default) does.
 
 - ``direct``: to the simulator, no proxy (the latency floor);
 - ``bare``: bare mitmdump, TLS intercepted for api.openai.com and mapped to the simulator
@@ -62,7 +63,8 @@ from interceptor.trace import read_trace  # noqa: E402
 
 MODEL = "gpt-4o-bench"  # what each proxy session imposes
 URLS = {"chat": "https://api.openai.com/v1/chat/completions", "anthropic": "https://api.anthropic.com/v1/messages",
-        "gemini": "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-pro:generateContent"}
+        "gemini": "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-pro:generateContent",
+        "responses": "https://api.openai.com/v1/responses"}
 
 
 def request_body(dialect: str, messages: list[dict], k: int) -> bytes:
@@ -71,6 +73,11 @@ def request_body(dialect: str, messages: list[dict], k: int) -> bytes:
     if dialect == "chat":
         return json.dumps({"model": "gpt-4o", "messages": messages}).encode()
     system, *rest = messages
+    if dialect == "responses":
+        return json.dumps({"model": "gpt-5", "instructions": system["content"], "store": False, "input": [
+            {"role": m["role"], "content": m["content"]} if m["role"] == "user" else
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": m["content"]}]}
+            for m in rest]}).encode()
     if dialect == "gemini":
         return json.dumps({"systemInstruction": {"parts": [{"text": system["content"]}]},
                            "contents": [{"role": "model" if m["role"] == "assistant" else "user",
@@ -86,6 +93,9 @@ def request_body(dialect: str, messages: list[dict], k: int) -> bytes:
 def answer_text(dialect: str, body: dict) -> str:
     if dialect == "gemini":
         return "".join(p.get("text", "") for p in body["candidates"][0]["content"]["parts"])
+    if dialect == "responses":
+        return "".join(c.get("text", "") for item in body["output"] if item.get("type") == "message"
+                       for c in item["content"])
     return body["choices"][0]["message"]["content"] if dialect == "chat" else body["content"][0]["text"]
 
 
