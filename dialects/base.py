@@ -158,12 +158,12 @@ class Dialect(ABC):
     #: The body keys ``collect_tokens`` sets true on this route to get them, the token ids'
     #: first (addons/collect.py); they come back in fields the harness never asked for.
     token_keys: ClassVar[tuple[str, ...]] = ()
-    #: The body key of a message list whose elements each make one or more canonical
-    #: messages, parsed on their own and in order, after any messages from elsewhere in the
-    #: body (Chat's ``messages``; Anthropic's, after its ``system``): the history a request
-    #: restates is then recognised from its text and not parsed again (trace/prefix.py), and
-    #: ``parse_request`` gets the scan (``list_messages``). None where an element's messages
-    #: depend on another element (a tool result named by an earlier call).
+    #: The body key of the message list, whose elements make the canonical messages in order,
+    #: after any from elsewhere in the body (a system prompt): the history a request restates
+    #: is then recognised from its text and not parsed again (trace/prefix.py), and
+    #: ``parse_request`` gets the scan. An element is read on its own or with the one before
+    #: it (``list_messages``); a dialect whose elements' messages depend on later ones stops
+    #: the known part where they cannot (``Listed.keep``). None: every request parsed whole.
     message_list: ClassVar[str | None] = None
 
     # -- where it is spoken ------------------------------------------------------------

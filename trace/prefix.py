@@ -16,12 +16,15 @@ when an override touches the list, and an entry is remembered only from a list n
 touched), and nodes that no longer exist (a rolled-back turn, a released graph: ``clear``
 bumps ``generation``, and a scan from an older generation gives no nodes).
 
-Used for dialects whose list elements are parsed on their own, each into one or more
-canonical messages (``Dialect.message_list``): Chat Completions (one each) and Anthropic
-Messages (a user turn is one message per tool result and per run of other blocks). A
-dialect may put messages before the list's (Anthropic's ``system``): those are parsed every
-time, and the remembered nodes are used only when they are the same messages as when the
-list was remembered (the list's nodes hang under theirs). Imports nothing else of ours.
+Used for every dialect's message list (``Dialect.message_list``), whose elements each make
+zero or more canonical messages, counted in ``Listed.marks``: Chat Completions (one each),
+Anthropic Messages (a user turn is one message per tool result and per run of other
+blocks), Gemini (a user turn read with the model turn before it) and Responses (a run of
+assistant items is one message, so its known items stop where a run may go on:
+``Listed.keep``). A dialect may put messages before the list's (a system prompt): those are
+parsed every time, and the remembered nodes are used only when they are the same messages as
+when the list was remembered (the list's nodes hang under theirs). Imports nothing else of
+ours.
 """
 
 from __future__ import annotations
