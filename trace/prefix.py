@@ -90,7 +90,13 @@ class Listed:
 
 @dataclass(slots=True, frozen=True)
 class _Entry:
-    text: str  # the list's text from just after '[' to the end of its last element
+    """A remembered list. Its text (from just after the ``[`` to the end of its last
+    element) is kept as two strings, ``head`` up to the end of the element before the last
+    and ``last`` the rest, so that both the whole list and all of it but the last element
+    (the Claude Code turn's case) are compared without copying either out first."""
+
+    head: str
+    last: str
     ends: list[int]
     items: list[Any]
     marks: list[int]
@@ -112,7 +118,7 @@ class Prefixes:
         best: _Entry | None = None
         best_k = 0
         for entry in reversed(self._entries):  # tuple: safe against a concurrent replacement
-            if len(entry.ends) > best_k and text.startswith(entry.text, start):
+            if len(entry.ends) > best_k and _restates(text, start, entry):
                 best, best_k = entry, len(entry.ends)
         if best is not None or not self._entries:
             return best, best_k
@@ -122,17 +128,17 @@ class Prefixes:
         # may have come in between, so not only the newest).
         for entry in reversed(self._entries):
             k = len(entry.ends) - 1
-            if k > best_k and text.startswith(entry.text[:entry.ends[k - 1]], start):
+            if k > best_k and text.startswith(entry.head, start):
                 best, best_k = entry, k
         if best is not None:
             return best, best_k
         # Something earlier changed (a compaction, an edited message): the newest one's
-        # longest prefix of whole elements, by bisection (each probe is one compare).
+        # longest prefix of whole elements, by bisection (each probe is one compare, of a copy).
         entry = self._entries[-1]
-        lo, hi = 0, len(entry.ends) - 1  # the answer is in [lo, hi]: all of it did not match
+        lo, hi = 0, len(entry.ends) - 2  # the answer is in [lo, hi]: not even the head matched
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if text.startswith(entry.text[:entry.ends[mid - 1]], start):
+            if text.startswith(entry.head[:entry.ends[mid - 1]], start):
                 lo = mid
             else:
                 hi = mid - 1
@@ -145,14 +151,16 @@ class Prefixes:
         lead = listed.lead
         if not listed.complete or len(messages) != lead + listed.marks[-1] or len(nodes) != len(messages):
             return
-        entry = _Entry(listed.text[listed.start:listed.start + listed.ends[-1]], listed.ends,
+        start, ends = listed.start, listed.ends
+        cut = start + (ends[-2] if len(ends) > 1 else 0)
+        entry = _Entry(listed.text[start:cut], listed.text[cut:start + ends[-1]], ends,
                        listed.items, listed.marks, messages[lead:], tuple(messages[:lead]), list(nodes))
         # A request the new one extends is superseded by it, and so is the one it was read
         # from when it restates all of that one but the last element (the element Claude Code
         # took its marker from): kept, every turn of such a loop would hold a copy of the
         # whole history until ENTRIES of them are.
         source = listed.source if listed.source is not None and listed.known >= len(listed.source.ends) - 1 else None
-        kept = tuple(e for e in self._entries if e is not source and not entry.text.startswith(e.text))
+        kept = tuple(e for e in self._entries if e is not source and not _restates(listed.text, start, e))
         self._entries = (kept + (entry,))[-ENTRIES:]
 
     def clear(self) -> None:
@@ -162,6 +170,11 @@ class Prefixes:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _restates(text: str, start: int, entry: _Entry) -> bool:
+    """Whether the list at ``start`` in ``text`` begins with all of ``entry``'s text."""
+    return text.startswith(entry.head, start) and text.startswith(entry.last, start + len(entry.head))
 
 
 def touches(overrides: Iterable[Any], key: str) -> bool:
