@@ -145,7 +145,7 @@ def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, pat
     if kind == "model":
         try:
             listing = parsed.listed
-            out.request = dialect.parse_request(body, listing) if listing is not None else dialect.parse_request(body)
+            out.request = dialect.parse_request(body, listing)
             if listing is not None and listing.complete:  # the messages before the list's
                 listing.lead = len(out.request.messages) - listing.marks[-1]
             if out.request.model is None and out.requested_model:  # a dialect with the model in the path

@@ -133,6 +133,11 @@ class Frames(Protocol):
     def flush(self) -> list[SSEEvent]: ...
 
 
+#: What ``Dialect.list_messages`` tells an element of the one before it: that element and the
+#: canonical messages it made.
+Before = tuple[Any, list[Message]]
+
+
 class Dialect(ABC):
     """One wire format, whole: where it is spoken (hosts, routes), how a harness
     authenticates and how the real key is sent, where the model lives, how it streams and
@@ -242,23 +247,25 @@ class Dialect(ABC):
 
     @staticmethod
     def list_messages(items: list[Any], listed: Listed | None,
-                      element: Callable[[Any, Any], list[Message]]) -> list[Message]:
+                      element: Callable[[Any, Before | None], list[Message]]) -> list[Message]:
         """The canonical messages of a ``message_list``'s ``items``: the known leading
         elements' from ``listed``, each other one's from ``element(item, before)`` (its
-        messages, read from it and the element before it, None for the first: Gemini pairs a
-        function response with the model turn before it). Counts them into ``listed.marks``
-        (trace/prefix.py), so the list can be remembered. A ``listed`` that is not these
-        items' scan is ignored."""
+        messages, read from it and, for Gemini, which pairs a function response with the
+        model turn before it, from ``before``: the element before it and the messages that
+        one made; None for the first). Counts them into ``listed.marks`` (trace/prefix.py), so
+        the list can be remembered. A ``listed`` that is not these items' scan is ignored."""
         out: list[Message] = []
-        if listed is None or listed.items is not items or len(listed.marks) != listed.known:
-            for j, item in enumerate(items):
-                out += element(item, items[j - 1] if j else None)
-            return out
-        out += listed.messages
-        marks = listed.marks
-        for j in range(listed.known, len(items)):
-            out += element(items[j], items[j - 1] if j else None)
-            marks.append(len(out))
+        usable = listed is not None and listed.items is items and len(listed.marks) == listed.known
+        k = listed.known if usable else 0
+        made: list[Message] = []
+        if k:
+            out += listed.messages
+            made = listed.messages[listed.marks[k - 2] if k > 1 else 0:]  # the last known element's
+        for j in range(k, len(items)):
+            made = element(items[j], (items[j - 1], made) if j else None)
+            out += made
+            if usable:
+                listed.marks.append(len(out))
         return out
 
     def request_body(self, request: Request) -> dict[str, Any]:

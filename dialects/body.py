@@ -308,7 +308,6 @@ def _scan_list(text: str, i: int, key: str, prefixes: Prefixes | None) -> tuple[
                 listing.items = entry.items[:k]
                 listing.marks = entry.marks[:k]
                 listing.messages = entry.messages[:entry.marks[k - 1]]
-                listing.lead_known = entry.lead
                 listing.nodes = entry.nodes[:len(entry.lead) + entry.marks[k - 1]]
                 listing.known = k
                 listing.generation = prefixes.generation

@@ -41,7 +41,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from interceptor.dialects.base import Mediation, Override, RouteKind, drop, header
+from interceptor.dialects.base import Before, Mediation, Override, RouteKind, drop, header
 from interceptor.dialects.common import (
     REMOVED_PART,
     notice_first_user,
@@ -203,11 +203,10 @@ def _text_parts(parts: list[dict[str, Any]]) -> str | list[Part]:
     return out
 
 
-def _model_message(parts: list[dict[str, Any]], wire_ids: dict[str, str] | None = None) -> Message:
+def _model_message(parts: list[dict[str, Any]]) -> Message:
     """A ``model`` turn: text is content, ``thought`` parts are reasoning (consecutive ones
     are one, whatever the stream's split), a signature on any other part travels with it
     (on its call, or as signature-only reasoning), ``functionCall`` parts are tool calls."""
-    wire_ids = {} if wire_ids is None else wire_ids  # the wire id of a call -> its canonical id
     content: list[Part] = []
     reasoning: list[Reasoning] = []
     calls: list[ToolCall] = []
@@ -225,7 +224,7 @@ def _model_message(parts: list[dict[str, Any]], wire_ids: dict[str, str] | None 
                 thought_open = True
             continue
         thought_open = False
-        if isinstance(p.get("functionCall"), dict):
+        if _is_call(p):
             fc = p["functionCall"]
             name, args = str(fc.get("name") or ""), fc.get("args") or {}
             key = canonical_json([name, args])
@@ -233,8 +232,6 @@ def _model_message(parts: list[dict[str, Any]], wire_ids: dict[str, str] | None 
             extra = {"thoughtSignature": signature} if signature else None
             calls.append(ToolCall(id=_call_id(name, args, rank), name=name,
                                   arguments=json.dumps(args, ensure_ascii=False), extra=extra))
-            if fc.get("id"):
-                wire_ids[str(fc["id"])] = calls[-1].id
             continue
         if signature:
             reasoning.append(Reasoning(signature=signature))
@@ -282,18 +279,26 @@ def _user_messages(parts: list[dict[str, Any]], answered: list[ToolCall], wire_i
     return out
 
 
-def _element(content: dict[str, Any], before: Any) -> list[Message]:
+def _element(content: dict[str, Any], before: Before | None) -> list[Message]:
     """A ``contents`` element's canonical messages (``Dialect.list_messages``): a model turn
     on its own; a user turn's function responses paired with the calls of the model turn
-    right before it, if that is one (read again here: it is one element, not the history)."""
+    right before it, if that is one (its message's calls, and their wire ids from its parts)."""
     parts = content.get("parts") or []
     if content.get("role") == "model":
         return [_model_message(parts)]
-    wire_ids: dict[str, str] = {}
     answered: list[ToolCall] = []
-    if isinstance(before, dict) and before.get("role") == "model":
-        answered = list(_model_message(before.get("parts") or [], wire_ids).tool_calls)
+    wire_ids: dict[str, str] = {}
+    if before is not None and isinstance(before[0], dict) and before[0].get("role") == "model" and before[1]:
+        answered = list(before[1][0].tool_calls)
+        calls = [p["functionCall"] for p in before[0].get("parts") or [] if _is_call(p)]
+        # the wire id of a call -> its canonical id; the parts make the calls one for one, in order
+        wire_ids = {str(fc["id"]): call.id for fc, call in zip(calls, answered) if fc.get("id")}
     return _user_messages(parts, answered, wire_ids)
+
+
+def _is_call(part: dict[str, Any]) -> bool:
+    """A part ``_model_message`` makes a tool call of (a thought part never is one)."""
+    return not part.get("thought") and isinstance(part.get("functionCall"), dict)
 
 
 def _tools(tool: dict[str, Any]) -> list[Tool]:

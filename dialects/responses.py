@@ -194,7 +194,7 @@ def _items(items: list[dict[str, Any]], marks: list[int] | None = None
             turn = _Turn()
 
     for item in items:
-        kind = item.get("type") or ("message" if "role" in item else "")
+        kind = _kind(item)
         role = item.get("role")
         if kind == "message" and role != "assistant":
             flush()
@@ -226,11 +226,16 @@ def _items(items: list[dict[str, Any]], marks: list[int] | None = None
     return messages, tools, logprobs
 
 
+def _kind(item: dict[str, Any]) -> str:
+    """An input item's type; a bare ``{"role", "content"}`` is a message."""
+    return item.get("type") or ("message" if "role" in item else "")
+
+
 def _closes(item: Any) -> bool:
     """Whether ``_items`` has emitted every message of the items up to and including this
     one once it is read (it ends any run of assistant items): where a known prefix of the
     input can stop, since a run's message depends on the items after it."""
-    kind = item.get("type") or ("message" if "role" in item else "")
+    kind = _kind(item)
     return ((kind == "message" and item.get("role") != "assistant") or kind == "configuration_update"
             or (kind.endswith("_output") and "call_id" in item))
 
@@ -532,8 +537,11 @@ class ResponsesDialect(OpenAIDialect):
             messages.append(Message(role="system", content=_content(body["instructions"])))
         raw = body.get("input")
         items = [{"type": "message", "role": "user", "content": raw}] if isinstance(raw, str) else raw or []
+        if listed is not None and (listed.items is not items or len(listed.marks) != listed.known):
+            listed = None  # not this input's scan (as Dialect.list_messages)
         k = 0
-        if listed is not None and listed.items is items and len(listed.marks) == listed.known:
+        marks: list[int] | None = None
+        if listed is not None:
             # The known items are used up to the last one that closes a run (``_closes``):
             # a run's one assistant message may go on in the items after it.
             k = listed.known
@@ -541,9 +549,9 @@ class ResponsesDialect(OpenAIDialect):
                 k -= 1
             listed.keep(k)
             messages += listed.messages
-        marks: list[int] | None = [] if listed is not None and listed.items is items else None
-        converted, more_tools, _ = _items(items[k:] if k else items, marks)
-        if k:
+            marks = []
+        converted, more_tools, _ = _items(items[k:], marks)
+        if k:  # the known items' tools, as _items would have read them
             more_tools[:0] = [t for item in items[:k] if item.get("type") == "additional_tools"
                               for tool in item.get("tools") or [] for t in _tools(tool)]
         if marks is not None:
@@ -571,7 +579,7 @@ class ResponsesDialect(OpenAIDialect):
             return slots + [Slot(("input",))]
         pending = False
         for k, item in enumerate(raw or []):
-            kind = item.get("type") or ("message" if "role" in item else "")
+            kind = _kind(item)
             if (kind == "message" and item.get("role") != "assistant") or (kind.endswith("_output") and "call_id" in item):
                 if pending:
                     slots.append(None)

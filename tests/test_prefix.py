@@ -317,9 +317,11 @@ def gemini_turn(k: int) -> tuple[dict, dict]:
                     {"functionCall": {"name": "run", "args": {"cmd": f"ls {k}"}}}]},
                 {"role": "user", "parts": [{"functionResponse": {"name": "run", "response": {"out": f"a{k}"}}},
                                            {"functionResponse": {"name": "run", "response": {"out": f"b{k}"}}}]})
-    if k % 3 == 2:
-        return ({"role": "model", "parts": [{"functionCall": {"id": f"w{k}", "name": "read", "args": {"p": k}}}]},
-                {"role": "user", "parts": [{"functionResponse": {"id": f"w{k}", "name": "read", "response": {"x": k}}},
+    if k % 3 == 2:  # answered out of order: only the wire ids pair them right
+        return ({"role": "model", "parts": [{"functionCall": {"id": f"w{k}a", "name": "read", "args": {"p": k}}},
+                                            {"functionCall": {"id": f"w{k}b", "name": "read", "args": {"p": -k}}}]},
+                {"role": "user", "parts": [{"functionResponse": {"id": f"w{k}b", "name": "read", "response": {"x": -k}}},
+                                           {"functionResponse": {"id": f"w{k}a", "name": "read", "response": {"x": k}}},
                                            {"text": f"and {k}"}]})
     return {"role": "model", "parts": [{"text": f"answer {k}"}]}, {"role": "user", "parts": [{"text": f"next {k}"}]}
 
@@ -350,6 +352,9 @@ def test_a_gemini_cli_loop_parses_only_its_new_messages(tmp_path, monkeypatch):
             assert a.listed.known == len(contents) - 2 and fast_parsed == 2, (k, a.listed.known, fast_parsed)
             tools = [m for m in a.request.messages if m.role == "tool"]
             assert not any("unpaired" in m.tool_call_id for m in tools)
+            if k % 3 == 0:  # the last model turn was answered out of order, by wire id
+                calls = a.request.messages[-4].tool_calls
+                assert [m.tool_call_id for m in a.request.messages[-3:-1]] == [calls[1].id, calls[0].id]
         contents = contents + [model, follow]
     check_one_branch(fast, full)
 

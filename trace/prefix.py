@@ -49,10 +49,10 @@ class Listed:
     for the elements it parses), and ``lead`` how many of the request's messages come before
     the list's (set by Rewrite once the request is parsed).
 
-    The first ``known`` elements were recognised from an earlier request: their canonical
-    ``messages`` come from it, and so, when ``generation`` is still current and the request's
-    lead messages are ``lead_known`` (those the earlier request had), do the graph ``nodes``
-    of the lead and those messages.
+    The first ``known`` elements were recognised from an earlier request (``source``): their
+    canonical ``messages`` come from it, and so, when ``generation`` is still current and the
+    request's lead messages are ``lead_known`` (those the earlier request had), do the graph
+    ``nodes`` of the lead and those messages.
     """
 
     key: str
@@ -64,7 +64,6 @@ class Listed:
     lead: int = 0
     known: int = 0
     messages: list[Message] = field(default_factory=list)
-    lead_known: tuple[Message, ...] = ()
     nodes: list[int] = field(default_factory=list)
     generation: int = 0
     source: _Entry | None = None  # the remembered list the known elements came from
@@ -74,12 +73,17 @@ class Listed:
         depend on the elements after it stops where they cannot)."""
         if k >= self.known:
             return
-        lead = len(self.nodes) - len(self.messages)  # the nodes are the lead's, then the messages'
+        lead = len(self.lead_known)  # the nodes are the lead's, then the messages'
         made = self.marks[k - 1] if k else 0
         self.nodes = self.nodes[:lead + made] if k else []
         self.messages = self.messages[:made]
         self.marks = self.marks[:k]
         self.known = k
+
+    @property
+    def lead_known(self) -> tuple[Message, ...]:
+        """The messages before the list in the request the known elements came from."""
+        return self.source.lead if self.source is not None else ()
 
     @property
     def complete(self) -> bool:
