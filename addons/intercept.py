@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from interceptor.addons.hookrun import HookFailure, call, effective_request
-from interceptor.addons.memory import Chain, Remembered, digest, kept
+from interceptor.addons.memory import Chain, Handed, Remembered, digest, kept
 from interceptor.dialects.base import RewriteError, Slot
 from interceptor.trace.hooks import HookContext, HookSpec
 from interceptor.trace.ids import new_id
-from interceptor.trace.messages import Message, Request, message_hash
+from interceptor.trace.messages import Message, Request, copied, message_hash
 from interceptor.trace.model import Rewrite
 
 if TYPE_CHECKING:
@@ -56,51 +56,68 @@ def slots_of(ex: Exchange) -> list[Slot | None] | None:
 
 
 def _walk(ex: Exchange, messages: list[Message]) -> tuple[int, int | None]:
-    """The number of leading messages the graph holds, and the node of the last of them."""
+    """The number of leading messages the graph holds, and the node of the last of them:
+    those the request's scan knows are checked against their nodes (``Recorder.held_path``),
+    only the rest are looked up one by one."""
     recorder = ex.session.recorder
-    parent: int | None = None
-    for k, message in enumerate(messages):
-        node = recorder.child(parent, message)
+    path = recorder.held_path(ex.listed, messages)
+    parent = path[-1] if path else None
+    for k in range(len(path), len(messages)):
+        node = recorder.child(parent, messages[k])
         if node is None:
             return k, parent
         parent = node
     return len(messages), parent
 
 
-
-
 def remembered(ex: Exchange) -> None:
     """Splice every remembered replacement into a request that restates its original
-    (the module docstring). Runs no hook; cheap when the session remembers nothing."""
+    (the module docstring). Runs no hook; cheap when the session remembers nothing, and
+    a few dictionary lookups per message when it does: a tool result is looked up by its
+    call id first, another message by its hash first, and only a message that may be an
+    original has its chain made; the nodes come from the request's scan where it knows them
+    (each checked to be its message's child of the one before), else from the graph."""
     memory = ex.session.memory
     if not memory or ex.request is None:
         return
-    slots = slots_of(ex)
-    if slots is None:
-        return
     messages = list(ex.request.messages)
     recorder = ex.session.recorder
+    nodes = recorder.scan_path(ex.listed, messages) if memory.others else []
+    stored = recorder.trace.nodes
+    slots: list[Slot | None] | None = None
     parent: int | None = None
     tail: list[str] = []
-    stored = True  # every message so far is a node
+    on_graph = True  # every message so far is a node
     changed = False
     for i, message in enumerate(messages):
         h = message_hash(message) if memory.others else None
-        hit = memory.find(message, (parent, tuple(tail)), h) if slots[i] is not None else None
+        chain = (parent, tuple(tail)) if memory.may_hold(h) else None
+        hit = memory.find(message, chain, h) if i >= ex.prefix_len else None  # not one a chain took
         if hit is not None and hit not in ex.carried:
-            if hit.rewrite.position is None and not hit.recorded:
-                hit.rewrite.position = i  # a tool route's decision: where it is first delivered
-            message = messages[i] = _deliver(ex, slots[i], message, hit)
-            ex.carried.append(hit)
-            changed = True
+            slots = slots_of(ex) if slots is None else slots
+            if slots is None:
+                return  # a body nothing can be spliced into (nothing was changed yet)
+            if slots[i] is not None:
+                if hit.rewrite.position is None and not hit.recorded:
+                    hit.rewrite.position = i  # a tool route's decision: where it is first delivered
+                message = messages[i] = _deliver(ex, slots[i], message, hit)
+                ex.carried.append(hit)
+                changed = True
         if not memory.others:
             continue
-        node = recorder.child(parent, message) if stored else None
+        node = None
+        if on_graph:
+            known = nodes[i] if i < len(nodes) else None
+            if known is not None and stored[known].parent == parent and (
+                    stored[known].message is message or stored[known].message == message):
+                node = known
+            else:
+                node = recorder.child(parent, message)
         if node is not None:
             parent = node
         else:
-            stored = False
-            tail.append(message_hash(message))
+            on_graph = False
+            tail.append(message_hash(message))  # the delivered one's
     if changed:
         ex.request = ex.request.model_copy(update={"messages": messages})
 
@@ -121,8 +138,12 @@ def _deliver(ex: Exchange, slot: Slot, message: Message, hit: Remembered) -> Mes
         flag = None
         if message.content != hit.content:
             ex.edits += ex.dialect.content_edits(slot, ex.body, hit.content, None)
-    return message.model_copy(update={"content": hit.content,
-                                      "is_error": hit.is_error if flag is not None else message.is_error})
+    if hit.last is not None and hit.last[0] is message:
+        return hit.last[1]
+    delivered = message.model_copy(update={"content": hit.content,
+                                           "is_error": hit.is_error if flag is not None else message.is_error})
+    hit.last = (message, delivered)
+    return delivered
 
 
 def _decided(ex: Exchange, message: Message) -> bool:
@@ -165,14 +186,15 @@ def _check(spec: HookSpec, before: Request, after: Request, known: int) -> list[
 
 
 async def run_hooks(specs: tuple[HookSpec, ...], ctx: HookContext, request: Request,
-                    known: int) -> tuple[Request, dict[int, list[HookSpec]]]:
+                    known: int, handed: Handed | None = None) -> tuple[Request, dict[int, list[HookSpec]]]:
     """The request after every request hook in turn (each given a copy of the one before's
     result), and which hooks changed each message. HookFailure for a hook that raises or
-    breaks the contract (``known``: the messages before it may not change)."""
+    breaks the contract (``known``: the messages before it may not change). ``handed``: the
+    session's copies of its first ``known`` messages, reused (``Handed``)."""
     current = request
     changed_by: dict[int, list[HookSpec]] = {}
     for spec in specs:
-        given = current.model_copy(deep=True)
+        given, copies = _given(current, request, known, handed.by_hook.pop(spec.name, {}) if handed else {})
         result = await call(spec, ctx, given)
         if result is None:
             result = given
@@ -180,8 +202,32 @@ async def run_hooks(specs: tuple[HookSpec, ...], ctx: HookContext, request: Requ
             raise HookFailure(spec, f"a request hook returns a Request or None, not {type(result).__name__}")
         for i in _check(spec, current, result, known):
             changed_by.setdefault(i, []).append(spec)
+        if handed is not None:  # none of the stored messages changed: their copies are as made
+            handed.by_hook[spec.name] = copies
         current = result
     return current, changed_by
+
+
+def _given(current: Request, request: Request, known: int,
+           before: dict[int, tuple[Message, Message]]) -> tuple[Request, dict[int, tuple[Message, Message]]]:
+    """A copy of ``current`` for a hook, and the copies of ``request``'s first ``known``
+    messages in it by their message's id: ``before``'s where they are of the same message
+    object, new ones for the rest. ``current``'s first ``known`` messages are equal to
+    ``request``'s (a hook before that changed one failed)."""
+    copies: dict[int, tuple[Message, Message]] = {}
+    messages: list[Message] = []
+    for i, message in enumerate(current.messages):
+        if i >= known:
+            messages.append(copied(message))
+            continue
+        stored = request.messages[i]
+        held = before.get(id(stored))
+        copy = held[1] if held is not None and held[0] is stored else copied(stored)
+        copies[id(stored)] = (stored, copy)
+        messages.append(copy)
+    given = copied(current.model_copy(update={"messages": []}))
+    given.messages = messages
+    return given, copies
 
 
 async def rewrite(ex: Exchange, ctx: HookContext) -> None:
@@ -192,7 +238,8 @@ async def rewrite(ex: Exchange, ctx: HookContext) -> None:
     if request is None:
         return
     known, last = _walk(ex, request.messages)
-    current, changed_by = await run_hooks(ex.session.hooks.request, ctx, effective_request(ex), known)
+    current, changed_by = await run_hooks(ex.session.hooks.request, ctx, effective_request(ex), known,
+                                          ex.session.handed)
     todo = [i for i in sorted(changed_by) if (current.messages[i].content, current.messages[i].is_error)
             != (request.messages[i].content, request.messages[i].is_error) and not _decided(ex, request.messages[i])]
     if not todo:
@@ -255,8 +302,9 @@ def spliced(ex: Exchange) -> bytes | None:
     (each edit's path is into the body as the harness sent it)."""
     if not ex.edits or ex.parsed is None or ex.body is None:
         return None
+    fresh: set[int] = set()  # the containers copied on the way so far
     for edit in sorted(ex.edits, key=lambda e: (*e.path, *(e.run or ())), reverse=True):
-        edit.apply(ex.body)
+        edit.apply(ex.body, fresh)
     changed = {o.key.split(".", 1)[0] for o in ex.overrides}
     return ex.parsed.encode(changed, ex.edits)
 

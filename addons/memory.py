@@ -73,6 +73,10 @@ class Remembered:
     is_error: bool  # the delivered flag
     original_hash: str  # message_hash of the original: the plain key once the parent is a node
     recorded: bool = False
+    # The last original it was delivered for, and the message delivered: a restated
+    # original is the very object its request's scan remembered (trace/prefix.py), so every
+    # later turn's delivery is this message again, not a fresh copy.
+    last: tuple[Message, Message] | None = None
 
 
 @dataclass
@@ -83,6 +87,12 @@ class Memory:
     tools: dict[tuple[str, str, bool], Remembered] = field(default_factory=dict)
     others: dict[tuple[Chain, str], Remembered] = field(default_factory=dict)
     by_call: dict[str, Remembered] = field(default_factory=dict)  # the tool route's decisions
+    # The tool call ids ``tools`` holds a rewrite of: a restated tool result whose id is not
+    # here is no original of one, and is not digested to find out (every result of the
+    # history, every turn, was a sha256 of its content; issue 16).
+    _tool_ids: set[str] = field(default_factory=set, repr=False)
+    # The message hashes ``others`` holds a rewrite under, whatever the chain.
+    _other_hashes: set[str] = field(default_factory=set, repr=False)
 
     def __bool__(self) -> bool:
         return bool(self.tools or self.others or self.by_call)
@@ -94,20 +104,28 @@ class Memory:
         return (message.tool_call_id, digest(message.content)[0], message.is_error)
 
     def find(self, message: Message, chain: Chain, message_hash: str | None) -> Remembered | None:
-        key = self.tool_key(message)
-        if key is not None:
-            decided = self.by_call.get(key[0]) if self.by_call else None
-            return decided if decided is not None else self.tools.get(key)
-        if message_hash is None or not self.others:
+        if message.role == "tool" and message.tool_call_id:
+            decided = self.by_call.get(message.tool_call_id) if self.by_call else None
+            if decided is not None or message.tool_call_id not in self._tool_ids:
+                return decided
+            return self.tools.get(self.tool_key(message))
+        if not self.may_hold(message_hash):
             return None
         return self.others.get((chain, message_hash))
+
+    def may_hold(self, message_hash: str | None) -> bool:
+        """Whether a message (not a tool result) of this hash may be a rewrite's original:
+        only then is its chain worth working out."""
+        return message_hash is not None and message_hash in self._other_hashes
 
     def remember(self, original: Message, chain: Chain, original_hash: str, entry: Remembered) -> None:
         key = self.tool_key(original)
         if key is not None:
             self.tools[key] = entry
+            self._tool_ids.add(key[0])
         else:
             self.others[(chain, original_hash)] = entry
+            self._other_hashes.add(original_hash)
 
     def settle(self, entries: list[Remembered], trace: Trace) -> None:
         """After a commit: a message keyed by a chain is now a node, so its plain key is
@@ -118,3 +136,21 @@ class Memory:
                 continue
             if node < len(trace.nodes):
                 self.others.setdefault(((trace.nodes[node].parent, ()), entry.original_hash), entry)
+
+
+@dataclass
+class Handed:
+    """The copies of a session's stored messages each request hook was last handed.
+
+    A hook is handed a copy of the request (it may change it in place, and the proxy's
+    messages are the graph's), and copying a 600-message history every turn was ~10 ms at
+    turn 300 (issue 16). A message the graph holds may not change at all (any change is the
+    hook's error), so after a call that changed none of them, the same copies are handed to
+    that hook next turn, for the same message objects (a request's known messages are the
+    very objects its scan remembered, trace/prefix.py): only the new messages are copied.
+    The check that the hook changed no stored message compares each copy with its message
+    anyway, so a copy a hook changed later is caught before it is believed. A hook that
+    fails has its copies dropped."""
+
+    by_hook: dict[str, dict[int, tuple[Message, Message]]] = field(default_factory=dict)
+

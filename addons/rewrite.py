@@ -266,11 +266,8 @@ class Rewrite:
         raw = flow.request.get_content(strict=False) or b""
         ex.raw_body = raw
         hooked = ex.session.hooks is not None and bool(ex.session.hooks.request)
-        # A request hook may deliver other content than the bytes say, so a remembered list
-        # (text -> canonical messages) could hand back delivered messages for original text:
-        # sessions with request hooks parse their lists every time (addons/intercept.py).
         recorder = ex.session.recorder
-        prefixes = None if hooked else recorder.prefixes
+        prefixes = recorder.prefixes
         config = ex.session.config
         args = (raw, ex.dialect, ex.route.kind, config, flow.request.path, ex.translation, self.refused,
                 prefixes, lambda rid: recorder.conversation(rid) is not None,
@@ -285,10 +282,14 @@ class Rewrite:
         if previous is not None:
             self._chain(ex, source, previous)
         ex.overrides = prepared.overrides
-        ex.listed = None if hooked else prepared.listed
+        ex.listed = prepared.listed
         if ex.listed is not None and touches(ex.overrides, ex.listed.key):
             recorder.prefixes.clear()  # its elements may have been changed in place: share none
             ex.listed = None
+        if hooked and ex.listed is not None:
+            # A request hook may deliver other content than the bytes say (a remembered
+            # rewrite, a hook's change): the list is remembered as parsed (Listed.sent).
+            ex.listed.sent = prepared.request.messages
         ex.body = prepared.body
         if hooked and prepared.request is not None and prepared.source is None:
             ex.parsed = prepared.parsed  # kept only where a hook may splice into it (not a translation)

@@ -26,7 +26,7 @@ from interceptor.addons.network import NetworkPolicy
 from interceptor.addons.state import TaskState
 from interceptor.addons.upstream import Upstream, UpstreamRef
 from interceptor.addons.limits import Limits, Stop, StopBy
-from interceptor.addons.memory import KEEP_BYTES, Memory
+from interceptor.addons.memory import KEEP_BYTES, Handed, Memory
 from interceptor.trace import Recorder, Store
 from interceptor.trace.match import Ignore
 from interceptor.trace.messages import Sampling
@@ -155,6 +155,7 @@ class Session:
     hooks: HookSet | None = None  # the loaded hooks module, if any
     hooks_config: dict[str, Any] = field(default_factory=dict)  # handed to hooks as ctx.config
     memory: Memory = field(default_factory=Memory)  # request hooks' rewrites, applied once
+    handed: Handed = field(default_factory=Handed)  # what request hooks were handed of the graph's
 
     @property
     def trace_path(self) -> Path:

@@ -42,6 +42,17 @@ ROOT = Path(__file__).resolve().parent.parent
 KEY_ENV = "BENCH_HOOKS_KEY"
 MODEL = "gpt-4o-bench"
 URL = "https://api.openai.com/v1/chat/completions"
+# --hooks: what an evaluator's redaction looks like; it is shown the whole request each turn.
+REDACT = """
+from interceptor.hooks import HookContext, Request, intercept
+
+@intercept
+def redact(request: Request, ctx: HookContext):
+    for m in request.messages:
+        if m.role == "user" and isinstance(m.content, str) and "SECRET" in m.content:
+            m.content = m.content.replace("SECRET", "[redacted]")
+    return request
+"""
 HOOKS = ("requestheaders", "request", "responseheaders", "response")
 
 
@@ -65,6 +76,8 @@ def main() -> int:
     ap.add_argument("--mode", choices=("rollout", "fixed"), default="rollout")
     ap.add_argument("--chunk", type=int, default=570)
     ap.add_argument("--band", type=int, default=25)
+    ap.add_argument("--hooks", action="store_true",
+                    help="the session has a request hook (it redacts a word the user writes every tenth turn)")
     args = ap.parse_args()
     os.environ[KEY_ENV] = "sk-bench-real-key"
     script = load_script()
@@ -80,9 +93,14 @@ def main() -> int:
     with upstream, taddons.context(*script.addons) as tctx:
         tctx.configure(script.addons[0], intercept_trace_dir=str(work), confdir=str(work / "conf"), intercept_drain_timeout=0)
         next(a for a in addons if isinstance(a, GcTuning)).running()
+        hooked = {}
+        if args.hooks:
+            from interceptor.addons.hookload import load_hooks
+            (work / "bench_redact.py").write_text(REDACT)
+            hooked = {"hooks": load_hooks(str(work / "bench_redact.py"))}
         session = script.registry.create(
             SessionConfig(model=MODEL), work, "never",
-            Upstream(base_url=f"http://127.0.0.1:{upstream.getsockname()[1]}/v1", api_key_env=KEY_ENV))
+            Upstream(base_url=f"http://127.0.0.1:{upstream.getsockname()[1]}/v1", api_key_env=KEY_ENV), **hooked)
         loop = tctx.master.event_loop
         per: dict[str, int] = defaultdict(int)
         started = [0]
@@ -118,7 +136,8 @@ def main() -> int:
         filler = "x" * 20_000
         for k in range(args.turns):
             if args.mode == "rollout":
-                messages.append({"role": "user", "content": (f"turn {k}: " + "please go on. " * (args.chunk // 14 + 1))[:args.chunk]})
+                said = "SECRET " if args.hooks and k % 10 == 0 else ""
+                messages.append({"role": "user", "content": (f"turn {k}: {said}" + "please go on. " * (args.chunk // 14 + 1))[:args.chunk]})
                 payload = json.dumps({"model": "gpt-4o", "messages": messages}).encode()
             else:
                 payload = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": f"{k} {filler}"}]}).encode()

@@ -38,14 +38,25 @@ class Edit:
     value: Any
     run: tuple[int, int] | None = None
 
-    def apply(self, data: Any) -> None:
-        """Make the same change in the parsed ``data``."""
+    def apply(self, data: Any, fresh: set[int] | None = None) -> None:
+        """Make the same change in the parsed ``data`` (a dict of the body's keys). Every
+        list and object on the way is copied, not changed: the message list's elements are
+        shared with the session's remembered lists (trace/prefix.py), which must keep what
+        the harness sent. A copy costs the containers on one path, not the body; ``fresh``
+        (the ids of the copies made so far, for a batch of edits) keeps a container from
+        being copied once per edit (the message list, 600 items at turn 300, per rewrite)."""
+        fresh = set() if fresh is None else fresh
         for step in self.path[:-1]:
-            data = data[step]
+            child = data[step]
+            if id(child) not in fresh:
+                data[step] = child = dict(child) if isinstance(child, dict) else list(child)
+                fresh.add(id(child))
+            data = child
+        last = self.path[-1]
         if self.run is None:
-            data[self.path[-1]] = self.value
+            data[last] = self.value
         else:
-            data[self.path[-1]][self.run[0]:self.run[1]] = list(self.value)
+            data[last] = [*data[last][:self.run[0]], *self.value, *data[last][self.run[1]:]]
 
 
 def _splice(text: str, i: int, edits: list[tuple[tuple, Edit]]) -> tuple[str, int]:
@@ -126,6 +137,44 @@ def _splice_array(text: str, i: int, edits: list[tuple[tuple, Edit]]) -> tuple[s
     return "".join(out), j + 1
 
 
+def _splice_listed(text: str, start: int, ends: list[int], edits: list[tuple[tuple, Edit]]) -> str:
+    """``_splice_array`` for the message list, whose elements' ends are known (``Listed``):
+    only the edited elements are read; the text between them is copied without scanning it
+    (scanning every element of the history to find one was O(history) a turn, issue 16)."""
+    run = next((e for rest, e in edits if not rest and e.run is not None), None)
+    if run is not None and (run.run[1] <= run.run[0] or run.run[1] > len(ends)):
+        raise ValueError("an empty run of list items cannot be replaced")
+    if run is not None and not run.value:
+        raise ValueError("a run of list items cannot be replaced by nothing")
+
+    def at(k: int) -> int:  # where element k begins
+        return _skip(text, start) if k == 0 else _skip(text, _skip(text, start + ends[k - 1]) + 1)
+
+    by_index: dict[int, list[tuple[tuple, Edit]]] = {}
+    for rest, e in edits:
+        if rest:
+            if not isinstance(rest[0], int) or not 0 <= rest[0] < len(ends):
+                raise ValueError(f"an edit reaches list item {rest[0]!r} of {len(ends)}")
+            by_index.setdefault(rest[0], []).append((rest[1:], e))
+    ops = [(k, by_index[k]) for k in by_index if run is None or not run.run[0] <= k < run.run[1]]
+    if run is not None:
+        ops.append((run.run[0], None))  # the run's items are replaced, edits inside them dropped
+    out: list[str] = []
+    copied = start - 1  # the '['
+    for k, mine in sorted(ops, key=lambda op: op[0]):
+        begin = at(k)
+        out.append(text[copied:begin])
+        if mine is None:
+            out.append(",".join(_dumps(v) for v in run.value))
+            copied = start + ends[run.run[1] - 1]
+        else:
+            value, copied = _splice(text, begin, mine)
+            out.append(value)
+    close = _skip(text, start + ends[-1])
+    out.append(text[copied:close + 1])
+    return "".join(out)
+
+
 @dataclass(slots=True)
 class Body:
     """A parsed JSON object and, when it came from UTF-8 text, each key's span in it."""
@@ -162,7 +211,12 @@ class Body:
             elif key in nested:
                 value_at = _skip(self.text, _SCANSTRING(self.text, start + 1, True)[1])
                 value_at = _skip(self.text, value_at + 1)  # past the ':'
-                spliced, _ = _splice(self.text, value_at, [(e.path[1:], e) for e in nested[key]])
+                mine = [(e.path[1:], e) for e in nested[key]]
+                listed = self.listed
+                if listed is not None and key == listed.key and value_at + 1 == listed.start and listed.ends:
+                    spliced = _splice_listed(self.text, listed.start, listed.ends, mine)
+                else:
+                    spliced, _ = _splice(self.text, value_at, mine)
                 out.append(self.text[start:value_at] + spliced)
             else:
                 out.append(self.text[start:end])

@@ -81,3 +81,39 @@ def test_a_non_ascii_history_is_spliced_at_the_right_bytes():
     body.data["model"] = "m—2"
     out = body.encode({"model"})
     assert out == raw.replace('"model": "gpt-4o"'.encode(), '"model":"m—2"'.encode())
+
+
+@settings(max_examples=300, deadline=None)
+@given(items=st.lists(st.fixed_dictionaries({"content": values}, optional={"role": st.text(max_size=4), "x": values}),
+                      min_size=1, max_size=8),
+       style=st.integers(0, 2), data=st.data())
+def test_a_message_list_splice_reads_only_what_it_edits_and_equals_a_scan(items, style, data):
+    """Edits into the message list, with its elements' ends known (``Listed``), give the
+    same text as the splice that scans every element; every untouched element's bytes stay."""
+    from interceptor.dialects.body import Edit
+    text = dump({"model": "m", "messages": items, "z": 1}, style)
+    n = len(items)
+    edits = []
+    for k in data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=3)):
+        content = items[k]["content"]
+        kind = data.draw(st.sampled_from(["element", "content", "run"] if isinstance(content, list) and content
+                                         else ["element", "content"]))
+        if kind == "element":  # a block written anew with its flag (Dialect.content_edits)
+            edits.append(Edit(("messages", k), {"content": data.draw(values), "is_error": True}))
+        elif kind == "content":
+            edits.append(Edit(("messages", k, "content"), data.draw(values)))
+        else:  # a run of content blocks (Anthropic's text blocks between tool results)
+            lo = data.draw(st.integers(0, len(content) - 1))
+            hi = data.draw(st.integers(lo + 1, len(content)))
+            edits.append(Edit(("messages", k, "content"), data.draw(st.lists(values, min_size=1, max_size=3)), (lo, hi)))
+    listed = parse_body(text.encode(), "messages")
+    scanned = parse_body(text.encode())
+    assert listed.listed is not None and len(listed.listed.ends) == n
+    for body in (listed, scanned):
+        for edit in sorted(edits, key=lambda e: (*e.path, *(e.run or ())), reverse=True):
+            edit.apply(body.data)
+    out = listed.encode(set(), edits)
+    assert out == scanned.encode(set(), edits)
+    assert json.loads(out) == listed.data
+    # The elements as parsed (shared with the session's remembered lists) were not changed.
+    assert listed.listed.items == json.loads(text)["messages"]

@@ -11,6 +11,7 @@ here too because "the same message" must mean the same thing to every dialect.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from typing import Any, Literal
@@ -208,6 +209,30 @@ class Request(_Model):
     sampling: Sampling = Field(default_factory=Sampling)
     stream: bool = False
     extra: dict[str, Any] = Field(default_factory=dict)
+
+
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def copied(value: Any) -> Any:
+    """A deep copy of a value made of these models, lists, dicts and JSON atoms, ~3x faster
+    than ``model_copy(deep=True)`` (which goes through ``copy.deepcopy`` and its memo for
+    every field). Strings are shared: they cannot change. Anything else is deep-copied."""
+    if isinstance(value, _ATOMS):
+        return value
+    if isinstance(value, list):
+        return [copied(v) for v in value]
+    if isinstance(value, dict):
+        return {k: copied(v) for k, v in value.items()}
+    if isinstance(value, _Model):
+        new = object.__new__(type(value))
+        object.__setattr__(new, "__dict__", {k: copied(v) for k, v in value.__dict__.items()})
+        object.__setattr__(new, "__pydantic_fields_set__", set(value.__pydantic_fields_set__))
+        object.__setattr__(new, "__pydantic_extra__", None)  # extra="forbid": there is none
+        private = value.__pydantic_private__
+        object.__setattr__(new, "__pydantic_private__", None if private is None else dict(private))
+        return new
+    return copy.deepcopy(value)
 
 
 class Choice(_Model):

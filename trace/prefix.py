@@ -53,6 +53,14 @@ class Listed:
     canonical ``messages`` come from it, and so, when ``generation`` is still current and the
     request's lead messages are ``lead_known`` (those the earlier request had), do the graph
     ``nodes`` of the lead and those messages.
+
+    ``sent`` is set when the request's messages may be delivered otherwise than its bytes say
+    them (a session with request hooks: a remembered rewrite is spliced in, a hook changes a
+    new message). It is the request's messages as parsed (the lead's, then the list's), and
+    they are what the list is remembered with: remembering the delivered ones would hand a
+    rewritten message back for the original's text, and the rewrite would not be spliced in
+    again. The nodes are the delivered messages' all the same, checked against them before
+    use (``Recorder.held_path``).
     """
 
     key: str
@@ -67,6 +75,7 @@ class Listed:
     nodes: list[int] = field(default_factory=list)
     generation: int = 0
     source: _Entry | None = None  # the remembered list the known elements came from
+    sent: list[Message] | None = None  # the messages as parsed, where others may be delivered
 
     def keep(self, k: int) -> None:
         """Use only the first ``k`` known elements (a dialect whose element's messages may

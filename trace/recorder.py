@@ -159,13 +159,14 @@ class Recorder:
               listed: Listed | None = None, delivered: Message | None = None) -> dict[str, Any]:
         trace = self._trace
         messages = request.messages
-        if listed is not None and (not listed.complete or len(messages) != listed.lead + listed.marks[-1]):
+        sent = _sent(listed, messages)
+        if listed is not None and (sent is None or not listed.complete or len(sent) != listed.lead + listed.marks[-1]):
             listed = None  # not the list as scanned (a chained or rewritten request)
         known: list[int] = []
-        if (listed is not None and listed.known and listed.generation == self.prefixes.generation
-                and listed.messages and messages[listed.lead + len(listed.messages) - 1] is listed.messages[-1]
-                and _same(messages[:listed.lead], listed.lead_known)):
-            known = listed.nodes
+        if listed is not None:
+            known = self._known(listed, sent)
+            if sent is not messages:  # what was delivered: the nodes hold it, or are not used
+                known = known[:self._held(messages, known)]
         turn = self._graph.add_turn(
             messages,
             response.message,
@@ -192,8 +193,46 @@ class Recorder:
         record["nodes"] = [node_record(i, trace.nodes[i]) for i in turn.added]
         record["call"] = call_record(call)
         if listed is not None:
-            self.prefixes.remember(listed, messages, turn.prompt_path)
+            self.prefixes.remember(listed, sent, turn.prompt_path)
         return record
+
+    def _known(self, listed: Listed, sent: list[Message]) -> list[int]:
+        """The graph nodes of ``listed``'s known messages (its lead's first), or [] when they
+        cannot be used: remembered before a rollback or release, under another lead, or for
+        other messages than ``sent`` (the request's, as parsed)."""
+        if (listed.known and listed.generation == self.prefixes.generation and listed.messages
+                and sent[listed.lead + len(listed.messages) - 1] is listed.messages[-1]
+                and _same(sent[:listed.lead], listed.lead_known)):
+            return listed.nodes
+        return []
+
+    def _held(self, messages: list[Message], nodes: list[int]) -> int:
+        """How many leading ``messages`` are the messages of ``nodes``, one each."""
+        stored = self._trace.nodes
+        for k, (node, message) in enumerate(zip(nodes, messages)):
+            held = stored[node].message
+            if held is not message and held != message:
+                return k
+        return min(len(nodes), len(messages))
+
+    def held_path(self, listed: Listed | None, messages: list[Message]) -> list[int]:
+        """The graph nodes of the leading ``messages`` a request's scan knows (its lead's and
+        its known elements'), each checked to hold its message (a request hook's session
+        delivers other messages than its list was remembered with: ``Listed.sent``); []
+        when the scan knows none, or once the graph is released. One identity or equality
+        check per message instead of a walk that hashes and looks up each."""
+        known = self.scan_path(listed, messages)
+        return known[:self._held(messages, known)]
+
+    def scan_path(self, listed: Listed | None, messages: list[Message]) -> list[int]:
+        """``held_path`` unchecked: the nodes a scan knows for the leading ``messages``, for
+        a caller that checks each before it uses it."""
+        if listed is None or self._released is not None:
+            return []
+        sent = _sent(listed, messages)
+        if sent is None or len(sent) < listed.lead + len(listed.messages):
+            return []
+        return self._known(listed, sent)
 
     def _rollback(self, nodes: int, calls: int, tool_sets: int, last_tools: tuple) -> None:
         trace = self._trace
@@ -473,6 +512,14 @@ class Recorder:
         output = count(call.node) + sum(count(i) for i in call.choice_nodes)
         return Usage(input_tokens=sum(count(i) for i in prompt_path) + tools,
                      output_tokens=output, estimated=True)
+
+
+def _sent(listed: Listed | None, messages: list[Message]) -> list[Message] | None:
+    """The messages ``listed`` was parsed into: its ``sent``, or ``messages`` themselves when
+    nothing else can be delivered; None when the two are not one message each."""
+    if listed is None or listed.sent is None:
+        return messages
+    return listed.sent if len(listed.sent) == len(messages) else None
 
 
 def _same(lead: list[Message], known: tuple[Message, ...]) -> bool:
