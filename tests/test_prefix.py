@@ -99,6 +99,46 @@ def test_a_growing_conversation_parses_only_its_new_messages(tmp_path, monkeypat
     check_one_branch(fast, full)
 
 
+def test_a_session_that_delivers_other_messages_remembers_what_it_parsed(tmp_path, monkeypatch):
+    """A session with request hooks delivers a rewritten message where the harness restates
+    its original (addons/intercept.py): its lists are remembered as parsed (``Listed.sent``),
+    so a restated original is read as the original again, never handed back as what was
+    delivered for it, while the graph holds what was delivered, one branch, and each turn
+    parses only its new messages. Nodes that do not hold the delivered messages are not used."""
+    parsed = []
+    original = chat._message
+    monkeypatch.setattr(chat, "_message", lambda m: parsed.append(m) or original(m))
+    s = Session(tmp_path / "hooked.msgpack", True)
+    messages = [{"role": "user", "content": "go"}]
+    delivered: list[list[Message]] = []
+    for k in range(12):
+        body = {"model": "gpt-4o", "messages": messages}
+        reply = CHAT.parse_response({"choices": [{"index": 0, "message": reply_of(k), "finish_reason": "stop"}]}).message
+        parsed.clear()
+        p = prepare(json.dumps(body).encode(), CHAT, "model", SessionConfig(), PATH, prefixes=s.rec.prefixes)
+        assert [m.content for m in p.request.messages] == [m["content"] or "" for m in messages]  # as sent, always
+        if k >= 1:
+            assert p.listed.known == len(messages) - 2 and len(parsed) == 2, (k, len(parsed))
+        p.listed.sent = p.request.messages
+        # every user message is delivered rewritten (as a hook's remembered rewrite is)
+        sent = [m.model_copy(update={"content": f"{m.content} [rewritten]"}) if m.role == "user" else m
+                for m in p.request.messages]
+        if k >= 1:
+            held = s.rec.held_path(p.listed, sent)
+            assert len(held) == len(messages) - 2  # checked against what was delivered: all held
+            assert s.rec.held_path(p.listed, p.request.messages) == []  # the originals: none held
+        delivered.append(sent)
+        request = p.request.model_copy(update={"messages": sent})
+        call = ModelCall(id=uuid.uuid4().hex[:12], started_at=1.0, ended_at=2.0)
+        s.rec.commit_turn(request, Response(message=reply, usage=Usage(input_tokens=1, output_tokens=1)), call, p.listed)
+        messages = messages + [reply_of(k), follow_up(k, reply_of(k))]
+    trace = s.rec.trace
+    assert len(trace.branches) == 1 and len(trace.calls) == 12
+    path = [trace.nodes[i].message for i in trace.path(trace.calls[-1].node)]
+    assert path[:-1] == delivered[-1]  # the graph holds what was delivered
+    s.close()
+
+
 # Histories of a few messages, each request sent with one of three spacings, possibly with
 # an edited or dropped message: whatever the harness does, recognising the history must give
 # what a full parse gives.

@@ -231,3 +231,49 @@ def test_what_a_hook_may_not_change_is_a_hook_error(session, msim, mproxy, tmp_p
     trace = sealed(mproxy, s)
     assert trace.stopped_by == "hook" and trace.calls[-1].error.type == "hook_error"
     assert trace.request_rewrites == []
+
+
+KEEPER = """
+import json, pathlib
+from interceptor.hooks import HookContext, Request, intercept
+
+kept = []
+
+@intercept
+def keeper(request: Request, ctx: HookContext):
+    log = pathlib.Path(ctx.config["log"])
+    first = request.messages[0]
+    n = len(log.read_text().splitlines())
+    seen = [i for i, m in enumerate(kept) if m is first]
+    with log.open("a") as f:
+        f.write(json.dumps({"call": n, "same_as": seen}) + "\\n")
+    if n == ctx.config["meddle_at"]:
+        kept[-1].content = "a task the hook made up"  # a copy it was handed on the call before
+    kept.append(first)
+"""
+
+
+def test_a_hook_is_handed_the_same_copies_and_a_changed_one_is_caught(session, msim, mproxy, tmp_path):
+    """Each turn a hook is handed the same copies of the messages the graph holds (only the
+    new ones are copied anew); one it changed after it was handed them is caught as the
+    hook's error when it is handed again, and the next call gets fresh copies. The model
+    only ever reads the harness's messages."""
+    log = tmp_path / "keeper.log"
+    log.write_text("")
+    s = session(hooks={"module": hooks_file(tmp_path, KEEPER, "keeper_hooks.py"),
+                       "config": {"log": str(log), "meddle_at": 3}}, on_hook_error="pass")
+    oai, _ = session_clients(s)
+    msim.script(*[Reply(text=f"answer {k}") for k in range(6)])
+    messages = [{"role": "user", "content": "the task"}]
+    for k in range(6):
+        r = oai.chat.completions.create(model="gpt-4o", messages=messages)
+        messages += [{"role": "assistant", "content": r.choices[0].message.content},
+                     {"role": "user", "content": f"go on {k}"}]
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    # Call 0 has no stored message; from call 2 on the first message is a copy handed before
+    # (the one call 1 was handed), until call 3 broke it; call 4 has fresh ones.
+    assert [c["same_as"] for c in calls] == [[], [], [1], [1, 2], [], [4]]
+    assert [r.json["messages"][0]["content"] for r in msim.model_requests()] == ["the task"] * 6
+    trace = sealed(mproxy, s)
+    assert [c.error is None for c in trace.calls] == [True] * 6  # pass: the request went on
+    assert trace.nodes[0].message.content == "the task" and len(trace.branches) == 1
