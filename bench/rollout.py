@@ -1,6 +1,6 @@
 """A growing rollout, turn by turn: does the proxy's cost per turn grow with the history?
 
-    .venv/bin/python bench/rollout.py [--turns 300] [--chunk 570] [--before REV] [--dialect anthropic|gemini|responses]
+    .venv/bin/python bench/rollout.py [--turns 300] [--chunk 570] [--before REV] [--dialect anthropic|gemini|responses] [--hooks]
 
 One Chat Completions conversation of ``--turns`` turns, each restating the whole history and
 adding a ``--chunk``-character user message and reply (300 x 2 x 570 characters: the last
@@ -11,7 +11,9 @@ the Messages API: a system prompt opened by a billing header that changes every 
 the ``cache_control`` marker on the newest block only, so the message that carried it is
 restated without it every turn; ``--dialect gemini`` as Gemini CLI sends it to
 ``generateContent``; ``--dialect responses`` as a Responses client that restates its whole
-input (``store: false``; the openai-agents SDK's default) does.
+input (``store: false``; the openai-agents SDK's default) does. ``--hooks``: each proxy session
+has a request hook (an evaluator's redaction: every tenth user message holds a word it
+replaces, and the rewrite is spliced into every later turn that restates the original).
 
 - ``direct``: to the simulator, no proxy (the latency floor);
 - ``bare``: bare mitmdump, TLS intercepted for api.openai.com and mapped to the simulator
@@ -62,6 +64,17 @@ from trace_turns import cpu_between, cpu_ns, machine  # noqa: E402
 from interceptor.trace import read_trace  # noqa: E402
 
 MODEL = "gpt-4o-bench"  # what each proxy session imposes
+SECRET = "SECRET"  # --hooks: what the hook redacts
+REDACT = f"""
+from interceptor.hooks import HookContext, Request, intercept
+
+@intercept
+def redact(request: Request, ctx: HookContext):
+    for m in request.messages:
+        if m.role == "user" and "{SECRET}" in m.text():
+            m.content = m.text().replace("{SECRET}", "[redacted]")
+    return request
+"""
 URLS = {"chat": "https://api.openai.com/v1/chat/completions", "anthropic": "https://api.anthropic.com/v1/messages",
         "gemini": "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-pro:generateContent",
         "responses": "https://api.openai.com/v1/responses"}
@@ -122,6 +135,7 @@ def main() -> int:
     ap.add_argument("--before", default=None, help="a git revision, or 'none'")
     ap.add_argument("--relay-off", action="store_true", help="also this checkout without the relay")
     ap.add_argument("--dialect", choices=tuple(URLS), default="chat")
+    ap.add_argument("--hooks", action="store_true", help="each proxy session has a request hook (a redaction)")
     args = ap.parse_args()
     url = URLS[args.dialect]
     work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
@@ -150,7 +164,11 @@ def main() -> int:
     try:
         for p in procs.values():
             p.start()
-        sessions = {n: p.create_session(upstream={"base_url": base}, model=MODEL)
+        hooked = {}
+        if args.hooks:
+            (work / "bench_redact.py").write_text(REDACT)
+            hooked = {"hooks": {"module": str(work / "bench_redact.py")}}
+        sessions = {n: p.create_session(upstream={"base_url": base}, model=MODEL, **hooked)
                     for n, p in procs.items() if n != "bare"}
         warm = {n: p.create_session(upstream={"base_url": base}) for n, p in procs.items() if n != "bare"}
         with ExitStack() as stack:
@@ -173,7 +191,8 @@ def main() -> int:
                 send(n, hello, warm[n]["model_secret"] if n in warm else "sk-unused")
             messages = [{"role": "system", "content": "You are a patient assistant."}]
             for k in range(args.turns):
-                messages.append({"role": "user", "content": (f"turn {k}: " + "please go on. " * (args.chunk // 14 + 1))[:args.chunk]})
+                said = f"{SECRET} " if args.hooks and k % 10 == 0 else ""
+                messages.append({"role": "user", "content": (f"turn {k}: {said}" + "please go on. " * (args.chunk // 14 + 1))[:args.chunk]})
                 payload = request_body(args.dialect, messages, k)
                 order = names[k % len(names):] + names[:k % len(names)]
                 for n in order:
@@ -198,6 +217,9 @@ def main() -> int:
             assert trace.num_turns == args.turns and len(trace.branches) == 1, (n, trace.num_turns, len(trace.branches))
             assert {c.model for c in trace.calls} == {MODEL}, (n, {c.model for c in trace.calls})
             assert len(trace.nodes) == 1 + 2 * args.turns, (n, len(trace.nodes))  # the system prompt, then a pair a turn
+            if args.hooks:  # the model read the redaction, every turn
+                assert not any(SECRET in node.message.text() for node in trace.nodes), n
+                assert len(trace.request_rewrites) == (args.turns + 9) // 10, (n, len(trace.request_rewrites))
     finally:
         for p in procs.values():
             p.cleanup()

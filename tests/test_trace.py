@@ -161,6 +161,53 @@ def test_input_tokens_count_each_fed_token_once(tmp_path):
     assert trace.usage.input_tokens == 440  # billed: restated prefixes each time
 
 
+@settings(max_examples=150, deadline=None)
+@given(steps=st.lists(st.tuples(st.sampled_from(["go on", "fork", "again", "choices", "take choice", "no usage"]),
+                                st.integers(0, 20), st.integers(1, 400)), min_size=1, max_size=25))
+def test_input_tokens_kept_count_equals_a_count_from_every_call(tmp_path_factory, steps):
+    """``num_input_tokens`` is read every turn (hooks, limits): it counts only the calls
+    since it was last read, and that always equals counting every call again, whatever the
+    graph does: forks, an earlier prompt answered the same again after the harness went on
+    from that answer (its sampled node reused, with another usage), an earlier choice
+    sampled as a call's reply, a call with no usage."""
+    r = Rollout(tmp_path_factory.mktemp("inputs") / "t.msgpack")
+    history = [SYSTEM, Message(role="user", content="start")]
+    sent = []  # each call's prompt, reply and other choice
+    for k, (op, at, n) in enumerate(steps):
+        prompt, reply, choices = history, Message(role="assistant", content=f"reply {k}"), []
+        if op == "fork":
+            prompt = history[:1 + 2 * (at % (len(history) // 2))] + [Message(role="user", content=f"fork {k}")]
+        elif op == "again" and sent:
+            prompt, reply, _ = sent[at % len(sent)]
+        elif op == "choices":
+            choices = [Choice(index=1, message=Message(role="assistant", content=f"other {k}"))]
+        elif op == "take choice" and any(c for _, _, c in sent):
+            prompt, _, reply = [x for x in sent if x[2] is not None][at % sum(1 for x in sent if x[2] is not None)]
+        r.send(prompt, reply, usage=None if op == "no usage" else Usage(input_tokens=n, output_tokens=3),
+               choices=choices)
+        trace = r.recorder.trace
+        assert trace.num_input_tokens == trace._count_input_tokens()[0], (k, op)
+        sent.append((prompt, reply, choices[0].message if choices else None))
+        # the harness goes on from the reply (or, now and then, from the other choice)
+        went = choices[0].message if choices and at % 2 else reply
+        history = prompt + [went, Message(role="user", content=f"next {k}")]
+
+
+def test_a_long_session_counts_its_input_tokens_from_the_new_calls_only(tmp_path, monkeypatch):
+    from interceptor.trace.model import Trace
+    r = Rollout(tmp_path / "long.msgpack")
+    fresh = []
+    count = Trace._count_input_tokens
+    monkeypatch.setattr(Trace, "_count_input_tokens", lambda self: fresh.append(1) or count(self))
+    history = [SYSTEM, Message(role="user", content="start")]
+    for k in range(30):
+        reply = Message(role="assistant", content=f"reply {k}")
+        r.send(history, reply, usage=Usage(input_tokens=100 + 10 * k, output_tokens=3))
+        assert r.recorder.trace.num_input_tokens == 100 + 7 * k  # 10 more a turn, less the 3 fed back
+        history = history + [reply, Message(role="user", content=f"next {k}")]
+    assert len(fresh) == 1  # the first read; every later one counted the new call alone
+
+
 def test_missing_usage_is_estimated_and_marked(tmp_path):
     r = Rollout(tmp_path / "e.msgpack")
     prompt = [SYSTEM, Message(role="user", content="count these words please " * 20)]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, PrivateAttr
 
 from interceptor.trace.messages import (
     FinishReason,
@@ -379,6 +379,17 @@ class Trace(_Model):
     # The task state's accepted writes in order, and where it ended (the footer's version and
     # digest; before the seal, the last write's).
     state_writes: list[StateWrite] = Field(default_factory=list)
+    # num_input_tokens' count so far: (calls counted, the last of them, its node, nodes then,
+    # the total, each counted reply's call by node).
+    _inputs: tuple | None = PrivateAttr(default=None)
+
+    def __eq__(self, other: object) -> bool:
+        # The kept count is not part of a trace's value.
+        if not isinstance(other, Trace):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    __hash__ = None
     state_version: int = 0
     state_digest: str | None = None
     # Connections refused by the network policy (``egress`` records), and per host how many.
@@ -500,7 +511,49 @@ class Trace(_Model):
     def num_input_tokens(self) -> int:
         """Fed-in tokens counted once: each call's input beyond the previous call's total on
         its branch. A prefix shared by two branches is counted once because each call is
-        visited once; a compaction restarts the count on its new branch."""
+        visited once; a compaction restarts the count on its new branch.
+
+        Hooks and limits read it every turn, and counting every call again made each turn
+        cost the session's age (issue 16): the count is kept (``_inputs``) and only the calls
+        since are counted, when that is sure to give the same: each new call's reply is a
+        node made after the count (nothing counted before hangs under it), none delivered
+        another message, and no count ever met a restated copy of a reply (whose lookup
+        depends on every call). Anything else (a rollback, a reused sample) counts afresh."""
+        calls, memo = self.calls, self._inputs
+        if memo is not None:
+            done, last, last_node, nodes, total, by_node = memo
+            if (len(calls) >= done and len(self.nodes) >= nodes
+                    and (done == 0 or (calls[done - 1] is last and last.node == last_node))):
+                new = calls[done:]
+                if all(c.delivered_node is None and (c.node is None or c.node >= nodes) for c in new):
+                    by_node = {**by_node, **{c.node: c for c in new if c.node is not None}}
+                    for call in new:
+                        if call.usage is None or call.node is None:
+                            continue
+                        met: dict = {}
+                        prev = self._previous_call(call.node, by_node, met)
+                        if met:
+                            break  # a restated copy: count afresh, every time
+                        base = prev.usage.total_tokens if prev is not None and prev.usage else 0
+                        total += max(0, call.usage.input_tokens - base)
+                    else:
+                        self._remember_inputs(total, by_node)
+                        return total
+        total, met = self._count_input_tokens()
+        if met or any(c.delivered_node is not None for c in calls):
+            self._inputs = None
+        else:
+            self._remember_inputs(total, {c.node: c for c in calls if c.node is not None})
+        return total
+
+    def _remember_inputs(self, total: int, by_node: dict[int, ModelCall]) -> None:
+        calls = self.calls
+        last = calls[-1] if calls else None
+        self._inputs = (len(calls), last, last.node if last is not None else None, len(self.nodes), total, by_node)
+
+    def _count_input_tokens(self) -> tuple[int, bool]:
+        """``num_input_tokens`` counted from every call, and whether a restated copy of a
+        reply was met on the way."""
         by_node = {c.node: c for c in self.calls if c.node is not None}
         by_node.update({c.delivered_node: c for c in self.calls if c.delivered_node is not None})
         by_key: dict = {}
@@ -511,7 +564,7 @@ class Trace(_Model):
             prev = self._previous_call(call.node, by_node, by_key)
             base = prev.usage.total_tokens if prev is not None and prev.usage else 0
             total += max(0, call.usage.input_tokens - base)
-        return total
+        return total, bool(by_key)
 
     def _previous_call(self, node: int, by_node: dict[int, ModelCall],
                        by_key: dict) -> ModelCall | None:
@@ -533,6 +586,7 @@ class Trace(_Model):
                         bare = restated_hash(msg)  # the copy may have dropped its reasoning
                         if bare is not None:
                             by_key.setdefault((parent, bare), c)
+                by_key[None] = True  # a copy was met (num_input_tokens counts afresh then)
                 prev = by_key.get((n.parent, message_hash(n.message)))
                 if prev is not None:
                     return prev

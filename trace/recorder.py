@@ -193,8 +193,23 @@ class Recorder:
         record["nodes"] = [node_record(i, trace.nodes[i]) for i in turn.added]
         record["call"] = call_record(call)
         if listed is not None:
-            self.prefixes.remember(listed, sent, turn.prompt_path)
+            self.prefixes.remember(listed, self._as_held(sent, turn.prompt_path, listed.lead + len(listed.messages)),
+                                   turn.prompt_path)
         return record
+
+    def _as_held(self, sent: list[Message], path: list[int], known: int) -> list[Message]:
+        """``sent`` with each new message (from ``known`` on) that is equal to its node's
+        message replaced by that very object, so a later request's check of its known
+        messages against their nodes is one identity test each, not a comparison (a
+        restated reply is parsed into a new object, equal to the sampled one the node holds).
+        Equal values: a request that takes them is the one a full parse gives."""
+        stored = self._trace.nodes
+        out = list(sent)
+        for i in range(known, min(len(out), len(path))):
+            held = stored[path[i]].message
+            if held is not out[i] and held == out[i]:
+                out[i] = held
+        return out
 
     def _known(self, listed: Listed, sent: list[Message]) -> list[int]:
         """The graph nodes of ``listed``'s known messages (its lead's first), or [] when they
