@@ -82,17 +82,20 @@ def remembered(ex: Exchange) -> None:
         return
     messages = list(ex.request.messages)
     recorder = ex.session.recorder
-    nodes = recorder.scan_path(ex.listed, messages) if memory.others else []
+    others = bool(memory.others)
+    nodes = recorder.scan_path(ex.listed, messages) if others else []
     stored = recorder.trace.nodes
+    first = ex.prefix_len  # the messages before it a chain took from the record: not the body's
     slots: list[Slot | None] | None = None
     parent: int | None = None
     tail: list[str] = []
     on_graph = True  # every message so far is a node
     changed = False
     for i, message in enumerate(messages):
-        h = message_hash(message) if memory.others else None
-        chain = (parent, tuple(tail)) if memory.may_hold(h) else None
-        hit = memory.find(message, chain, h) if i >= ex.prefix_len else None  # not one a chain took
+        h = (message.__pydantic_private__["_hash"] or message_hash(message)) if others else None
+        hit = None
+        if i >= first and ((message.role == "tool" and message.tool_call_id) or memory.may_hold(h)):
+            hit = memory.find(message, (parent, tuple(tail)), h)
         if hit is not None and hit not in ex.carried:
             slots = slots_of(ex) if slots is None else slots
             if slots is None:
@@ -103,13 +106,14 @@ def remembered(ex: Exchange) -> None:
                 message = messages[i] = _deliver(ex, slots[i], message, hit)
                 ex.carried.append(hit)
                 changed = True
-        if not memory.others:
+                h = message_hash(message) if others else None  # the delivered one's
+        if not others:
             continue
         node = None
         if on_graph:
             known = nodes[i] if i < len(nodes) else None
-            if known is not None and stored[known].parent == parent and (
-                    stored[known].message is message or stored[known].message == message):
+            held = stored[known] if known is not None else None
+            if held is not None and held.parent == parent and (held.message is message or held.message == message):
                 node = known
             else:
                 node = recorder.child(parent, message)
@@ -117,7 +121,7 @@ def remembered(ex: Exchange) -> None:
             parent = node
         else:
             on_graph = False
-            tail.append(message_hash(message))  # the delivered one's
+            tail.append(h)
     if changed:
         ex.request = ex.request.model_copy(update={"messages": messages})
 
