@@ -166,7 +166,8 @@ def test_input_tokens_count_each_fed_token_once(tmp_path):
                                 st.integers(0, 20), st.integers(1, 400)), min_size=1, max_size=25))
 def test_input_tokens_kept_count_equals_a_count_from_every_call(tmp_path_factory, steps):
     """``num_input_tokens`` is read every turn (hooks, limits): it counts only the calls
-    since it was last read, and that always equals counting every call again, whatever the
+    since it was last read, and that always equals counting every call again (so do the
+    turns, the output tokens and the current branch, each kept between reads), whatever the
     graph does: forks, an earlier prompt answered the same again after the harness went on
     from that answer (its sampled node reused, with another usage), an earlier choice
     sampled as a call's reply, a call with no usage."""
@@ -187,6 +188,11 @@ def test_input_tokens_kept_count_equals_a_count_from_every_call(tmp_path_factory
                choices=choices)
         trace = r.recorder.trace
         assert trace.num_input_tokens == trace._count_input_tokens()[0], (k, op)
+        # so do the other counts and the branch hooks are handed, each kept between reads
+        assert trace.num_turns == len([c for c in trace.calls if c.node is not None])
+        assert trace.num_output_tokens == sum(c.usage.output_tokens for c in trace.calls if c.usage is not None)
+        last = next(c.node for c in reversed(trace.calls) if c.node is not None)
+        assert trace.messages == [trace.nodes[i].message for i in trace.path(last)]
         sent.append((prompt, reply, choices[0].message if choices else None))
         # the harness goes on from the reply (or, now and then, from the other choice)
         went = choices[0].message if choices and at % 2 else reply

@@ -146,14 +146,23 @@ def test_a_turn_that_cannot_be_recorded_is_an_error_call_and_the_next_turn_recor
 
     def pack(record):
         if record.get("kind") == "turn" and len(record["nodes"]) and "poison" in str(record["nodes"]):
+            trace = r.recorder.trace  # the counts kept between reads, read with the turn in
+            seen.append((trace.num_turns, trace.num_output_tokens, trace.num_input_tokens, len(trace.messages)))
             raise ValueError("cannot pack this")
         return real(record)
+
+    seen = []
 
     monkeypatch.setattr(store_module, "pack", pack)
     prompt, reply = turns[1]
     bad = r.send(prompt, reply.model_copy(update={"content": "poison"}))
     assert bad.node is None and bad.error.type == "record_error" and "cannot pack" in bad.error.message
     assert len(r.recorder.trace.nodes) == 3  # the failed turn left nothing in the graph
+    trace = r.recorder.trace  # ... nor in the counts kept while it was in
+    assert seen[0][0] == 2 and trace.num_turns == 1
+    assert trace.num_output_tokens == sum(c.usage.output_tokens for c in trace.calls if c.usage)
+    assert trace.num_input_tokens == trace._count_input_tokens()[0]
+    assert len(trace.messages) == 3
     for prompt, reply in turns[1:]:
         r.send(prompt, reply)
     r.recorder.seal()

@@ -382,6 +382,8 @@ class Trace(_Model):
     # num_input_tokens' count so far: (calls counted, the last of them, its node, nodes then,
     # the total, each counted reply's call by node).
     _inputs: tuple | None = PrivateAttr(default=None)
+    _counts: tuple | None = PrivateAttr(default=None)  # _tally's: (calls, the last, its node, turns, output)
+    _last_path: tuple | None = PrivateAttr(default=None)  # messages': (node, the node, its path)
 
     def __eq__(self, other: object) -> bool:
         # The kept count is not part of a trace's value.
@@ -494,7 +496,27 @@ class Trace(_Model):
             if not leaves:
                 return []
             last = leaves[-1]
-        return [self.nodes[i].message for i in self.path(last)]
+        return [self.nodes[i].message for i in self._path_of_last(last)]
+
+    def _path_of_last(self, last: int) -> list[int]:
+        """``path(last)``, walking up only to where the path asked for before it reaches
+        (each turn's branch is the one before plus the turn: hooks are handed it every turn)."""
+        nodes, memo = self.nodes, self._last_path
+        path: list[int] | None = None
+        if memo is not None and memo[0] < len(nodes) and nodes[memo[0]] is memo[1]:
+            up: list[int] = []
+            cur: int | None = last
+            for _ in range(len(nodes)):  # bounded, as path's cycle check
+                if cur is None or cur == memo[0]:
+                    break
+                up.append(cur)
+                cur = nodes[cur].parent
+            if cur == memo[0]:
+                path = memo[2] + up[::-1]
+        if path is None:
+            path = self.path(last)
+        self._last_path = (last, nodes[last], path)
+        return list(path)
 
     # --- totals ------------------------------------------------------------------------
 
@@ -505,7 +527,26 @@ class Trace(_Model):
     @property
     def num_turns(self) -> int:
         """Sampled replies committed (one per call that committed a node)."""
-        return len(self.committed_calls)
+        return self._tally()[0]
+
+    def _tally(self) -> tuple[int, int]:
+        """The turns and the output tokens, kept (``_counts``) and counted on from the calls
+        since the last count: hooks and limits read them every turn, and counting every call
+        each time made a turn cost the session's age (issue 16). A call is only ever appended
+        or, the last one, rolled back (the last counted call and its node are checked)."""
+        calls, memo = self.calls, self._counts
+        done, turns, output = 0, 0, 0
+        if memo is not None:
+            done, last, last_node, turns, output = memo
+            if not (len(calls) >= done and (done == 0 or (calls[done - 1] is last and last.node == last_node))):
+                done, turns, output = 0, 0, 0
+        for call in calls[done:]:
+            turns += call.node is not None
+            output += call.usage.output_tokens if call.usage is not None else 0
+        if len(calls) != done or memo is None:
+            last = calls[-1] if calls else None
+            self._counts = (len(calls), last, last.node if last is not None else None, turns, output)
+        return turns, output
 
     @property
     def num_input_tokens(self) -> int:
@@ -595,7 +636,7 @@ class Trace(_Model):
 
     @property
     def num_output_tokens(self) -> int:
-        return sum(c.usage.output_tokens for c in self.calls if c.usage is not None)
+        return self._tally()[1]
 
     @property
     def num_total_tokens(self) -> int:
