@@ -103,6 +103,9 @@ class Exchange:
     translation: Translation | None = None
     translated_digest: str | None = None
     resent: bool = False  # sent a second time after the provider refused a proxy change (Feedback)
+    # The proxy answered the harness itself, in the harness's dialect (a refusal: Stops, the
+    # Gate): no upstream answer to translate back.
+    answered_here: bool = False
     # The message list as Rewrite scanned it: the history recognised from an earlier request,
     # handed to the recorder with the turn so it remembers this one (trace/prefix.py).
     listed: Listed | None = None

@@ -187,6 +187,7 @@ class Gate:
 
     def _refuse(self, flow: http.HTTPFlow, ex: Exchange, fault: Fault) -> None:
         flow.response = error_response(ex.dialect, 500, fault.message())
+        ex.answered_here = True
         flow.response.headers[REFUSED] = fault.step
         self._record(flow, ex, fault)
 

@@ -70,6 +70,12 @@ def _walk(ex: Exchange, messages: list[Message]) -> tuple[int, int | None]:
     return len(messages), parent
 
 
+class Undeliverable(Exception):
+    """A remembered rewrite applies to a request it cannot be written into (a translated
+    body, a dialect with no slot for the message): forwarding the original would let the
+    model read what the policy replaced, so the request is refused (``Stops``)."""
+
+
 def remembered(ex: Exchange) -> None:
     """Splice every remembered replacement into a request that restates its original
     (the module docstring). Runs no hook; cheap when the session remembers nothing, and
@@ -98,15 +104,18 @@ def remembered(ex: Exchange) -> None:
             hit = memory.find(message, (parent, tuple(tail)), h)
         if hit is not None and hit not in ex.carried:
             slots = slots_of(ex) if slots is None else slots
-            if slots is None:
-                return  # a body nothing can be spliced into (nothing was changed yet)
-            if slots[i] is not None:
-                if hit.rewrite.position is None and not hit.recorded:
-                    hit.rewrite.position = i  # a tool route's decision: where it is first delivered
-                message = messages[i] = _deliver(ex, slots[i], message, hit)
-                ex.carried.append(hit)
-                changed = True
-                h = message_hash(message) if others else None  # the delivered one's
+            if slots is None or slots[i] is None:
+                where = ("a translated body" if ex.translation is not None
+                         else f"a {ex.dialect.name} body")
+                raise Undeliverable(f"message {i} ({message.role}) was decided before ({hit.rewrite.by or 'hook'}"
+                                    f"{' ' + hit.rewrite.tool_call_id if hit.rewrite.tool_call_id else ''}) "
+                                    f"and cannot be written into {where}; nothing was forwarded")
+            if hit.rewrite.position is None and not hit.recorded:
+                hit.rewrite.position = i  # a tool route's decision: where it is first delivered
+            message = messages[i] = _deliver(ex, slots[i], message, hit)
+            ex.carried.append(hit)
+            changed = True
+            h = message_hash(message) if others else None  # the delivered one's
         if not others:
             continue
         node = None

@@ -127,7 +127,12 @@ class Stops:
         if flow.request.method != "POST":
             return  # a WebSocket's frames go through the same steps in WsRelay
         if intercept.has_request_hooks(ex):
-            intercept.remembered(ex)  # before any refusal: a refused prompt holds what was delivered
+            try:
+                intercept.remembered(ex)  # before any refusal: a refused prompt holds what was delivered
+            except intercept.Undeliverable as e:
+                ex.request = None  # the call alone on the record: no message of it was delivered
+                self._refuse(flow, ex, str(e))
+                return
         stop = decide(ex)
         if stop is None and ex.session.hooks is not None:
             try:
@@ -142,6 +147,7 @@ class Stops:
             ex.done |= Step.ADMITTED
             return
         flow.response = json_response(400, refusal_body(ex, stop), headers={"x-interceptor-stop": stop.condition})
+        ex.answered_here = True
         record_refusal(ex, flow, stop)
         log.info(f"interceptor: session {ex.session.id!r}: request refused, {stop_message(stop)}")
 
@@ -152,11 +158,20 @@ class Stops:
         stop = hook_failed(ex, failure)
         if stop is None:
             return False
-        message = str(failure)
+        Stops._refuse(flow, ex, str(failure), stop)
+        return True
+
+    @staticmethod
+    def _refuse(flow: http.HTTPFlow, ex: Exchange, message: str, stop: Stop | None = None) -> None:
+        """A 500 ``hook_error`` in the dialect's shape that no SDK retries; the rollout stops
+        (``stop``, or now with ``hook_error``: what a policy decided cannot be carried out)."""
+        if stop is None:
+            log.warning(f"interceptor: session {ex.session.id!r}: {message}; the rollout stops")
+            stop = ex.session.stop_with(HOOK_ERROR, "hook", ex.call_id or None)
         flow.response = json_response(500, ex.dialect.error_body(500, message, HOOK_ERROR),
                                       headers={"x-interceptor-stop": stop.condition})
+        ex.answered_here = True
         record_refusal(ex, flow, stop, ResponseError(type=HOOK_ERROR, message=message, status=500))
-        return True
 
     def response(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)

@@ -71,7 +71,7 @@ class Translate:
     def on_headers(self, flow: http.HTTPFlow, stream):
         ex = exchange_of(flow)
         response = flow.response
-        if ex is None or ex.translation is None or response is None or ex.replayed:
+        if ex is None or ex.translation is None or response is None or ex.replayed or ex.answered_here:
             return stream
         if response.status_code != 200 or not response.headers.get("content-type", "").startswith("text/event-stream"):
             return stream  # read whole, translated in on_response
@@ -86,7 +86,7 @@ class Translate:
     def on_response(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)
         response = flow.response
-        if ex is None or ex.translation is None or response is None or ex.replayed:
+        if ex is None or ex.translation is None or response is None or ex.replayed or ex.answered_here:
             return
         if isinstance(response.stream, TranslateStream) or callable(response.stream):
             return

@@ -586,6 +586,9 @@ class ResponsesDialect(OpenAIDialect):
                     pending = False
                 system = kind == "message" and item.get("role") in ("system", "developer")
                 slots.append(None if system else Slot(("input", k, "content" if kind == "message" else "output")))
+            elif kind == "configuration_update":  # a message of its own, after the run it ends
+                slots += [None, None] if pending else [None]
+                pending = False
             elif kind != "additional_tools":
                 pending = True
         return slots + ([None] if pending else [])

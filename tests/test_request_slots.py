@@ -39,6 +39,8 @@ BODIES = {
         {"type": "additional_tools", "tools": []},
         {"type": "message", "role": "developer", "content": "mind"},
         {"type": "custom_tool_call", "call_id": "c2", "name": "exec", "input": "ls"},
+        # Codex's note of a setting it changed: a message of its own, after the run it ends
+        {"type": "configuration_update", "reasoning": {"effort": "high"}},
         {"type": "custom_tool_call_output", "call_id": "c2", "output": "files"},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "next"}]}]},
 }

@@ -202,3 +202,34 @@ def test_responses_harness_on_a_chat_upstream_json_stream_and_chain(chat_session
     assert trace.calls[1].previous_response_id == first.id and not trace.calls[1].previous_response_unknown
     chain = next(b for b in trace.branches if len(b.messages) > 3).messages  # the chained turn extends the first
     assert [m.role for m in chain] == ["system", "user", "assistant", "tool", "assistant"]
+
+
+def test_a_decided_tool_result_that_cannot_be_written_into_a_translated_body_is_refused(chat_session, sim, tmp_path):
+    """The tool route decided a result before the harness sent it; a translated body is not
+    the harness's, so the decision cannot be spliced into it. The request is refused in the
+    harness's dialect (nothing forwarded: the model never reads the tool's own output) and
+    the rollout stops as on a hook error; before, it went upstream with the harness's output."""
+    import textwrap
+
+    from test_tool_route import BLOCKED, POLICE, route
+    hooks = tmp_path / "police.py"
+    hooks.write_text(textwrap.dedent(POLICE))
+    proxy, s = chat_session(model="policy", hooks={"module": str(hooks)})
+    _, client = session_clients(s)
+    sim.script(Reply(tool_calls=[ToolCall(name="bash", arguments={"cmd": "rm -rf victim"})]), Reply(text="never"))
+    messages = [{"role": "user", "content": "clean up"}]
+    first = client.messages.create(model="claude-x", max_tokens=200, messages=messages, tools=TOOLS)
+    call = first.content[0]
+    status, decided = route(proxy, s["model_secret"], {"phase": "before", "tool_call_id": call.id})
+    assert (status, decided["action"], decided["content"]) == (200, "block", BLOCKED)
+    messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
+                                               "content": "removed 3 files"}]}]
+    with pytest.raises(anthropic.InternalServerError) as e:
+        client.messages.create(model="claude-x", max_tokens=200, messages=messages, tools=TOOLS)
+    assert e.value.response.headers["x-should-retry"] == "false"
+    assert e.value.body["error"]["type"] == "hook_error" and "cannot be written" in e.value.message
+    assert len(sim.requests) == 1  # the tool's own output never went upstream
+    trace = sealed_trace(proxy, s)
+    assert trace.stopped_by == "hook" and trace.calls[-1].error.type == "hook_error"
+    assert "removed 3 files" not in json.dumps([n.message.model_dump() for n in trace.nodes])
