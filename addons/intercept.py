@@ -19,13 +19,16 @@ request takes the delivered content, so the graph holds what the model read and 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import bisect
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from interceptor.addons.hookrun import HookFailure, call, effective_request
 from interceptor.addons.memory import Chain, Handed, Remembered, digest, kept
 from interceptor.dialects.base import RewriteError, Slot
+from interceptor.dialects.body import Edit
 from interceptor.trace.hooks import HookContext, HookSpec
 from interceptor.trace.ids import new_id
 from interceptor.trace.messages import Message, Request, copied, message_hash
@@ -43,11 +46,43 @@ def has_request_hooks(ex: Exchange) -> bool:
     return hooks is not None and bool(hooks.request)
 
 
-def slots_of(ex: Exchange) -> list[Slot | None] | None:
+class _Slots(Sequence):
+    """``content_slots`` read element by element as asked: the message list's scan says
+    which element made each message (``Listed.marks``), so a turn that splices a few
+    messages does not make a slot for every message of the history."""
+
+    def __init__(self, dialect: Any, body: dict[str, Any], lead: int, marks: list[int]) -> None:
+        self.dialect, self.body, self.lead, self.marks = dialect, body, lead, marks
+        self._made: dict[int, list[Slot | None] | None] = {}
+
+    def __len__(self) -> int:
+        return self.lead + self.marks[-1]
+
+    def __getitem__(self, i: int) -> Slot | None:  # type: ignore[override]
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        m = i - self.lead
+        if m < 0:
+            return None  # a system prompt's: never rewritten
+        j = bisect.bisect_right(self.marks, m)
+        before = self.marks[j - 1] if j else 0
+        if j not in self._made:
+            slots = self.dialect.element_slots(self.body, j)
+            self._made[j] = slots if slots is not None and len(slots) == self.marks[j] - before else None
+        slots = self._made[j]
+        return slots[m - before] if slots is not None else None  # None: cannot be written (refused)
+
+
+def slots_of(ex: Exchange) -> Sequence[Slot | None] | None:
     """Where each message of ``ex.request`` lives in the body (None for the messages a
     Responses chain took from the record), or None when the dialect cannot splice."""
     if ex.body is None or ex.request is None or ex.translation is not None:
         return None  # a translated body is not the harness's: nothing of it to splice into
+    listed = ex.listed
+    if (listed is not None and ex.prefix_len == 0 and listed.complete and listed.key in ex.body
+            and len(ex.request.messages) == listed.lead + listed.marks[-1]
+            and ex.dialect.element_slots(ex.body, 0) is not None):
+        return _Slots(ex.dialect, ex.body, listed.lead, listed.marks)
     slots = ex.dialect.content_slots(ex.body, chained=ex.prefix_len > 0)
     if slots is None:
         return None
@@ -137,25 +172,30 @@ def remembered(ex: Exchange) -> None:
 
 def _deliver(ex: Exchange, slot: Slot, message: Message, hit: Remembered) -> Message:
     """``message`` with the remembered content in, and the edits that put it in the body
-    (none when the harness sent it already, as it does when it honours the tool route's block)."""
+    (none when the harness sent it already, as it does when it honours the tool route's block).
+    The same original at the same slot as last time (the very object a restated history's
+    scan hands back) gets the same edits and the same delivered message."""
+    if hit.last is not None and hit.last[0] is message and hit.last[1] == slot:
+        ex.edits += hit.last[2]
+        return hit.last[3]
     flag = hit.is_error if hit.is_error != message.is_error else None
-    if message.content == hit.content and flag is None:
-        return message
-    try:
-        ex.edits += ex.dialect.content_edits(slot, ex.body, hit.content, flag)
-    except RewriteError:
-        if flag is None or hit.rewrite.by != TOOL_ROUTE:
-            raise
-        # The route decided before it knew the wire format: one with no error flag for this
-        # message (Chat, Responses) carries the content alone.
-        flag = None
-        if message.content != hit.content:
-            ex.edits += ex.dialect.content_edits(slot, ex.body, hit.content, None)
-    if hit.last is not None and hit.last[0] is message:
-        return hit.last[1]
-    delivered = message.model_copy(update={"content": hit.content,
-                                           "is_error": hit.is_error if flag is not None else message.is_error})
-    hit.last = (message, delivered)
+    edits: list[Edit] = []
+    delivered = message
+    if message.content != hit.content or flag is not None:
+        try:
+            edits = ex.dialect.content_edits(slot, ex.body, hit.content, flag)
+        except RewriteError:
+            if flag is None or hit.rewrite.by != TOOL_ROUTE:
+                raise
+            # The route decided before it knew the wire format: one with no error flag for
+            # this message (Chat, Responses) carries the content alone.
+            flag = None
+            if message.content != hit.content:
+                edits = ex.dialect.content_edits(slot, ex.body, hit.content, None)
+        delivered = message.model_copy(update={"content": hit.content,
+                                               "is_error": hit.is_error if flag is not None else message.is_error})
+    hit.last = (message, slot, edits, delivered)
+    ex.edits += edits
     return delivered
 
 

@@ -73,10 +73,10 @@ class Remembered:
     is_error: bool  # the delivered flag
     original_hash: str  # message_hash of the original: the plain key once the parent is a node
     recorded: bool = False
-    # The last original it was delivered for, and the message delivered: a restated
-    # original is the very object its request's scan remembered (trace/prefix.py), so every
-    # later turn's delivery is this message again, not a fresh copy.
-    last: tuple[Message, Message] | None = None
+    # The last original it was delivered for, the slot, the edits and the message delivered:
+    # a restated original is the very object its request's scan remembered
+    # (trace/prefix.py), so every later turn's delivery is these again, not made anew.
+    last: tuple[Message, Any, list[Any], Message] | None = None
 
 
 @dataclass

@@ -578,27 +578,32 @@ class AnthropicDialect(KnobDialect):
         # canonical message, except a user turn, which is one per tool_result block and one per
         # run of other blocks between them (_user).
         slots: list[Slot | None] = [None] if _without_billing_header(body.get("system")) else []
-        for i, m in enumerate(body.get("messages") or []):
-            content = m.get("content")
-            if m.get("role") in ("assistant", "system"):
-                slots.append(None)
-            elif content is None or isinstance(content, str):
-                slots.append(Slot(("messages", i, "content")))
-            else:
-                start = None
-                for j, block in enumerate(content):
-                    if block.get("type") == "tool_result":
-                        if start is not None:
-                            slots.append(Slot(("messages", i, "content"), run=(start, j)))
-                            start = None
-                        slots.append(Slot(("messages", i, "content", j, "content"),
-                                          error_path=("messages", i, "content", j, "is_error")))
-                    elif start is None:
-                        start = j
+        for i in range(len(body.get("messages") or [])):
+            slots += self.element_slots(body, i)
+        return slots
+
+    def element_slots(self, body: dict[str, Any], i: int) -> list[Slot | None]:
+        m = body["messages"][i]
+        content = m.get("content")
+        if m.get("role") in ("assistant", "system"):
+            return [None]
+        if content is None or isinstance(content, str):
+            return [Slot(("messages", i, "content"))]
+        slots: list[Slot | None] = []
+        start = None
+        for j, block in enumerate(content):
+            if block.get("type") == "tool_result":
                 if start is not None:
-                    slots.append(Slot(("messages", i, "content"), run=(start, len(content))))
-                elif not content:
-                    slots.append(None)  # an empty list: nothing to splice into
+                    slots.append(Slot(("messages", i, "content"), run=(start, j)))
+                    start = None
+                slots.append(Slot(("messages", i, "content", j, "content"),
+                                  error_path=("messages", i, "content", j, "is_error")))
+            elif start is None:
+                start = j
+        if start is not None:
+            slots.append(Slot(("messages", i, "content"), run=(start, len(content))))
+        elif not content:
+            slots.append(None)  # an empty list: nothing to splice into
         return slots
 
     def content_parts(self, blocks: list[Any]) -> list[Part]:

@@ -340,6 +340,13 @@ class Dialect(ABC):
         may rewrite a ``Slot``, the others None. None: this dialect cannot splice rewrites."""
         return None
 
+    def element_slots(self, body: dict[str, Any], j: int) -> list[Slot | None] | None:
+        """``content_slots`` of the messages element ``j`` of the message list makes alone
+        (as many as ``Listed.marks`` counts for it), for a dialect whose elements' slots do
+        not depend on each other; None: ask ``content_slots`` for the whole body. A request
+        hook's session reads a few slots a turn, not every message's (issue 16)."""
+        return None
+
     def content_parts(self, blocks: list[Any]) -> list[Part]:
         """Native content blocks as canonical parts (the dialect's own reading)."""
         raise NotImplementedError

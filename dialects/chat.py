@@ -348,8 +348,11 @@ class ChatDialect(OpenAIDialect):
     def content_slots(self, body: dict[str, Any], chained: bool = False) -> list[Slot | None]:
         # One canonical message per native one (parse_request); user, tool and function
         # messages carry their content in "content" (a string is valid for each).
-        return [Slot(("messages", i, "content")) if m.get("role") not in ("system", "developer", "assistant")
-                else None for i, m in enumerate(body.get("messages") or [])]
+        return [slot for j in range(len(body.get("messages") or [])) for slot in self.element_slots(body, j)]
+
+    def element_slots(self, body: dict[str, Any], j: int) -> list[Slot | None]:
+        m = body["messages"][j]
+        return [Slot(("messages", j, "content")) if m.get("role") not in ("system", "developer", "assistant") else None]
 
     def content_parts(self, blocks: list[Any]) -> list[Part]:
         parts = _content(blocks)

@@ -105,3 +105,19 @@ def test_a_run_of_blocks_is_one_message_and_is_replaced_as_one():
     assert [b.get("text") or b.get("tool_use_id") for b in content] == ["before", "t1", "t2", "ab, rewritten"]
     with pytest.raises(RewriteError, match="cannot be emptied"):
         rewritten("anthropic", 6, [])
+
+
+@pytest.mark.parametrize("name", ["chat", "anthropic"])
+def test_slots_read_element_by_element_are_the_whole_body_s(name):
+    """A request hook's session reads the slots it needs element by element, through the
+    scan's count of each element's messages: the same slots as the whole body's."""
+    from interceptor.addons.intercept import _Slots
+    dialect = DIALECTS[name]
+    raw = json.dumps(BODIES[name]).encode()
+    parsed = parse_body(raw, dialect.message_list)
+    request = dialect.parse_request(parsed.data, parsed.listed)
+    listed = parsed.listed
+    lead = len(request.messages) - listed.marks[-1]
+    lazy = _Slots(dialect, parsed.data, lead, listed.marks)
+    assert len(lazy) == len(request.messages)
+    assert [lazy[i] for i in range(len(lazy))] == dialect.content_slots(parsed.data)
