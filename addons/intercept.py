@@ -288,6 +288,31 @@ def _given(current: Request, request: Request, known: int,
     return given, copies
 
 
+STOPS = "\0request stops"  # Handed's key for the copies request stops are handed
+
+
+def for_stops(ex: Exchange) -> Request | None:
+    """What the request stops are handed: a copy of the request as the upstream will get it.
+    A stop may not change it, and its messages are the graph's and the remembered lists'
+    (a stop that trimmed one in place for its own reading changed the trace). The copies of
+    the messages are kept for the next request (``Handed``) while the stops leave them
+    unchanged (``kept_for_stops``)."""
+    request = effective_request(ex)
+    if request is None:
+        return None
+    given, copies = _given(request, request, len(request.messages), ex.session.handed.by_hook.pop(STOPS, {}))
+    ex.session.handed.by_hook[STOPS] = copies
+    return given
+
+
+def kept_for_stops(ex: Exchange) -> None:
+    """After the request stops: their copies are kept only if every one is still its
+    message's equal (a stop that changed one gets fresh copies next time)."""
+    copies = ex.session.handed.by_hook.get(STOPS)
+    if copies and any(copy != stored for stored, copy in copies.values()):
+        ex.session.handed.by_hook.pop(STOPS, None)
+
+
 async def rewrite(ex: Exchange, ctx: HookContext) -> None:
     """Run the session's request hooks over the request's new messages and splice what
     they changed; each change is remembered and carried (``ex.carried``). HookFailure for a

@@ -23,7 +23,7 @@ from mitmproxy import http
 from interceptor.addons import intercept
 from interceptor.addons.answers import json_response
 from interceptor.addons.exchange import Exchange, Step, exchange_of
-from interceptor.addons.hookrun import HookFailure, context, effective_request, first_stop
+from interceptor.addons.hookrun import HookFailure, context, first_stop
 from interceptor.addons.limits import Stop, in_flight, reached
 from interceptor.addons.record import first_carried, make_call
 from interceptor.dialects.base import CONTEXT_LENGTH
@@ -99,7 +99,10 @@ async def hook_stop(ex: Exchange, endpoint: str, stops: bool = True) -> Stop | N
         if name is None and hooks.request:
             await intercept.rewrite(ex, ctx)
         if name is None and stops and hooks.request_stops:
-            name = await first_stop(hooks.request_stops, ctx, effective_request(ex))
+            try:
+                name = await first_stop(hooks.request_stops, ctx, intercept.for_stops(ex))
+            finally:
+                intercept.kept_for_stops(ex)
     finally:
         ex.session.record_metrics(ctx.metrics)
     return ex.session.stop_with(name, "hook", ex.call_id or None) if name is not None else None

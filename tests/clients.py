@@ -41,3 +41,15 @@ def session_clients(session: dict):
         openai.OpenAI(api_key=secret, max_retries=0, timeout=30),
         anthropic.Anthropic(api_key=secret, max_retries=0, timeout=30),
     )
+
+
+def chat_turns(oai, first: str, turns: int, follow: str = "go on {k}", model: str = "gpt-4o") -> list[dict]:
+    """A Chat agent loop of ``turns`` requests through ``oai``: ``first`` as the user's
+    message, then each reply and a follow-up (``follow`` with ``k``, the turn); the history
+    the last request restated and its reply."""
+    messages = [{"role": "user", "content": first}]
+    for k in range(turns):
+        r = oai.chat.completions.create(model=model, messages=messages)
+        messages += [{"role": "assistant", "content": r.choices[0].message.content},
+                     {"role": "user", "content": follow.format(k=k)}]
+    return messages

@@ -19,7 +19,7 @@ import pytest
 from interceptor.addons.hookload import load_hooks
 from interceptor.trace.hooks import HookError
 from interceptor.trace import read_trace
-from clients import session_clients
+from clients import chat_turns, session_clients
 from mitm import MitmProcess
 from provider import Reply
 from test_trace_proxy import mproxy, msim, session  # noqa: F401 (one simulator and proxy for the module)
@@ -128,6 +128,31 @@ def test_a_request_stop_sees_the_request_the_upstream_would_get(session, msim, m
     trace = read_trace(s["trace_path"])
     assert trace.stop.by == "hook" and trace.stop.call == trace.calls[-1].id
     assert trace.branches[-1].messages[-1].content == "rm -rf /"  # the refused prompt is on the trace
+
+
+def test_a_request_stop_that_changes_its_request_changes_nothing_else(session, msim, mproxy, tmp_path):
+    """A stop that trims the messages it is handed in place (for its own reading) changes
+    neither what the upstream gets nor the trace, and sees each message whole again next
+    turn: it is handed copies (kept between turns only while it leaves them unchanged)."""
+    log = tmp_path / "seen.log"
+    path = hooks_file(tmp_path, f"""
+        @stop
+        def trims(request: Request) -> bool:
+            with open({str(log)!r}, "a") as f:
+                f.write(" ".join(str(len(m.text())) for m in request.messages) + "\\n")
+            for m in request.messages:
+                m.content = m.text()[:3]
+            return False
+    """)
+    s = session(hooks={"module": path})
+    oai, _ = session_clients(s)
+    msim.script(*[Reply(text=f"a long answer {k}") for k in range(3)])
+    chat_turns(oai, "a long task to do", 3, "and go on {k}")
+    assert [r.json["messages"][0]["content"] for r in msim.model_requests()] == ["a long task to do"] * 3
+    assert log.read_text().splitlines() == ["17", "17 15 11", "17 15 11 15 11"]  # whole every time
+    trace = read_trace(s["trace_path"]) if mproxy.api("DELETE", f"sessions/{s['id']}")[0] == 200 else None
+    assert [m.content for m in trace.branches[0].messages] == [
+        "a long task to do", "a long answer 0", "and go on 0", "a long answer 1", "and go on 1", "a long answer 2"]
 
 
 def test_a_hook_that_raises_answers_500_never_retried_and_stops(session, msim, mproxy, tmp_path):

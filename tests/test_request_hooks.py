@@ -20,7 +20,7 @@ import pytest
 
 from interceptor.trace import read_trace
 from interceptor.trace.verify import problems
-from clients import session_clients
+from clients import chat_turns, session_clients
 from provider import Reply, ToolCall
 from test_trace_proxy import ANTHROPIC_TOOLS, SYSTEM, TOOLS, mproxy, msim, session  # noqa: F401
 
@@ -264,11 +264,7 @@ def test_a_hook_is_handed_the_same_copies_and_a_changed_one_is_caught(session, m
                        "config": {"log": str(log), "meddle_at": 3}}, on_hook_error="pass")
     oai, _ = session_clients(s)
     msim.script(*[Reply(text=f"answer {k}") for k in range(6)])
-    messages = [{"role": "user", "content": "the task"}]
-    for k in range(6):
-        r = oai.chat.completions.create(model="gpt-4o", messages=messages)
-        messages += [{"role": "assistant", "content": r.choices[0].message.content},
-                     {"role": "user", "content": f"go on {k}"}]
+    chat_turns(oai, "the task", 6)
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     # Call 0 has no stored message; from call 2 on the first message is a copy handed before
     # (the one call 1 was handed), until call 3 broke it; call 4 has fresh ones.
