@@ -42,7 +42,7 @@ def session_context(session: Session, messages: list[Message] | None = None, **w
         info=dict(session.config.info), config=dict(hooks.config) if hooks else {},
         num_turns=trace.num_turns, num_input_tokens=trace.num_input_tokens,
         num_output_tokens=trace.num_output_tokens,
-        messages=list(trace.messages) if messages is None else messages,
+        messages=session.handed.branch(trace.messages if messages is None else messages),
         state=session.task_state.snapshot(), **where)
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from interceptor.trace.escape import utf8
-from interceptor.trace.messages import Message, Part, canonical_json
+from interceptor.trace.messages import Message, Part, canonical_json, copied
 from interceptor.trace.model import Rewrite, Trace
 
 KEEP_BYTES = 64 * 1024  # intercept_rewrite_keep_bytes' default
@@ -153,4 +153,21 @@ class Handed:
     fails has its copies dropped."""
 
     by_hook: dict[str, dict[int, tuple[Message, Message]]] = field(default_factory=dict)
+    # The copies the hooks' context was last handed of the branch (``HookContext.messages``).
+    _branch: dict[int, tuple[Message, Message]] = field(default_factory=dict, repr=False)
+
+    def branch(self, messages: list[Message]) -> list[Message]:
+        """Copies of the graph's ``messages`` for a hook's context: a hook that changed one
+        in place changed the trace. The copy handed last time is handed again while it is
+        still its message's equal (one comparison, of objects that share their strings), so
+        a turn copies only the messages new to the branch."""
+        kept, fresh = self._branch, {}
+        out: list[Message] = []
+        for message in messages:
+            held = kept.get(id(message))
+            copy = held[1] if held is not None and held[0] is message and held[1] == message else copied(message)
+            fresh[id(message)] = (message, copy)
+            out.append(copy)
+        self._branch = fresh
+        return out
 

@@ -130,17 +130,24 @@ def test_a_request_stop_sees_the_request_the_upstream_would_get(session, msim, m
     assert trace.branches[-1].messages[-1].content == "rm -rf /"  # the refused prompt is on the trace
 
 
-def test_a_request_stop_that_changes_its_request_changes_nothing_else(session, msim, mproxy, tmp_path):
+@pytest.mark.parametrize("handed, seen", [
+    ("request: Request", ["17", "17 15 11", "17 15 11 15 11"]),  # a request stop: the request
+    ("ctx: HookContext", ["", "17 15", "17 15 11 15"]),  # a between-turn stop: ctx.messages
+])
+def test_a_stop_that_changes_the_messages_it_is_handed_changes_nothing_else(session, msim, mproxy, tmp_path,
+                                                                          handed, seen):
     """A stop that trims the messages it is handed in place (for its own reading) changes
     neither what the upstream gets nor the trace, and sees each message whole again next
-    turn: it is handed copies (kept between turns only while it leaves them unchanged)."""
+    turn: it is handed copies (kept between turns only while it leaves them unchanged).
+    Before, both were the graph's own messages, and the trace kept the trimmed text."""
     log = tmp_path / "seen.log"
+    messages = "request.messages" if handed.startswith("request") else "ctx.messages"
     path = hooks_file(tmp_path, f"""
         @stop
-        def trims(request: Request) -> bool:
+        def trims({handed}) -> bool:
             with open({str(log)!r}, "a") as f:
-                f.write(" ".join(str(len(m.text())) for m in request.messages) + "\\n")
-            for m in request.messages:
+                f.write(" ".join(str(len(m.text())) for m in {messages}) + "\\n")
+            for m in {messages}:
                 m.content = m.text()[:3]
             return False
     """)
@@ -149,10 +156,9 @@ def test_a_request_stop_that_changes_its_request_changes_nothing_else(session, m
     msim.script(*[Reply(text=f"a long answer {k}") for k in range(3)])
     chat_turns(oai, "a long task to do", 3, "and go on {k}")
     assert [r.json["messages"][0]["content"] for r in msim.model_requests()] == ["a long task to do"] * 3
-    assert log.read_text().splitlines() == ["17", "17 15 11", "17 15 11 15 11"]  # whole every time
+    assert log.read_text().splitlines() == seen  # whole every time
     trace = read_trace(s["trace_path"]) if mproxy.api("DELETE", f"sessions/{s['id']}")[0] == 200 else None
-    assert [m.content for m in trace.branches[0].messages] == [
-        "a long task to do", "a long answer 0", "and go on 0", "a long answer 1", "and go on 1", "a long answer 2"]
+    assert [len(m.text()) for m in trace.branches[0].messages] == [17, 15, 11, 15, 11, 15]
 
 
 def test_a_hook_that_raises_answers_500_never_retried_and_stops(session, msim, mproxy, tmp_path):

@@ -45,7 +45,8 @@ class HookError(ValueError):
 @dataclass
 class HookContext:
     """What a hook knows about the rollout it runs in. ``messages`` is the current branch as
-    the graph holds it (the conversation so far, before this request's new messages).
+    the graph holds it (the conversation so far, before this request's new messages), as
+    copies: changing them changes nothing.
     ``state`` is a copy of the task state as the tool servers last wrote it (changing it
     changes nothing: only the state routes write it), so a stop can end the rollout on it.
     ``tool_phase`` is ``before`` or ``after`` when the tool route asks (a harness's tool
