@@ -140,7 +140,8 @@ class Memory:
 
 @dataclass
 class Handed:
-    """The copies of a session's stored messages each request hook was last handed.
+    """The copies of a session's stored messages each request hook was last handed (and
+    the request stops, ``intercept.for_stops``, and the hooks' context, ``branch``).
 
     A hook is handed a copy of the request (it may change it in place, and the proxy's
     messages are the graph's), and copying a 600-message history every turn was ~10 ms at
@@ -170,4 +171,3 @@ class Handed:
             out.append(copy)
         self._branch = fresh
         return out
-
