@@ -1,6 +1,6 @@
 """Which addon hook costs what, per request, in process: a growing rollout and a fixed 20 KB body.
 
-    .venv/bin/python bench/hooks.py [--turns 300] [--mode rollout|fixed] [--band 25]
+    .venv/bin/python bench/hooks.py [--turns 300] [--mode rollout|fixed] [--band 25] [--hooks]
 
 Every hook of ``addons/interception.py``'s list, in its order, on ``tflow`` flows (mitmproxy's
 ``taddons``; no sockets, no TLS, the relay off, since there is no upstream to relay to), with
@@ -10,8 +10,10 @@ in each addon's ``requestheaders``, ``request``, ``responseheaders`` and ``respo
 and the collector's passes (``gc.callbacks``). ``rollout``: issue 16's conversation (a
 570-character user message and reply added per turn, the whole history restated, the session
 imposing a model); ``fixed``: the same ~20 KB one-message request every time (bench/overhead.py's
-small JSON body). The answer is a Chat Completions JSON reply. Prints, for the first and the
-last band of turns, the median per hook, largest first, and the sum of all hooks.
+small JSON body). The answer is a Chat Completions JSON reply. ``--hooks``: the session has a
+request hook (a redaction of a word every tenth user message holds; the rewrites are spliced
+into every later turn), as ``bench/rollout.py --hooks``. Prints, for the first and the last
+band of turns, the median per hook, largest first, and the sum of all hooks.
 
 What this leaves out is what only a real mitmdump does: TLS, HTTP framing, the event loop's
 round trips and the relay's loopback hop (bench/rollout.py and bench/relay.py measure those).
