@@ -27,7 +27,7 @@ from interceptor.addons.hookrun import HookFailure, call, context, first_stop
 from interceptor.addons.memory import digest, kept
 from interceptor.trace.hooks import HookSpec
 from interceptor.trace.ids import new_id
-from interceptor.trace.messages import Message, Part, Response, piece_order
+from interceptor.trace.messages import Message, Part, Response, copied, piece_order
 from interceptor.trace.model import Rewrite
 
 if TYPE_CHECKING:
@@ -145,7 +145,8 @@ async def decide(ex: Exchange, sampled: Response, endpoint: str) -> Verdict:
             verdict.removed = check(hooks.response[0], sampled.message, current)
             verdict.delivered = delivered_response(sampled, current)
         if hooks.response_stops:
-            verdict.stop = await first_stop(hooks.response_stops, ctx, verdict.delivered or sampled)
+            # A copy: the answer is what the harness gets and the trace records as sampled.
+            verdict.stop = await first_stop(hooks.response_stops, ctx, copied(verdict.delivered or sampled))
     finally:
         ex.session.record_metrics(ctx.metrics)
     return verdict

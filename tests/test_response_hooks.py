@@ -257,6 +257,29 @@ def test_response_stop_refuses_the_answer(session, tmp_path, msim, mproxy):
     assert trace.calls[0].error.type == "interceptor_stopped"
 
 
+TRIMS = """
+from interceptor.hooks import Response, stop
+
+@stop
+def trims(response: Response) -> bool:
+    response.message.content = response.message.text()[:3]  # for its own reading
+    return False
+"""
+
+
+def test_a_response_stop_that_changes_the_answer_it_is_handed_changes_nothing_else(session, tmp_path, msim, mproxy):
+    """A response stop is handed a copy: trimming it in place changes neither what the
+    harness gets nor what the trace says the model said (before, both were the answer)."""
+    s = session(hooks={"module": hooks_file(tmp_path, TRIMS, "trimming.py")})
+    oai, _ = session_clients(s)
+    msim.script(Reply(text="the whole answer"))
+    r = oai.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    assert r.choices[0].message.content == "the whole answer"
+    trace = sealed(mproxy, s)
+    [call] = trace.calls
+    assert trace.nodes[call.node].message.text() == "the whole answer" and call.delivered_node is None
+
+
 # --- keepalive: a proxy of its own, with intercept_hold_keepalive --------------------------------
 
 @pytest.fixture(scope="module")

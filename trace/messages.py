@@ -212,6 +212,9 @@ class Request(_Model):
 
 
 _ATOMS = (str, int, float, bool, type(None))
+# Fields typed as lists of numbers (a Response's tokens and log-probabilities, up to the whole
+# prompt's): copied as one list, not number by number.
+_NUMBERS = frozenset({"prompt_token_ids", "token_ids", "logprobs"})
 
 
 def copied(value: Any) -> Any:
@@ -226,7 +229,8 @@ def copied(value: Any) -> Any:
         return {k: copied(v) for k, v in value.items()}
     if isinstance(value, _Model):
         new = object.__new__(type(value))
-        object.__setattr__(new, "__dict__", {k: copied(v) for k, v in value.__dict__.items()})
+        object.__setattr__(new, "__dict__", {k: list(v) if k in _NUMBERS and isinstance(v, list) else copied(v)
+                                             for k, v in value.__dict__.items()})
         object.__setattr__(new, "__pydantic_fields_set__", set(value.__pydantic_fields_set__))
         object.__setattr__(new, "__pydantic_extra__", None)  # extra="forbid": there is none
         private = value.__pydantic_private__
