@@ -44,15 +44,17 @@ ROOT = Path(__file__).resolve().parent.parent
 KEY_ENV = "BENCH_HOOKS_KEY"
 MODEL = "gpt-4o-bench"
 URL = "https://api.openai.com/v1/chat/completions"
-# --hooks: what an evaluator's redaction looks like; it is shown the whole request each turn.
-REDACT = """
+# --hooks: what an evaluator's redaction looks like; it is shown the whole request each turn
+# (bench/rollout.py --hooks uses the same).
+SECRET = "SECRET"
+REDACT = f"""
 from interceptor.hooks import HookContext, Request, intercept
 
 @intercept
 def redact(request: Request, ctx: HookContext):
     for m in request.messages:
-        if m.role == "user" and isinstance(m.content, str) and "SECRET" in m.content:
-            m.content = m.content.replace("SECRET", "[redacted]")
+        if m.role == "user" and "{SECRET}" in m.text():
+            m.content = m.text().replace("{SECRET}", "[redacted]")
     return request
 """
 HOOKS = ("requestheaders", "request", "responseheaders", "response")
@@ -138,7 +140,7 @@ def main() -> int:
         filler = "x" * 20_000
         for k in range(args.turns):
             if args.mode == "rollout":
-                said = "SECRET " if args.hooks and k % 10 == 0 else ""
+                said = f"{SECRET} " if args.hooks and k % 10 == 0 else ""
                 messages.append({"role": "user", "content": (f"turn {k}: {said}" + "please go on. " * (args.chunk // 14 + 1))[:args.chunk]})
                 payload = json.dumps({"model": "gpt-4o", "messages": messages}).encode()
             else:

@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from failclosed import checkout_proxy  # noqa: E402
+from hooks import REDACT, SECRET  # noqa: E402 (--hooks: the same redaction as bench/hooks.py's)
 from mitm import MitmProcess  # noqa: E402
 from overhead import KEY_ENV, start_simulator  # noqa: E402
 from trace_turns import cpu_between, cpu_ns, machine  # noqa: E402
@@ -64,17 +65,6 @@ from trace_turns import cpu_between, cpu_ns, machine  # noqa: E402
 from interceptor.trace import read_trace  # noqa: E402
 
 MODEL = "gpt-4o-bench"  # what each proxy session imposes
-SECRET = "SECRET"  # --hooks: what the hook redacts
-REDACT = f"""
-from interceptor.hooks import HookContext, Request, intercept
-
-@intercept
-def redact(request: Request, ctx: HookContext):
-    for m in request.messages:
-        if m.role == "user" and "{SECRET}" in m.text():
-            m.content = m.text().replace("{SECRET}", "[redacted]")
-    return request
-"""
 URLS = {"chat": "https://api.openai.com/v1/chat/completions", "anthropic": "https://api.anthropic.com/v1/messages",
         "gemini": "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-pro:generateContent",
         "responses": "https://api.openai.com/v1/responses"}
