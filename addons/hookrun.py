@@ -61,9 +61,11 @@ def session_context(session: Session, messages: list[Message] | None = None, **w
     ``where`` the request's dialect, call and endpoint, or the tool route's phase."""
     trace = session.recorder.trace
     hooks = session.config.hooks
-    leaf = trace.current_leaf() if messages is None else None  # the branch as it is now
+    # The branch as it is now, read here on the event loop (a plain hook reads its context in
+    # a worker thread, while the loop may be committing); only its copies are made on reading.
+    branch = trace.messages if messages is None else messages
     return _Context(
-        lambda: session.handed.branch(trace.messages_to(leaf) if messages is None else messages),
+        lambda: session.handed.branch(branch),
         session_id=session.id, task=dict(session.config.task), agent=dict(session.config.agent),
         info=dict(session.config.info), config=dict(hooks.config) if hooks else {},
         num_turns=trace.num_turns, num_input_tokens=trace.num_input_tokens,

@@ -489,21 +489,14 @@ class Trace(_Model):
     def messages(self) -> list[Message]:
         """The conversation as it stands: the path of the last committed reply (or the
         newest leaf when nothing was committed)."""
-        return self.messages_to(self.current_leaf())
-
-    def current_leaf(self) -> int | None:
-        """The node ``messages`` ends at: the last committed reply (what the harness got), or
-        the newest leaf when nothing was committed; None for an empty graph."""
         last = next((c.delivered_node if c.delivered_node is not None else c.node
                      for c in reversed(self.calls) if c.node is not None), None)
         if last is None:
             leaves = self.leaves()
-            return leaves[-1] if leaves else None
-        return last
-
-    def messages_to(self, node: int | None) -> list[Message]:
-        """The messages from the root down to ``node`` ([] for None)."""
-        return [] if node is None else [self.nodes[i].message for i in self._path_of_last(node)]
+            if not leaves:
+                return []
+            last = leaves[-1]
+        return [self.nodes[i].message for i in self._path_of_last(last)]
 
     def _path_of_last(self, last: int) -> list[int]:
         """``path(last)``, walking up only to where the path asked for before it reaches
