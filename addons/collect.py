@@ -34,6 +34,7 @@ from typing import Any
 from mitmproxy import http
 
 from interceptor.addons.exchange import Exchange, exchange_of
+from interceptor.dialects import prompt_ids
 from interceptor.dialects.base import Override
 from interceptor.dialects.encoding import Decoder
 from interceptor.dialects.sse import split_lines
@@ -250,22 +251,15 @@ class EventStrip:
         return b"".join(line for k, line in enumerate(lines) if k == data[0] or k not in data)
 
 
-_PROMPT_IDS = b'"prompt_token_ids":'
-
-
 def cut_prompt_ids(payload: bytes) -> tuple[bytes, bool]:
     """``payload`` without its ``prompt_token_ids`` array, cut from the bytes unparsed: for a
     long conversation it is most of vLLM's first event (~7 bytes a token, 3.5 MB for a 2 MB
     prompt), and parsing and re-dumping it would cost the event loop ~90 ms per turn. Only
-    a flat array is cut (a key can be matched in the raw text because a quote inside a JSON
-    string is always escaped); anything else is left to the JSON path."""
-    k = payload.find(_PROMPT_IDS)
-    if k < 0:
+    a flat array is cut (``prompt_ids.span``); anything else is left to the JSON path."""
+    where = prompt_ids.span(payload)
+    if where is None:
         return payload, False
-    start = payload.find(b"[", k + len(_PROMPT_IDS))
-    end = payload.find(b"]", start)
-    if start < 0 or end < 0 or payload[k + len(_PROMPT_IDS):start].strip():
-        return payload, False
+    k, _, end = where
     before, after = payload[:k].rstrip(), payload[end + 1:].lstrip()
     if before.endswith(b","):
         before = before[:-1]

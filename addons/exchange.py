@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from interceptor.addons.relay import Drain
     from interceptor.addons.memory import Remembered
     from interceptor.dialects.body import Body, Edit
+    from interceptor.dialects.prompt_ids import PromptRead
     from interceptor.addons.retry import Recorded
     from interceptor.addons.session import Session
     from interceptor.addons.tee import StreamTee
@@ -91,6 +92,7 @@ class Exchange:
     retry_reason: str | None = None  # why an unflagged request counts as a retry (Retry)
     recorded: Recorded | None = None  # the answer as the harness receives it, kept for replay (Retry)
     collect: Plan | None = None  # the token fields the proxy asked for, to strip (Collect)
+    prompt_read: PromptRead | None = None  # how vLLM's prompt ids read (Tee), kept with the turn (Record)
     tee: StreamTee | None = None  # the streamed answer's assembler (Tee)
     drain: Drain | None = None  # the proxy's own read of the upstream answer (Relay)
     delivered: bool = True  # False once the harness went away before the answer's end (Relay)

@@ -118,6 +118,8 @@ def commit(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: 
             recorder.commit_turn(ex.request, response, call, listed, rewrites=rewrites,
                                  delivered=delivered.message if delivered is not None else None)
             ex.turn = call.id
+            if ex.prompt_read is not None and call.node is not None and response.prompt_token_ids is not None:
+                ex.session.remember_prompt(ex.prompt_read, call.node)
         else:
             recorder.record_call(call, rewrites)
         if new:

@@ -27,10 +27,11 @@ from interceptor.addons.state import TaskState
 from interceptor.addons.upstream import Upstream, UpstreamRef
 from interceptor.addons.limits import Limits, Stop, StopBy
 from interceptor.addons.memory import KEEP_BYTES, Handed, Memory
+from interceptor.dialects.prompt_ids import Prior, PromptRead
 from interceptor.trace import Recorder, Store
 from interceptor.trace.match import Ignore
 from interceptor.trace.messages import Sampling
-from interceptor.trace.model import Reward
+from interceptor.trace.model import MessageNode, Reward
 
 if TYPE_CHECKING:
     from interceptor.addons.hookload import HookSet
@@ -134,6 +135,16 @@ def new_secret(kind: str, worker: str | None = None) -> str:
     return f"sk-ic-{worker + '-' if worker else ''}{kind}-{secrets.token_urlsafe(24)}"
 
 
+@dataclass(frozen=True, slots=True)
+class LastPrompt:
+    """vLLM's prompt ids as the session's last committed answer carried them: how their bytes
+    read, and the node their path ends at (the record's ids for them, ``Recorder.prompt_ids``)."""
+
+    read: PromptRead
+    leaf: int
+    node: MessageNode
+
+
 @dataclass(eq=False)
 class Session:
     id: str
@@ -156,6 +167,21 @@ class Session:
     hooks_config: dict[str, Any] = field(default_factory=dict)  # handed to hooks as ctx.config
     memory: Memory = field(default_factory=Memory)  # request hooks' rewrites, applied once
     handed: Handed = field(default_factory=Handed)  # what request hooks were handed of the graph's
+    last_prompt: LastPrompt | None = None  # vLLM's last prompt ids, so the next are parsed past them
+
+    def prompt_prior(self) -> Prior | None:
+        """What the next answer's prompt ids are read past (``dialects/prompt_ids.py``)."""
+        last, recorder = self.last_prompt, self.recorder
+        if last is None:
+            return None
+        return Prior(last.read, lambda: recorder.prompt_ids(last.leaf, last.node))
+
+    def remember_prompt(self, read: PromptRead, reply: int) -> None:
+        """A committed turn's prompt ids: they read as ``read`` and end at the parent of its
+        sampled reply ``reply``, the prompt's last node."""
+        nodes = self.recorder.trace.nodes
+        leaf = nodes[reply].parent
+        self.last_prompt = LastPrompt(read, leaf, nodes[leaf]) if leaf is not None else None
 
     @property
     def trace_path(self) -> Path:
@@ -204,6 +230,7 @@ class Session:
         self.task_state = TaskState.initial(None, None)  # its history is on the record
         self.admitted.clear()
         self.memory = Memory()
+        self.last_prompt = None
 
     def summary(self) -> dict[str, Any]:
         s = self.recorder.summary()

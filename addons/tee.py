@@ -22,7 +22,6 @@ upstream) commits no turn but is one call on the record, with its error.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 
@@ -54,6 +53,7 @@ class StreamTee:
         self.sse = frames
         # A translated answer is assembled from the upstream's events, recorded as the harness gets it.
         self.assembler = ex.translation.assembler() if ex.translation is not None else ex.dialect.assembler()
+        self.assembler.expect(ex.session.prompt_prior())  # vLLM's prompt ids: parsed past the last ones
         self.failed = False
         self.done = False  # the terminal event was assembled (a held answer commits later)
         # The dialect's shortcut for a chunk that is one usual event (a text delta), read from
@@ -115,6 +115,7 @@ class StreamTee:
                 stamp(now)
             if self.assembler.feed(event):
                 self.done = True
+                self.ex.prompt_read = self.assembler.prompt_read
                 commit(self.ex, self.flow, self.assembler.result())
                 return
 
@@ -173,7 +174,9 @@ class Assemble:
             return
         body = None
         try:
-            body = json.loads(flow.response.get_content(strict=False) or b"null")
+            # vLLM's prompt ids are parsed past the ones the session's last answer carried.
+            body, ex.prompt_read = ex.wire.load_response(flow.response.get_content(strict=False) or b"null",
+                                                         ex.session.prompt_prior())
         except ValueError:
             pass
         if status != 200:

@@ -60,7 +60,7 @@ from failclosed import checkout_proxy  # noqa: E402
 from hooks import REDACT, SECRET  # noqa: E402 (--hooks: the same redaction as bench/hooks.py's)
 from mitm import MitmProcess  # noqa: E402
 from overhead import KEY_ENV, start_simulator  # noqa: E402
-from trace_turns import cpu_between, cpu_ns, machine  # noqa: E402
+from trace_turns import cpu_between, cpu_ns, machine, serve  # noqa: E402
 
 from interceptor.trace import read_trace  # noqa: E402
 
@@ -70,11 +70,14 @@ URLS = {"chat": "https://api.openai.com/v1/chat/completions", "anthropic": "http
         "responses": "https://api.openai.com/v1/responses"}
 
 
-def request_body(dialect: str, messages: list[dict], k: int) -> bytes:
-    """Turn ``k``'s body: Chat as is; Anthropic as Claude Code sends it (the module docstring);
+VLLM = {"return_token_ids": True, "logprobs": True}  # what a collect_tokens session asks vLLM for
+
+
+def request_body(dialect: str, messages: list[dict], k: int, extra: dict | None = None) -> bytes:
+    """Turn ``k``'s body: Chat as is (with ``extra`` fields); Anthropic as Claude Code sends it (the module docstring);
     Gemini as Gemini CLI does (the system prompt as ``systemInstruction``)."""
     if dialect == "chat":
-        return json.dumps({"model": "gpt-4o", "messages": messages}).encode()
+        return json.dumps({"model": "gpt-4o", "messages": messages, **(extra or {})}).encode()
     system, *rest = messages
     if dialect == "responses":
         return json.dumps({"model": "gpt-5", "instructions": system["content"], "store": False, "input": [
@@ -126,13 +129,24 @@ def main() -> int:
     ap.add_argument("--relay-off", action="store_true", help="also this checkout without the relay")
     ap.add_argument("--dialect", choices=tuple(URLS), default="chat")
     ap.add_argument("--hooks", action="store_true", help="each proxy session has a request hook (a redaction)")
+    ap.add_argument("--collect-tokens", action="store_true",
+                    help="Chat: the simulator plays vLLM; proxy sessions collect_tokens, direct and bare ask for the ids")
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the --collect-tokens simulator
     args = ap.parse_args()
+    reply = ("The answer, at length. " * (args.chunk // 23 + 1))[:args.chunk]
+    if args.serve:
+        serve(reply)
+        return 0
+    if args.collect_tokens and args.dialect != "chat":
+        ap.error("--collect-tokens is for --dialect chat (vLLM's Chat Completions)")
     url = URLS[args.dialect]
     work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
-    reply = ("The answer, at length. " * (args.chunk // 23 + 1))[:args.chunk]
-    script = work / "script.json"
-    script.write_text(json.dumps({"default": {"text": [reply]}}))
-    sim, sim_url = start_simulator(work, [sys.executable, "-m", "provider", "--port", "0", "--script", str(script)])
+    if args.collect_tokens:  # token ids whose renderings are prefixes of each other, as a real template's
+        sim, sim_url = start_simulator(work, [sys.executable, __file__, "--serve", "--chunk", str(args.chunk)])
+    else:
+        script = work / "script.json"
+        script.write_text(json.dumps({"default": {"text": [reply]}}))
+        sim, sim_url = start_simulator(work, [sys.executable, "-m", "provider", "--port", "0", "--script", str(script)])
     host, path = "/".join(url.split("/")[:3]), "/" + url.split("/", 3)[3]
     remap = f"|{re.escape(host)}|{sim_url}"
     base = sim_url if args.dialect == "gemini" else f"{sim_url}/v1"  # Gemini's path carries its version
@@ -158,7 +172,8 @@ def main() -> int:
         if args.hooks:
             (work / "bench_redact.py").write_text(REDACT)
             hooked = {"hooks": {"module": str(work / "bench_redact.py")}}
-        sessions = {n: p.create_session(upstream={"base_url": base}, model=MODEL, **hooked)
+        collect = {"collect_tokens": True} if args.collect_tokens else {}
+        sessions = {n: p.create_session(upstream={"base_url": base}, model=MODEL, **hooked, **collect)
                     for n, p in procs.items() if n != "bare"}
         warm = {n: p.create_session(upstream={"base_url": base}) for n, p in procs.items() if n != "bare"}
         with ExitStack() as stack:
@@ -184,12 +199,15 @@ def main() -> int:
                 said = f"{SECRET} " if args.hooks and k % 10 == 0 else ""
                 messages.append({"role": "user", "content": (f"turn {k}: {said}" + "please go on. " * (args.chunk // 14 + 1))[:args.chunk]})
                 payload = request_body(args.dialect, messages, k)
+                # The same answer from upstream on every path: with --collect-tokens the proxy asks
+                # for the ids and strips them; without a proxy the client asks and gets them.
+                asked = request_body(args.dialect, messages, k, VLLM) if args.collect_tokens else payload
                 order = names[k % len(names):] + names[:k % len(names)]
                 for n in order:
                     pid = procs[n].proc.pid if n in procs else None
                     before_ns = cpu_ns(pid) if pid else None
                     t0 = time.perf_counter()
-                    got = send(n, payload, sessions[n]["model_secret"] if n in sessions else "sk-unused")
+                    got = send(n, payload if n in sessions else asked, sessions[n]["model_secret"] if n in sessions else "sk-unused")
                     lat[n].append(time.perf_counter() - t0)
                     if pid:
                         time.sleep(0.005)
@@ -207,6 +225,9 @@ def main() -> int:
             assert trace.num_turns == args.turns and len(trace.branches) == 1, (n, trace.num_turns, len(trace.branches))
             assert {c.model for c in trace.calls} == {MODEL}, (n, {c.model for c in trace.calls})
             assert len(trace.nodes) == 1 + 2 * args.turns, (n, len(trace.nodes))  # the system prompt, then a pair a turn
+            if args.collect_tokens:  # one training sample: the whole branch's ids, prompt and completions
+                ids = trace.branches[0].token_ids
+                assert ids and len(ids) > args.turns * args.chunk // 10, (n, len(ids or ()))
             if args.hooks:  # the model read the redaction, every turn
                 assert not any(SECRET in node.message.text() for node in trace.nodes), n
                 assert len(trace.request_rewrites) == (args.turns + 9) // 10, (n, len(trace.request_rewrites))
@@ -218,7 +239,8 @@ def main() -> int:
 
     short = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True).stdout.strip() if rev else None
     print(f"machine: {machine()}; load average (1, 5, 15 min) at the start and every 50 turns: {' | '.join(loads)}")
-    print(f"{args.dialect}: {args.turns} turns, {args.chunk} characters a side per turn, last request {last_request / 1e3:.0f} KB; "
+    print(f"{args.dialect}{' collect_tokens' if args.collect_tokens else ''}{' hooks' if args.hooks else ''}: "
+          f"{args.turns} turns, {args.chunk} characters a side per turn, last request {last_request / 1e3:.0f} KB; "
           f"paths in rotating order every turn" + (f"; before = {short}" if short else ""))
     print()
     bands = [(lo, min(lo + args.band, args.turns)) for lo in range(0, args.turns, args.band)]

@@ -76,7 +76,7 @@ def cpu_between(before: dict[str, int], after: dict[str, int]) -> int:
 ROLE_IDS = {"system": 200_001, "user": 200_002, "assistant": 200_003, "tool": 200_004}
 
 
-def serve() -> None:
+def serve(text: str = REPLY) -> None:
     """The simulator for this bench, in its own process: always the same long reply; asked
     for token ids, it plays vLLM with a chat template whose renderings of a conversation
     are prefixes of each other (``[role] text`` per message, then ``[assistant]``), so the
@@ -88,11 +88,11 @@ def serve() -> None:
 
     def reply(record) -> Reply:
         if not record.json.get("return_token_ids"):
-            return Reply(text=REPLY, input_tokens=1, output_tokens=1)
+            return Reply(text=text, input_tokens=1, output_tokens=1)
         ids = []
         for m in record.json["messages"]:
             ids += [ROLE_IDS[m["role"]], *tokens.ids(tokens.split(m["content"]))]
-        return Reply(text=REPLY, prompt_token_ids=ids + [ROLE_IDS["assistant"]], output_tokens=1)
+        return Reply(text=text, prompt_token_ids=ids + [ROLE_IDS["assistant"]], output_tokens=1)
 
     sim = ProviderSimulator(default=reply).start()
     print(f"listening on {sim.base_url}", flush=True)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any, ClassVar, Literal, Protocol
 
 from interceptor.dialects.body import Edit
+from interceptor.dialects.prompt_ids import Prior, PromptRead
 from interceptor.dialects.sse import SSEDecoder, SSEEvent
 from interceptor.trace.messages import Message, Part, Request, Response, ResponseError, Sampling
 from interceptor.trace.prefix import Listed
@@ -113,6 +114,12 @@ class StreamAssembler(ABC):
     """
 
     done: bool = False
+    #: How vLLM's prompt ids read (dialects/prompt_ids.py), once the event carrying them has.
+    prompt_read: PromptRead | None = None
+
+    def expect(self, prior: Prior | None) -> None:
+        """The prompt ids the session's last answer carried (``dialects/prompt_ids.py``), so
+        the ones this stream carries are parsed only past them. Only Chat's reads them."""
 
     @abstractmethod
     def feed(self, event: SSEEvent) -> bool: ...
@@ -278,6 +285,12 @@ class Dialect(ABC):
 
     @abstractmethod
     def parse_response(self, body: dict[str, Any]) -> Response: ...
+
+    def load_response(self, raw: bytes, prior: Prior | None = None) -> tuple[Any, PromptRead | None]:
+        """A JSON answer's bytes, parsed (``ValueError`` if they are no JSON), and how its
+        prompt ids read: Chat reads vLLM's past the ones ``prior`` says the session's last
+        answer carried (``dialects/prompt_ids.py``)."""
+        return json.loads(raw), None
 
     @abstractmethod
     def assembler(self) -> StreamAssembler: ...

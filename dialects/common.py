@@ -261,7 +261,7 @@ class NativeAssembler(StreamAssembler):
     def feed(self, event: SSEEvent) -> bool:
         if self.done:
             return True
-        obj = json_data(event.data)
+        obj = self.load(event)
         if (obj is None or event.malformed) and self.error is None:
             self.error = ResponseError(type="malformed_event",
                                        message=f"unparseable stream event: {event.data[:200]!r}")
@@ -270,6 +270,10 @@ class NativeAssembler(StreamAssembler):
         if self.fold(obj, event):
             self.done = True
         return self.done
+
+    def load(self, event: SSEEvent) -> dict[str, Any] | None:
+        """The event's JSON object, or None (``json_data``)."""
+        return json_data(event.data)
 
     def fail(self, error: ResponseError) -> bool:
         """An error event: terminal, and what the record shows."""

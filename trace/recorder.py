@@ -18,7 +18,8 @@ from interceptor.trace.graph import Graph
 from interceptor.trace.messages import Message, Request, Response, ResponseError, Tool, Usage
 from interceptor.trace.prefix import Listed, Prefixes
 from interceptor.trace.model import (
-    SCHEMA_VERSION, EgressRefusal, Header, ToolDecision, ModelCall, Reward, Rewrite, StateWrite, StopRecord, Timing, Trace,
+    SCHEMA_VERSION, EgressRefusal, Header, MessageNode, ToolDecision, ModelCall, Reward, Rewrite, StateWrite, StopRecord,
+    Timing, Trace,
 )
 from interceptor.trace.records import call_record, node_record
 from interceptor.trace.store import FSYNC_POLICIES, Store
@@ -145,6 +146,22 @@ class Recorder:
         if rewrites:  # the path is a walk from the root: only a rewrite needs it
             self._record_rewrites(rewrites, self._trace.path(call.node)[:-1] if call.node is not None else [], call)
         return call
+
+    def prompt_ids(self, leaf: int, node: MessageNode) -> list[int] | None:
+        """The token ids stored along the path to ``leaf``, a prompt's last node: the ids
+        that prompt carried, in order (``Graph.add_turn`` keeps every path's concatenation
+        exact). None when ``leaf`` is no longer ``node`` (a rollback let its index be
+        reused), a node on the path has no ids, or the graph was released."""
+        nodes = self._trace.nodes
+        if leaf >= len(nodes) or nodes[leaf] is not node:
+            return None
+        out: list[int] = []
+        for i in self._trace.path(leaf):
+            ids = nodes[i].token_ids
+            if ids is None:
+                return None
+            out += ids
+        return out
 
     def _record_rewrites(self, rewrites: list[Rewrite], path: list[int], call: ModelCall | None = None) -> None:
         for rewrite in rewrites:

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from interceptor.dialects.base import Dialect, Override, StreamAssembler
 from interceptor.dialects.common import NativeAssembler
+from interceptor.dialects.prompt_ids import Prior, PromptRead
 from interceptor.dialects.sse import SSEEvent
 from interceptor.trace import export
 from interceptor.trace.messages import Message, Request, Response
@@ -272,6 +273,13 @@ class TranslatedAssembler(StreamAssembler):
 
     def feed(self, event: SSEEvent) -> bool:
         return self.inner.feed(event)
+
+    def expect(self, prior: Prior | None) -> None:
+        self.inner.expect(prior)
+
+    @property
+    def prompt_read(self) -> PromptRead | None:  # type: ignore[override]
+        return self.inner.prompt_read
 
     def result(self) -> Response:
         upstream = self.inner.result()

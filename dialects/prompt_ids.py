@@ -1,0 +1,141 @@
+"""vLLM's ``prompt_token_ids``, read from the answer's bytes, parsing only the ids that are new.
+
+vLLM (``return_token_ids``, what a ``collect_tokens`` session asks for) sends the token ids
+of the whole prompt with every answer: on the JSON body, or on a stream's first chunk, as
+``"prompt_token_ids":[...]`` (vllm/entrypoints/openai/protocol.py, ``ChatCompletionResponse``
+and ``ChatCompletionStreamResponse``). At ~7 bytes an id that is ~0.5 MB at turn 300 of a
+rollout whose last request is 360 KB, and ``json.loads`` of it cost the event loop ~5-9 ms a
+turn, growing with the conversation; pydantic's check of each id another ~1.4 ms
+(``bench/rollout.py --collect-tokens``, issue 16).
+
+A chat template renders a conversation so that each turn's prompt begins with the previous
+turn's (the prefix property a trainer relies on), so the array almost always begins with
+the bytes of the array the session's last answer carried. Those bytes are recognised by
+their length and digest (XXH3-128, ~10 GB/s) and stand for the ids the record already holds
+for them (``Prior.ids``: the graph path the last prompt's ids were stored along), the very
+int objects, so the graph's later comparisons of them are identity tests. Only the bytes
+after them are parsed. Anything else (another branch, another template, a number spelled
+differently, a nested key of the same name) is read whole, as before.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+KEY = b'"prompt_token_ids":'
+KEY_TEXT = KEY.decode()
+# What the array's bytes are replaced with while the rest of the object is parsed: a value
+# no upstream sends there, so finding it at the top level proves the key found in the bytes
+# was the top-level one.
+_HOLE = b'"\\u0000prompt_token_ids"'
+_HOLE_VALUE = "\x00prompt_token_ids"
+_SPACE = b" \t\r\n"
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRead:
+    """How an answer's array read: what the next answer's array is recognised by."""
+
+    length: int  # bytes from its ``[`` through its last id (no closing bracket)
+    digest: bytes  # XXH3-128 of those bytes
+    count: int  # ids in it
+
+
+@dataclass(slots=True)
+class Prior:
+    """The array the session's last committed answer carried, and the ids the record holds
+    for it (None when the record no longer has them: a rollback, a released trace)."""
+
+    read: PromptRead
+    ids: Callable[[], list[int] | None]
+
+
+class CheckedIds(list):
+    """Prompt ids whose every element is known to be an ``int``: the prefix came from the
+    record (checked when it was first read) and the new tail was checked here, so
+    ``parse_response`` takes the list without pydantic's per-element check."""
+
+    __slots__ = ()
+
+
+def span(payload: bytes) -> tuple[int, int, int] | None:
+    """(key, ``[``, ``]``) offsets of the first ``"prompt_token_ids":`` flat array in
+    ``payload``, or None. The key can be matched in the raw text because a quote inside a
+    JSON string is always escaped; whether it is the top-level key is for the caller to
+    prove (``load``)."""
+    k = payload.find(KEY)
+    if k < 0:
+        return None
+    start = payload.find(b"[", k + len(KEY))
+    end = payload.find(b"]", start)
+    if start < 0 or end < 0 or payload[k + len(KEY):start].strip():
+        return None
+    return k, start, end
+
+
+def load(payload: bytes, prior: Prior | None) -> tuple[Any, PromptRead | None]:
+    """``json.loads(payload)``, with a top-level ``prompt_token_ids`` array read by ``ids``.
+    Raises ``ValueError`` as ``json.loads`` does for what is not JSON."""
+    where = span(payload)
+    if where is None:
+        return json.loads(payload), None
+    _, start, end = where
+    obj = json.loads(payload[:start] + _HOLE + payload[end + 1:])
+    if not isinstance(obj, dict) or obj.get("prompt_token_ids") != _HOLE_VALUE:
+        return json.loads(payload), None  # the key found was not the top-level one
+    read = ids(memoryview(payload)[start:end + 1], prior)
+    if read is None:
+        return json.loads(payload), None
+    obj["prompt_token_ids"], info = read
+    return obj, info
+
+
+def ids(array: memoryview, prior: Prior | None) -> tuple[list[int], PromptRead] | None:
+    """The ids of ``array`` (``[`` through ``]``) and how it read; None if it is not a JSON
+    array. The ids are ``CheckedIds`` when the prior's bytes began it; else whatever
+    ``json.loads`` made of it, which ``parse_response`` checks as ever."""
+    last = len(array) - 1  # the closing bracket
+    while last > 1 and array[last - 1] in _SPACE:
+        last -= 1
+    hasher = xxhash.xxh3_128()
+    if prior is not None:
+        known = prior.read
+        if known.length < last and known.count:
+            hasher.update(array[:known.length])
+            comma = known.length
+            while comma < last and array[comma] in _SPACE:
+                comma += 1
+            if array[comma] == 0x2C and hasher.digest() == known.digest:  # ','
+                tail = _tail(array[comma + 1:])
+                held = prior.ids() if tail is not None else None
+                if held is not None and len(held) == known.count:
+                    hasher.update(array[known.length:last])
+                    out = CheckedIds(held)
+                    out += tail
+                    return out, PromptRead(last, hasher.digest(), len(out))
+            hasher.reset()
+    try:
+        whole = json.loads(bytes(array))
+    except ValueError:
+        return None
+    if not isinstance(whole, list):
+        return None
+    hasher.update(array[:last])
+    return whole, PromptRead(last, hasher.digest(), len(whole))
+
+
+def _tail(rest: memoryview) -> list[int] | None:
+    """The ids after the known ones (``rest`` runs through the closing bracket), if each is
+    an ``int`` (JSON ``true`` parses to a bool, ``1.0`` to a float: left to the whole read)."""
+    try:
+        tail = json.loads(b"[" + bytes(rest))
+    except ValueError:
+        return None
+    if not isinstance(tail, list) or not tail or not all(type(x) is int for x in tail):
+        return None  # empty: a trailing comma, which is no JSON
+    return tail

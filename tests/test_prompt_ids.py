@@ -1,0 +1,224 @@
+"""vLLM's prompt ids read past the ones the session's last answer carried (dialects/prompt_ids.py).
+
+The reader must give exactly what ``json.loads`` gives, whatever the bytes; the part it does
+not parse must be the ids the record holds for the very same bytes; and a collect_tokens
+session must take that way from its second turn on (the point: ``bench/rollout.py
+--collect-tokens``), JSON and streamed, while a fork, another spelling or a rolled-back
+record fall back to the whole read with the same record.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from interceptor.dialects import prompt_ids
+from interceptor.dialects.prompt_ids import CheckedIds, Prior
+from interceptor.dialects.sse import SSEEvent
+from interceptor.trace import Recorder
+
+from test_addons import CHAT_URL, World, flow_for, world  # noqa: F401 (the fixture)
+
+ids_lists = st.lists(st.integers(0, 2**31), max_size=40)
+spellings = st.sampled_from([(",", ":"), (", ", ": ")])
+
+
+def _body(ids: list[int], sep: tuple[str, str], before: bool) -> bytes:
+    """An answer with the ids at the top level, before or after ``choices``, as vLLM puts them."""
+    head = {"id": "c", "object": "chat.completion"}
+    choices = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"}]}
+    body = {**head, "prompt_token_ids": ids, **choices} if before else {**head, **choices, "prompt_token_ids": ids}
+    return json.dumps(body, separators=sep).encode()
+
+
+def _prior(payload: bytes, held: list[int] | None) -> Prior:
+    _, read = prompt_ids.load(payload, None)
+    assert read is not None
+    return Prior(read, lambda: held)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ids_lists, ids_lists, spellings, spellings, st.booleans(), st.integers(0, 40), st.booleans())
+def test_the_reader_gives_what_json_gives_and_reuses_only_the_very_same_bytes(first, more, sep1, sep2, before, change,
+                                                                               longer):
+    """Turn 1's ids, then turn 2's that start with them (or, ``change`` in range, with one of
+    them changed: one more, or the last ``longer`` by two digits, so the bytes begin the same): equal to
+    ``json.loads`` every time; the known ids reused, as the record's own objects, exactly when
+    the bytes began the same way and another id follows them."""
+    one = _body(first, sep1, before)
+    held = json.loads(one)["prompt_token_ids"]
+    second = first + more
+    changed = change < len(first)
+    if changed:
+        second = list(second)
+        if longer:  # turn 1's last id, a digit longer: the known bytes end inside a number
+            second[len(first) - 1] = second[len(first) - 1] * 100 + 17
+        else:
+            second[change] += 1
+    two = _body(second, sep2, not before)
+    got, read = prompt_ids.load(two, _prior(one, held))
+    assert got == json.loads(two)
+    assert read is not None and read.count == len(second)
+    reused = type(got["prompt_token_ids"]) is CheckedIds
+    known = json.dumps(first, separators=sep1)[:-1]  # through the last id
+    now = json.dumps(second, separators=sep2)
+    assert reused == (bool(first) and now.startswith(known) and now[len(known):].lstrip().startswith(","))
+    assert not (reused and changed)
+    if reused:
+        assert all(a is b for a, b in zip(got["prompt_token_ids"], held))
+
+
+@pytest.mark.parametrize(("last", "now"), [
+    (b"[1,2,3]", b"[1,2,34]"),  # the known bytes end inside a number
+    (b"[1,2,3]", b"[1,2,345,6]"),
+    (b"[1,2,3]", b"[1,2,3,]"),  # a trailing comma is no JSON
+    (b"[1,2,3]", b"[1,2,3,true]"),  # a bool is not an id: the whole read, where pydantic judges it
+    (b"[1,2,3]", b"[1,2,3,4.0]"),
+    (b"[1,2,3]", b"[1,2,3 , 4]"),  # spaces around the comma are JSON
+])
+def test_the_reader_keeps_to_json_at_the_edges(last, now):
+    one = b'{"prompt_token_ids":' + last + b"}"
+    two = b'{"prompt_token_ids":' + now + b"}"
+    prior = _prior(one, json.loads(last))
+    try:
+        expected = json.loads(two)
+    except ValueError:
+        with pytest.raises(ValueError):
+            prompt_ids.load(two, prior)
+        return
+    got, _ = prompt_ids.load(two, prior)
+    assert got == expected
+    assert (type(got["prompt_token_ids"]) is CheckedIds) == (now == b"[1,2,3 , 4]")
+
+
+def test_a_nested_key_of_that_name_is_not_taken_for_the_top_level_one():
+    payload = b'{"choices":[{"prompt_token_ids":[9,9]}],"prompt_token_ids":[1,2]}'
+    got, read = prompt_ids.load(payload, None)
+    assert got == json.loads(payload) and read is None
+    inner_only = b'{"choices":[{"prompt_token_ids":[9,9]}]}'
+    assert prompt_ids.load(inner_only, None) == (json.loads(inner_only), None)
+
+
+@pytest.mark.parametrize("held", [None, [1, 2]], ids=["record gone", "count differs"])
+def test_a_record_that_no_longer_holds_the_ids_means_the_whole_read(held):
+    one, two = b'{"prompt_token_ids":[1,2,3]}', b'{"prompt_token_ids":[1,2,3,4]}'
+    got, _ = prompt_ids.load(two, _prior(one, held))
+    assert got == {"prompt_token_ids": [1, 2, 3, 4]} and type(got["prompt_token_ids"]) is list
+
+
+# --------------------------------------------------------------------------------------
+# A collect_tokens session, in process through the Tee and the recorder
+
+ROLES = {"system": 900_001, "user": 900_002, "assistant": 900_003}
+
+
+def _words(text: str) -> list[int]:
+    return [100_000 + len(w) * 1000 + sum(map(ord, w)) for w in text.split()]
+
+
+def _template(messages: list[dict]) -> list[int]:
+    """A chat template with the prefix property: ``[role] words`` per message, then
+    ``[assistant]``, so a prompt begins with the last one and its reply's ids (``_words``)."""
+    out: list[int] = []
+    for m in messages:
+        out += [ROLES[m["role"]], *_words(m["content"])]
+    return out + [ROLES["assistant"]]
+
+
+def _answer(prompt: list[int], reply: str, compact: bool) -> tuple[bytes, list[bytes]]:
+    """The same vLLM answer as JSON and as a stream (the ids on the first chunk)."""
+    sep = (",", ":") if compact else (", ", ": ")
+    body = {"id": "c", "object": "chat.completion", "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
+                         "finish_reason": "stop", "token_ids": _words(reply)}],
+            "prompt_token_ids": prompt}
+    chunks = [{"id": "c", "object": "chat.completion.chunk", "model": "m",
+               "choices": [{"index": 0, "delta": {"role": "assistant", "content": reply}, "finish_reason": None,
+                            "token_ids": _words(reply)}], "prompt_token_ids": prompt},
+              {"id": "c", "object": "chat.completion.chunk", "model": "m",
+               "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+    events = [SSEEvent(data=json.dumps(c, separators=sep)).encode() for c in chunks] + [b"data: [DONE]\n\n"]
+    return json.dumps(body, separators=sep).encode(), events
+
+
+def test_a_collect_tokens_session_parses_only_the_new_ids_from_its_second_turn(world, monkeypatch):
+    """Six turns, JSON and streamed in turn, then a fork that restates another history and a
+    turn whose upstream spells the JSON differently: every branch's ids are the template's
+    exactly, and the known ids were taken from the record on every turn whose bytes began
+    with the last answer's."""
+    reads: list[bool] = []
+    real = prompt_ids.ids
+
+    def spy(array, prior):
+        out = real(array, prior)
+        reads.append(out is not None and type(out[0]) is CheckedIds)
+        return out
+
+    monkeypatch.setattr(prompt_ids, "ids", spy)
+    session = world.session(collect_tokens=True)
+    headers = {"authorization": f"Bearer {session.model_secret}"}
+
+    def turn(messages: list[dict], reply: str, stream: bool, compact: bool = True) -> list[int]:
+        flow = world.send(flow_for("POST", CHAT_URL, {"model": "gpt-4o", "messages": messages, "stream": stream},
+                                   headers))
+        prompt = _template(messages)
+        body, events = _answer(prompt, reply, compact)
+        got = (world.answer(flow, chunks=events, ctype="text/event-stream") if stream
+               else world.answer(flow, body=body) and flow.response.content)
+        assert b"token_ids" not in got and reply.encode() in got  # stripped for the harness
+        return prompt + _words(reply)
+
+    messages = [{"role": "system", "content": "be brief"}]
+    for k in range(6):
+        messages.append({"role": "user", "content": f"question number {k} please"})
+        sample = turn(messages, f"answer {k}", stream=k % 2 == 1)
+        messages.append({"role": "assistant", "content": f"answer {k}"})
+    assert reads == [False, True, True, True, True, True]
+    trace = session.recorder.trace
+    assert len(trace.branches) == 1 and trace.branches[0].token_ids == sample
+
+    fork = [messages[0], {"role": "user", "content": "another question entirely"}]
+    forked = turn(fork, "elsewhere", stream=False)
+    assert reads[-1] is False  # the bytes began otherwise: read whole
+    messages.append({"role": "user", "content": "and once more"})
+    spelled = turn(messages, "spelled", stream=True, compact=False)
+    assert reads[-1] is False  # the last answer's bytes were the fork's
+    messages += [{"role": "assistant", "content": "spelled"}, {"role": "user", "content": "last"}]
+    last = turn(messages, "done", stream=False, compact=False)
+    assert reads[-1] is True  # the same spelling as the turn before
+    branches = sorted((b.token_ids for b in trace.branches), key=len)
+    assert branches == sorted([forked, last], key=len)
+    assert spelled == last[:len(spelled)]
+
+
+def test_a_rolled_back_prompt_node_is_not_taken_for_the_ids(world, monkeypatch):
+    """The last prompt's node went with a rollback and its index came back for another node:
+    the record no longer holds those ids there, so the next answer's ids are read whole, and
+    the record is the same."""
+    reads: list[bool] = []
+    real = prompt_ids.ids
+    monkeypatch.setattr(prompt_ids, "ids", lambda array, prior: reads.append(prior is not None) or real(array, prior))
+    session = world.session(collect_tokens=True)
+    headers = {"authorization": f"Bearer {session.model_secret}"}
+
+    def turn(messages: list[dict], reply: str) -> None:
+        flow = world.send(flow_for("POST", CHAT_URL, {"model": "gpt-4o", "messages": messages}, headers))
+        world.answer(flow, body=_answer(_template(messages), reply, True)[0])
+
+    messages = [{"role": "user", "content": "one two"}]
+    turn(messages, "three")
+    last = session.last_prompt
+    assert last is not None and session.recorder.prompt_ids(last.leaf, last.node) == _template(messages)
+    nodes = session.recorder.trace.nodes
+    nodes[last.leaf] = nodes[last.leaf].model_copy()  # what a rollback and a new node leave there
+    assert session.recorder.prompt_ids(last.leaf, last.node) is None
+    held = Recorder.prompt_ids
+    asked: list[object] = []
+    monkeypatch.setattr(Recorder, "prompt_ids", lambda self, leaf, node: asked.append(held(self, leaf, node)) or asked[-1])
+    messages += [{"role": "assistant", "content": "three"}, {"role": "user", "content": "four"}]
+    turn(messages, "five")
+    assert reads == [False, True] and asked == [None]  # the prior was asked, and had nothing
+    assert session.recorder.trace.branches[0].token_ids == _template(messages) + _words("five")
