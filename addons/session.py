@@ -174,7 +174,7 @@ class Session:
         last, recorder = self.last_prompt, self.recorder
         if last is None:
             return None
-        return Prior(last.read, lambda: recorder.prompt_ids(last.leaf, last.node))
+        return Prior(last.read, last.leaf, last.node, lambda into: recorder.prompt_ids(last.leaf, last.node, into))
 
     def remember_prompt(self, read: PromptRead, reply: int) -> None:
         """A committed turn's prompt ids: they read as ``read`` and end at the parent of its

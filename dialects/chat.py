@@ -19,6 +19,7 @@ from typing import Any
 from interceptor.dialects import prompt_ids
 from interceptor.dialects.base import Mediation, Override, RouteKind, Slot
 from interceptor.dialects.prompt_ids import Prior, PromptRead
+from interceptor.trace.graph import KnownIds
 from interceptor.dialects.common import (
     REMOVED_PART,
     drop_key,
@@ -372,7 +373,7 @@ class ChatDialect(OpenAIDialect):
         # Ids the reader already knows are ints (dialects/prompt_ids.py) skip pydantic's
         # check of each: ~1.4 ms a turn at 70,000 prompt tokens.
         ids = body.get("prompt_token_ids")
-        checked = type(ids) is prompt_ids.CheckedIds
+        checked = type(ids) is KnownIds
         response = Response(
             id=body.get("id"),
             model=body.get("model"),

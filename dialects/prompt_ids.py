@@ -12,9 +12,9 @@ A chat template renders a conversation so that each turn's prompt begins with th
 turn's (the prefix property a trainer relies on), so the array almost always begins with
 the bytes of the array the session's last answer carried. Those bytes are recognised by
 their length and digest (XXH3-128, ~10 GB/s) and stand for the ids the record already holds
-for them (``Prior.ids``: the graph path the last prompt's ids were stored along), the very
-int objects, so the graph's later comparisons of them are identity tests. Only the bytes
-after them are parsed. Anything else (another branch, another template, a number spelled
+for them (``Prior``: the graph path the last prompt's ids were stored along), the very int
+objects; the list says so (``trace.graph.KnownIds``), so the graph does not compare them
+again and the Response takes them unchecked. Only the bytes after them are parsed. Anything else (another branch, another template, a number spelled
 differently, a nested key of the same name) is read whole, as before.
 """
 
@@ -26,6 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import xxhash
+
+from interceptor.trace.graph import KnownIds
+from interceptor.trace.model import MessageNode
 
 KEY = b'"prompt_token_ids":'
 KEY_TEXT = KEY.decode()
@@ -48,19 +51,15 @@ class PromptRead:
 
 @dataclass(slots=True)
 class Prior:
-    """The array the session's last committed answer carried, and the ids the record holds
-    for it (None when the record no longer has them: a rollback, a released trace)."""
+    """The array the session's last committed answer carried, and where the record holds its
+    ids: along the graph path to ``leaf``, which was ``node``. ``fill`` appends them to the
+    list it is given, or says False when the record no longer has them (a rollback, a
+    released trace)."""
 
     read: PromptRead
-    ids: Callable[[], list[int] | None]
-
-
-class CheckedIds(list):
-    """Prompt ids whose every element is known to be an ``int``: the prefix came from the
-    record (checked when it was first read) and the new tail was checked here, so
-    ``parse_response`` takes the list without pydantic's per-element check."""
-
-    __slots__ = ()
+    leaf: int
+    node: MessageNode
+    fill: Callable[[list[int]], bool]
 
 
 def span(payload: bytes) -> tuple[int, int, int] | None:
@@ -97,8 +96,9 @@ def load(payload: bytes, prior: Prior | None) -> tuple[Any, PromptRead | None]:
 
 def ids(array: memoryview, prior: Prior | None) -> tuple[list[int], PromptRead] | None:
     """The ids of ``array`` (``[`` through ``]``) and how it read; None if it is not a JSON
-    array. The ids are ``CheckedIds`` when the prior's bytes began it; else whatever
-    ``json.loads`` made of it, which ``parse_response`` checks as ever."""
+    array. The ids are ``KnownIds`` (the record's own, then the new ones, each checked to
+    be an ``int``) when the prior's bytes began it; else whatever ``json.loads`` made of
+    it, which ``parse_response`` checks as ever."""
     last = len(array) - 1  # the closing bracket
     while last > 1 and array[last - 1] in _SPACE:
         last -= 1
@@ -112,10 +112,10 @@ def ids(array: memoryview, prior: Prior | None) -> tuple[list[int], PromptRead] 
                 comma += 1
             if array[comma] == 0x2C and hasher.digest() == known.digest:  # ','
                 tail = _tail(array[comma + 1:])
-                held = prior.ids() if tail is not None else None
-                if held is not None and len(held) == known.count:
+                out = KnownIds(prior.leaf, prior.node)
+                if tail is not None and prior.fill(out) and len(out) == known.count:
                     hasher.update(array[known.length:last])
-                    out = CheckedIds(held)
+                    out.count = known.count
                     out += tail
                     return out, PromptRead(last, hasher.digest(), len(out))
             hasher.reset()

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from interceptor.dialects import prompt_ids
-from interceptor.dialects.prompt_ids import CheckedIds, Prior
+from interceptor.dialects.prompt_ids import Prior
 from interceptor.dialects.sse import SSEEvent
 from interceptor.trace import Recorder
+from interceptor.trace.graph import KnownIds
 
 from test_addons import CHAT_URL, World, flow_for, world  # noqa: F401 (the fixture)
 
@@ -35,9 +36,10 @@ def _body(ids: list[int], sep: tuple[str, str], before: bool) -> bytes:
 
 
 def _prior(payload: bytes, held: list[int] | None) -> Prior:
+    """The prior of an answer whose ids the record holds as ``held`` (None: no longer)."""
     _, read = prompt_ids.load(payload, None)
     assert read is not None
-    return Prior(read, lambda: held)
+    return Prior(read, 0, None, lambda into: held is not None and (into.extend(held) or True))
 
 
 @settings(max_examples=300, deadline=None)
@@ -62,7 +64,7 @@ def test_the_reader_gives_what_json_gives_and_reuses_only_the_very_same_bytes(fi
     got, read = prompt_ids.load(two, _prior(one, held))
     assert got == json.loads(two)
     assert read is not None and read.count == len(second)
-    reused = type(got["prompt_token_ids"]) is CheckedIds
+    reused = type(got["prompt_token_ids"]) is KnownIds
     known = json.dumps(first, separators=sep1)[:-1]  # through the last id
     now = json.dumps(second, separators=sep2)
     assert reused == (bool(first) and now.startswith(known) and now[len(known):].lstrip().startswith(","))
@@ -91,7 +93,7 @@ def test_the_reader_keeps_to_json_at_the_edges(last, now):
         return
     got, _ = prompt_ids.load(two, prior)
     assert got == expected
-    assert (type(got["prompt_token_ids"]) is CheckedIds) == (now == b"[1,2,3 , 4]")
+    assert (type(got["prompt_token_ids"]) is KnownIds) == (now == b"[1,2,3 , 4]")
 
 
 def test_a_nested_key_of_that_name_is_not_taken_for_the_top_level_one():
@@ -154,7 +156,7 @@ def test_a_collect_tokens_session_parses_only_the_new_ids_from_its_second_turn(w
 
     def spy(array, prior):
         out = real(array, prior)
-        reads.append(out is not None and type(out[0]) is CheckedIds)
+        reads.append(out is not None and type(out[0]) is KnownIds)
         return out
 
     monkeypatch.setattr(prompt_ids, "ids", spy)
@@ -210,15 +212,150 @@ def test_a_rolled_back_prompt_node_is_not_taken_for_the_ids(world, monkeypatch):
 
     messages = [{"role": "user", "content": "one two"}]
     turn(messages, "three")
-    last = session.last_prompt
-    assert last is not None and session.recorder.prompt_ids(last.leaf, last.node) == _template(messages)
+    last, held = session.last_prompt, []
+    assert last is not None and session.recorder.prompt_ids(last.leaf, last.node, held)
+    assert held == _template(messages)
     nodes = session.recorder.trace.nodes
     nodes[last.leaf] = nodes[last.leaf].model_copy()  # what a rollback and a new node leave there
-    assert session.recorder.prompt_ids(last.leaf, last.node) is None
-    held = Recorder.prompt_ids
-    asked: list[object] = []
-    monkeypatch.setattr(Recorder, "prompt_ids", lambda self, leaf, node: asked.append(held(self, leaf, node)) or asked[-1])
+    assert not session.recorder.prompt_ids(last.leaf, last.node, [])
+    real_ids = Recorder.prompt_ids
+    asked: list[bool] = []
+    monkeypatch.setattr(Recorder, "prompt_ids",
+                        lambda self, leaf, node, into: asked.append(real_ids(self, leaf, node, into)) or asked[-1])
     messages += [{"role": "assistant", "content": "three"}, {"role": "user", "content": "four"}]
     turn(messages, "five")
-    assert reads == [False, True] and asked == [None]  # the prior was asked, and had nothing
+    assert reads == [False, True] and asked == [False]  # the prior was asked, and had nothing
     assert session.recorder.trace.branches[0].token_ids == _template(messages) + _words("five")
+
+
+# --------------------------------------------------------------------------------------
+# The graph: known nodes and known ids give what the walk gives
+
+def _render(messages: list, variant: int) -> list[int]:
+    """A template with the prefix property; ``variant`` renders the first message otherwise
+    (a retokenised history: the ids part from the stored ones at the start)."""
+    out: list[int] = []
+    for j, m in enumerate(messages):
+        out += [ROLES[m.role], *_words(m.text()), *([555_000 + variant] if j == 0 and variant else [])]
+    return out + [ROLES["assistant"]]
+
+
+# Found by the search once each: the fork's prompt ends at a stored message with new ids, so
+# its last node is stored again, after an equal sibling stored with ``[]`` that the walk takes
+# first; the next prompt's known path runs through the second one. The objects its message
+# was stored with, or an equal parse of it.
+_RESTORED = [("on", 0, False, 0, False, False), ("on", 1, False, 1, False, False), ("on", 0, False, 0, False, False),
+             ("fork", 0, False, 1, False, False), ("on", 0, False, 0, False, False)]
+
+
+@settings(max_examples=300, deadline=None)
+@example(_RESTORED)
+@example([*_RESTORED[:-1], ("on", 0, False, 0, False, True)])
+@given(st.lists(st.tuples(st.sampled_from(["on", "on", "on", "fork", "again", "rename"]), st.integers(0, 1), st.booleans(),
+                          st.integers(0, 1), st.booleans(), st.booleans()), min_size=1, max_size=14))
+def test_known_nodes_and_known_ids_give_the_graph_the_walk_gives(steps):
+    """Two graphs fed the same turns (going on, forking from an earlier turn, the same prompt
+    again, a retokenised first message, a message the template does not render changed, a
+    reasoning reply restated without its reasoning): one
+    walks every prompt from the root; the other is
+    handed the nodes of the leading messages it knows (the last turn's path and reply, as the
+    recorder's remembered lists do, or the first stored path of equal messages, which may be
+    another branch) and, when the ids begin with the last prompt's, a ``KnownIds`` saying
+    so, as the reader makes it. Node for node, turn for turn, the same."""
+    from interceptor.trace import Message, Reasoning
+    from interceptor.trace.graph import Graph
+    from interceptor.trace.model import Trace
+
+    walked, handed = Graph(Trace(id="walk")), Graph(Trace(id="known"))
+    history = [Message(role="system", content="be brief")]
+    turns: list[tuple[list, list[int], list[int]]] = []  # each turn's messages, prompt ids, prompt path + reply
+    for k, (step, variant, first_path, said, thought, parsed) in enumerate(steps):
+        if step == "fork" and turns:
+            history = list(turns[k % len(turns)][0])
+        elif step == "again" and turns:
+            history = list(turns[-1][0])
+        elif step == "rename" and turns:  # the last user message named: the same ids, another message
+            history = list(turns[-1][0])
+            j = max(i for i, m in enumerate(history) if m.role == "user")
+            history[j] = history[j].model_copy(update={"name": None if history[j].name else "someone"})
+        # Few words, so branches can say the same (a known path on another branch).
+        history = [*history, Message(role="user", content=f"ask {said} now")]
+        # A reasoning model's reply, which a Chat harness restates without its reasoning.
+        reply = Message(role="assistant", content=f"reply {said}", reasoning=[Reasoning(text="hmm")] if thought else [])
+        restated = Message(role="assistant", content=f"reply {said}")
+        ids = _render(history, variant)
+        known: list[int] = []
+        given_ids: list[int] = ids
+        if turns:
+            _, last_ids, chain = turns[-1]
+            last_path = chain[:-1]
+            nodes = handed.trace.nodes
+            if first_path:  # the message-only walk: the first stored node of each equal message
+                parent = None
+                for m in history:
+                    parent = handed._match(parent, m, None, 0)
+                    if parent is None:
+                        break
+                    known.append(parent)
+            else:
+                for m, i in zip(history, chain):
+                    held = nodes[i].message
+                    if held != m and held.model_copy(update={"reasoning": []}) != m:
+                        break
+                    known.append(i)
+            if ids[:len(last_ids)] == last_ids and len(ids) > len(last_ids):
+                given_ids = KnownIds(last_path[-1], nodes[last_path[-1]])
+                assert handed_fill(handed, last_path[-1], given_ids)
+                given_ids.count = len(given_ids)
+                given_ids += ids[len(given_ids):]
+        # As parsed from a body: equal messages, not the stored objects (the recorder hands
+        # the stored ones back where it can; a fresh parse cannot).
+        prompt = [m.model_copy(deep=True) for m in history] if parsed else history
+        a = walked.add_turn(prompt, reply, prompt_token_ids=list(ids), token_ids=_words(reply.text()))
+        b = handed.add_turn(prompt, reply, prompt_token_ids=given_ids, token_ids=_words(reply.text()), known=known)
+        assert (a.sampled, a.added, a.prompt_path) == (b.sampled, b.added, b.prompt_path)
+        turns.append((history + [restated], ids, [*b.prompt_path, b.sampled]))
+        history = history + [restated]
+    strip = lambda g: [(n.parent, n.message, n.token_ids) for n in g.trace.nodes]  # noqa: E731
+    assert strip(walked) == strip(handed)
+
+
+def handed_fill(graph, leaf: int, into: list[int]) -> bool:
+    """What ``Recorder.prompt_ids`` does, on a bare graph."""
+    for i in graph.trace.path(leaf):
+        into += graph.trace.nodes[i].token_ids
+    return True
+
+
+def test_known_ids_from_a_path_whose_messages_differ_are_not_taken():
+    """The last prompt named its user message (a field the template does not render): the
+    next prompt's ids begin with that prompt's, but its message is the unnamed one, stored on
+    the first branch, whose ids (another rendering) do not fit. The walk's nodes: a new
+    branch whose ids are the prompt's, not the first branch's nodes with the named one's count."""
+    from interceptor.trace import Message
+    from interceptor.trace.graph import Graph
+    from interceptor.trace.model import Trace
+
+    system, ask = Message(role="system", content="be brief"), Message(role="user", content="ask 0")
+    reply = Message(role="assistant", content="reply 0")
+    named = [system, ask.model_copy(update={"name": "someone"})]
+    prompt = [system, ask, reply, Message(role="user", content="ask 1")]
+    turns = []
+    for graph in (Graph(Trace(id="walked")), Graph(Trace(id="handed"))):
+        first = graph.add_turn([system, ask], reply, prompt_token_ids=_render([system, ask], 1),
+                               token_ids=_words("reply 0"))
+        second = graph.add_turn(named, reply, prompt_token_ids=_render(named, 0), token_ids=_words("reply 0"))
+        ids = _render(prompt, 0)
+        known: list[int] = []
+        if graph.trace.id == "handed":
+            ids = KnownIds(second.prompt_path[-1], graph.trace.nodes[second.prompt_path[-1]])
+            assert handed_fill(graph, second.prompt_path[-1], ids)
+            ids.count = len(ids)
+            ids += _render(prompt, 0)[len(ids):]
+            known = [*first.prompt_path, first.sampled]  # the messages' nodes: the first branch
+        turn = graph.add_turn(prompt, Message(role="assistant", content="reply 1"), prompt_token_ids=ids,
+                              token_ids=_words("reply 1"), known=known)
+        path_ids = [t for i in turn.prompt_path for t in graph.trace.nodes[i].token_ids]
+        assert path_ids == _render(prompt, 0)
+        turns.append(turn)
+    assert turns[0] == turns[1]

@@ -45,6 +45,21 @@ class TurnNodes:
 FEW_CHILDREN = 4
 
 
+class KnownIds(list):
+    """A prompt's token ids whose first ``count`` are the very ids stored along the graph path
+    to ``leaf`` (which was ``node``), and all ints: the reader of vLLM's bytes took them from
+    there (``dialects/prompt_ids.py``) and checked the rest. ``Graph.add_turn`` then needs no
+    comparison of those ids with the nodes', and a Response takes the list without pydantic's
+    check of each id. Where those ids came from is only a claim about this graph: the node is
+    checked to still be there."""
+
+    __slots__ = ("leaf", "node", "count")
+
+    def __init__(self, leaf: int, node: MessageNode) -> None:
+        super().__init__()
+        self.leaf, self.node, self.count = leaf, node, 0
+
+
 class Graph:
     """An index over ``trace.nodes`` keyed by (parent, message hash).
 
@@ -104,10 +119,11 @@ class Graph:
         parent: int | None = None
         consumed = 0  # prompt tokens covered by the reused prefix
         k = 0
-        if known and prompt_token_ids is None and len(known) <= len(prompt) and known[-1] < len(nodes):
-            path = list(known)
-            parent = path[-1]
-            k = len(path)
+        if known and len(known) <= len(prompt) and known[-1] < len(nodes):
+            k, consumed = (len(known), 0) if prompt_token_ids is None else self._fitting(known, prompt_token_ids, prompt)
+            if k:
+                path = list(known[:k])
+                parent = path[-1]
         while k < len(prompt):
             match = self._match(parent, prompt[k], prompt_token_ids, consumed)
             if match is None:
@@ -143,6 +159,44 @@ class Graph:
         sampled = self._add_reply(parent, reply, token_ids, logprobs, now, added)
         extra = [self._add_reply(parent, m, t, lp, now, added) for m, t, lp in choices]
         return TurnNodes(sampled=sampled, added=added, prompt_path=path, choices=extra)
+
+    def _fitting(self, known: Sequence[int], ids: list[int], prompt: list[Message]) -> tuple[int, int]:
+        """How many of the ``known`` nodes (the prompt's leading messages, whose nodes are
+        known) the walk would take with these token ids, and how many ids they cover,
+        without comparing any ids: the leading nodes of the path ``KnownIds`` says its first
+        ids came from (the last prompt's), when ``known`` begins with it, as far as the walk
+        would pick each (``_first``). Their ids fit, being the prompt's; but the walk takes
+        the *first* candidate that fits, and an earlier one may fit too (a node stored with
+        ``[]``, an earlier new message of its turn, fits anywhere): from the first node that
+        is not sure to be the walk's choice, the walk decides as it would have."""
+        nodes = self.trace.nodes
+        if type(ids) is not KnownIds or ids.leaf >= len(nodes) or nodes[ids.leaf] is not ids.node:
+            return 0, 0
+        path = self.trace.path(ids.leaf)
+        if len(path) > len(known) or known[:len(path)] != path:
+            return 0, 0
+        k = consumed = 0
+        for i in path:
+            if not self._first(i, prompt[k]):
+                break
+            consumed += len(nodes[i].token_ids)
+            k += 1
+        return k, consumed
+
+    def _first(self, i: int, message: Message) -> bool:
+        """Whether node ``i``, which holds ``message`` (or the sampled reply it restates
+        without reasoning) and whose ids fit, is what ``_match`` returns for it: no candidate
+        it tries before ``i`` may be there. Usually ``message`` is the node's own object (the
+        recorder hands the graph's messages back) and one index lookup says so."""
+        node = self.trace.nodes[i]
+        if node.message is message:
+            return self.index.get((node.parent, message_hash(message)), (None,))[0] == i
+        h = message_hash(message)
+        same = self.index.get((node.parent, h))
+        if same:  # the equal candidates come first, then any of the same hash
+            return same[0] == i and node.message == message
+        return (message.role == "assistant" and not message.reasoning
+                and self.restated.get((node.parent, h), (None,))[0] == i)
 
     def known_prefix(self, prompt: list[Message]) -> int:
         """How many leading messages of ``prompt`` the graph holds already (without token

@@ -147,21 +147,20 @@ class Recorder:
             self._record_rewrites(rewrites, self._trace.path(call.node)[:-1] if call.node is not None else [], call)
         return call
 
-    def prompt_ids(self, leaf: int, node: MessageNode) -> list[int] | None:
-        """The token ids stored along the path to ``leaf``, a prompt's last node: the ids
-        that prompt carried, in order (``Graph.add_turn`` keeps every path's concatenation
-        exact). None when ``leaf`` is no longer ``node`` (a rollback let its index be
-        reused), a node on the path has no ids, or the graph was released."""
+    def prompt_ids(self, leaf: int, node: MessageNode, into: list[int]) -> bool:
+        """Append to ``into`` the token ids stored along the path to ``leaf``, a prompt's last
+        node: the ids that prompt carried, in order (``Graph.add_turn`` keeps every path's
+        concatenation exact). False when ``leaf`` is no longer ``node`` (a rollback let its
+        index be reused), a node on the path has no ids, or the graph was released."""
         nodes = self._trace.nodes
         if leaf >= len(nodes) or nodes[leaf] is not node:
-            return None
-        out: list[int] = []
-        for i in self._trace.path(leaf):
-            ids = nodes[i].token_ids
-            if ids is None:
-                return None
-            out += ids
-        return out
+            return False
+        path = self._trace.path(leaf)
+        if any(nodes[i].token_ids is None for i in path):
+            return False
+        for i in path:
+            into += nodes[i].token_ids
+        return True
 
     def _record_rewrites(self, rewrites: list[Rewrite], path: list[int], call: ModelCall | None = None) -> None:
         for rewrite in rewrites:
