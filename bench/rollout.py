@@ -1,6 +1,7 @@
 """A growing rollout, turn by turn: does the proxy's cost per turn grow with the history?
 
     .venv/bin/python bench/rollout.py [--turns 300] [--chunk 570] [--before REV] [--dialect anthropic|gemini|responses] [--hooks]
+                                      [--collect-tokens] [--stream]
 
 One Chat Completions conversation of ``--turns`` turns, each restating the whole history and
 adding a ``--chunk``-character user message and reply (300 x 2 x 570 characters: the last
@@ -14,6 +15,12 @@ restated without it every turn; ``--dialect gemini`` as Gemini CLI sends it to
 input (``store: false``; the openai-agents SDK's default) does. ``--hooks``: each proxy session
 has a request hook (an evaluator's redaction: every tenth user message holds a word it
 replaces, and the rewrite is spliced into every later turn that restates the original).
+``--collect-tokens`` (Chat): the simulator plays vLLM with a chat template whose renderings are
+prefixes of each other (bench/trace_turns.py's), each proxy session collects token ids (the
+proxy asks for them, records them and strips them), and ``direct`` and ``bare`` ask for them
+themselves, so every path gets the same answer from upstream: the whole prompt's ids on every
+turn (~70,000 at turn 300). ``--stream``: every turn streamed (bare mitmdump with a script
+that streams SSE through, as the proxy does).
 
 - ``direct``: to the simulator, no proxy (the latency floor);
 - ``bare``: bare mitmdump, TLS intercepted for api.openai.com and mapped to the simulator
@@ -60,7 +67,7 @@ from failclosed import checkout_proxy  # noqa: E402
 from hooks import REDACT, SECRET  # noqa: E402 (--hooks: the same redaction as bench/hooks.py's)
 from mitm import MitmProcess  # noqa: E402
 from overhead import KEY_ENV, start_simulator  # noqa: E402
-from trace_turns import cpu_between, cpu_ns, machine, serve  # noqa: E402
+from trace_turns import cpu_between, cpu_ns, machine, serve, stream_sse_script  # noqa: E402
 
 from interceptor.trace import read_trace  # noqa: E402
 
@@ -129,6 +136,7 @@ def main() -> int:
     ap.add_argument("--relay-off", action="store_true", help="also this checkout without the relay")
     ap.add_argument("--dialect", choices=tuple(URLS), default="chat")
     ap.add_argument("--hooks", action="store_true", help="each proxy session has a request hook (a redaction)")
+    ap.add_argument("--stream", action="store_true", help="Chat: every turn streamed (SSE; bare with the stream script)")
     ap.add_argument("--collect-tokens", action="store_true",
                     help="Chat: the simulator plays vLLM; proxy sessions collect_tokens, direct and bare ask for the ids")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the --collect-tokens simulator
@@ -137,8 +145,8 @@ def main() -> int:
     if args.serve:
         serve(reply)
         return 0
-    if args.collect_tokens and args.dialect != "chat":
-        ap.error("--collect-tokens is for --dialect chat (vLLM's Chat Completions)")
+    if (args.collect_tokens or args.stream) and args.dialect != "chat":
+        ap.error("--collect-tokens and --stream are for --dialect chat (vLLM's Chat Completions)")
     url = URLS[args.dialect]
     work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
     if args.collect_tokens:  # token ids whose renderings are prefixes of each other, as a real template's
@@ -152,8 +160,10 @@ def main() -> int:
     base = sim_url if args.dialect == "gemini" else f"{sim_url}/v1"  # Gemini's path carries its version
     opts = {"intercept_upstream": base, "intercept_api_key_env": KEY_ENV}
     env = {KEY_ENV: "sk-bench-real-key"}
-    procs = {"bare": MitmProcess(script=False, workdir=work / "bare",
-                                 options={"connection_strategy": "lazy", "map_remote": remap})}
+    bare_opts = {"connection_strategy": "lazy", "map_remote": remap}
+    if args.stream:  # streamed through, as the proxy does, not read whole
+        bare_opts["scripts"] = str(stream_sse_script(work))
+    procs = {"bare": MitmProcess(script=False, workdir=work / "bare", options=bare_opts)}
     rev = None
     if args.before != "none":
         rev = args.before or before_rev()
@@ -184,10 +194,14 @@ def main() -> int:
 
             def send(n: str, payload: bytes, secret: str) -> str:
                 client, where = clients[n]
-                r = client.post(where, content=payload, headers={
-                    "authorization": f"Bearer {secret}", "x-api-key": secret, "x-goog-api-key": secret,
-                    "anthropic-version": "2023-06-01",
-                    "content-type": "application/json"})
+                headers = {"authorization": f"Bearer {secret}", "x-api-key": secret, "x-goog-api-key": secret,
+                           "anthropic-version": "2023-06-01", "content-type": "application/json"}
+                if args.stream and payload is not hello:
+                    with client.stream("POST", where, content=payload, headers=headers) as r:
+                        r.raise_for_status()
+                        return "".join(c["delta"].get("content") or "" for line in r.iter_lines()
+                                       if line.startswith("data: {") for c in json.loads(line[6:])["choices"])
+                r = client.post(where, content=payload, headers=headers)
                 r.raise_for_status()
                 return answer_text(args.dialect, r.json())
 
@@ -198,10 +212,11 @@ def main() -> int:
             for k in range(args.turns):
                 said = f"{SECRET} " if args.hooks and k % 10 == 0 else ""
                 messages.append({"role": "user", "content": (f"turn {k}: {said}" + "please go on. " * (args.chunk // 14 + 1))[:args.chunk]})
-                payload = request_body(args.dialect, messages, k)
+                streamed = {"stream": True} if args.stream else {}
+                payload = request_body(args.dialect, messages, k, streamed)
                 # The same answer from upstream on every path: with --collect-tokens the proxy asks
                 # for the ids and strips them; without a proxy the client asks and gets them.
-                asked = request_body(args.dialect, messages, k, VLLM) if args.collect_tokens else payload
+                asked = request_body(args.dialect, messages, k, {**VLLM, **streamed}) if args.collect_tokens else payload
                 order = names[k % len(names):] + names[:k % len(names)]
                 for n in order:
                     pid = procs[n].proc.pid if n in procs else None
@@ -239,7 +254,8 @@ def main() -> int:
 
     short = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True).stdout.strip() if rev else None
     print(f"machine: {machine()}; load average (1, 5, 15 min) at the start and every 50 turns: {' | '.join(loads)}")
-    print(f"{args.dialect}{' collect_tokens' if args.collect_tokens else ''}{' hooks' if args.hooks else ''}: "
+    print(f"{args.dialect}{' stream' if args.stream else ''}{' collect_tokens' if args.collect_tokens else ''}"
+          f"{' hooks' if args.hooks else ''}: "
           f"{args.turns} turns, {args.chunk} characters a side per turn, last request {last_request / 1e3:.0f} KB; "
           f"paths in rotating order every turn" + (f"; before = {short}" if short else ""))
     print()
