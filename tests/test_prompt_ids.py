@@ -160,6 +160,10 @@ def test_a_collect_tokens_session_parses_only_the_new_ids_from_its_second_turn(w
         return out
 
     monkeypatch.setattr(prompt_ids, "ids", spy)
+    committed: list[list[int]] = []  # each turn's prompt ids, as the recorder got them
+    commit_turn = Recorder.commit_turn
+    monkeypatch.setattr(Recorder, "commit_turn", lambda self, request, response, *a, **k: (
+        committed.append(list(response.prompt_token_ids)), commit_turn(self, request, response, *a, **k))[1])
     session = world.session(collect_tokens=True)
     headers = {"authorization": f"Bearer {session.model_secret}"}
 
@@ -171,6 +175,7 @@ def test_a_collect_tokens_session_parses_only_the_new_ids_from_its_second_turn(w
         got = (world.answer(flow, chunks=events, ctype="text/event-stream") if stream
                else world.answer(flow, body=body) and flow.response.content)
         assert b"token_ids" not in got and reply.encode() in got  # stripped for the harness
+        assert committed[-1] == prompt  # every id, those taken from the record too
         return prompt + _words(reply)
 
     messages = [{"role": "system", "content": "be brief"}]
