@@ -74,6 +74,10 @@ class Graph:
         # sampled replies with reasoning, by the hash of their restatement without it
         self.restated: dict[tuple[int | None, str], list[int]] = {}
         self.children: dict[int | None, list[int]] = {}
+        # Nodes ``_first`` found to be the walk's pick for their own message object: that
+        # stays true (a candidate list only grows at its end; a rollback builds a new Graph),
+        # so a prompt that restates the same objects is not looked up again (``_fitting``).
+        self.firsts: dict[int, MessageNode] = {}
         for i, node in enumerate(trace.nodes):
             self._index(i, node)
 
@@ -172,14 +176,24 @@ class Graph:
         nodes = self.trace.nodes
         if type(ids) is not KnownIds or ids.leaf >= len(nodes) or nodes[ids.leaf] is not ids.node:
             return 0, 0
-        path = self.trace.path(ids.leaf)
+        path = []  # leaf to root: a parent is always an older node, so no cycle
+        cur: int | None = ids.leaf
+        while cur is not None:
+            path.append(cur)
+            cur = nodes[cur].parent
+        path.reverse()
         if len(path) > len(known) or known[:len(path)] != path:
             return 0, 0
+        firsts = self.firsts
         k = consumed = 0
         for i in path:
-            if not self._first(i, prompt[k]):
-                break
-            consumed += len(nodes[i].token_ids)
+            node, message = nodes[i], prompt[k]
+            if node.message is not message or firsts.get(i) is not node:
+                if not self._first(i, message):
+                    break
+                if node.message is message:
+                    firsts[i] = node
+            consumed += len(node.token_ids)
             k += 1
         return k, consumed
 
