@@ -116,7 +116,12 @@ class StreamTee:
             if self.assembler.feed(event):
                 self.done = True
                 self.ex.prompt_read = self.assembler.prompt_read
-                commit(self.ex, self.flow, self.assembler.result())
+                response = self.assembler.result()
+                # Let go of what assembled it: a finished flow is cyclic garbage until the
+                # collector's next pass, and a young collection walks all it holds till then
+                # (vLLM's prompt ids: ~70,000 items at turn 300; 17 ms pauses every ~12 turns).
+                self.assembler = self.quick = None
+                commit(self.ex, self.flow, response)
                 return
 
     def finish(self, reason: str | None = None) -> None:

@@ -585,7 +585,7 @@ class ChatAssembler(NativeAssembler):
         super().__init__(dialect)
         self.head: dict[str, Any] = {}
         self.usage: dict[str, Any] | None = None
-        self.prompt_token_ids: list[int] | None = None
+        self.prompt_token_ids: list[int] | prompt_ids.Pending | None = None
         self.prior: Prior | None = None  # the session's last prompt ids (``expect``)
         self.choices: dict[int, _ChoiceState] = {}
         self._open = list(_HEAD)  # head keys no chunk has given yet
@@ -621,7 +621,7 @@ class ChatAssembler(NativeAssembler):
         data = event.data
         if self.prompt_token_ids is None and prompt_ids.KEY_TEXT in data:
             try:
-                obj, self.prompt_read = prompt_ids.load(data.encode("utf-8", "surrogatepass"), self.prior)
+                obj, self.prompt_read = prompt_ids.load(data.encode("utf-8", "surrogatepass"), self.prior, later=True)
             except ValueError:
                 return super().load(event)  # no JSON: the full path says so
             return obj if isinstance(obj, dict) else None
@@ -689,8 +689,8 @@ class ChatAssembler(NativeAssembler):
                                 "choices": [self.choices[i].native(i) for i in sorted(self.choices)]}
         if self.usage is not None:
             body["usage"] = self.usage
-        if self.prompt_token_ids is not None:
-            body["prompt_token_ids"] = self.prompt_token_ids
+        if self.prompt_token_ids is not None:  # joined to the record's only now (``prompt_ids.Pending``)
+            body["prompt_token_ids"] = self.prompt_token_ids = prompt_ids.joined(self.prompt_token_ids)
         return body
 
 

@@ -77,9 +77,41 @@ def span(payload: bytes) -> tuple[int, int, int] | None:
     return k, start, end
 
 
-def load(payload: bytes, prior: Prior | None) -> tuple[Any, PromptRead | None]:
-    """``json.loads(payload)``, with a top-level ``prompt_token_ids`` array read by ``ids``.
-    Raises ``ValueError`` as ``json.loads`` does for what is not JSON."""
+class Pending:
+    """Ids read past the prior's, not yet joined to the record's (``load(later=True)``): a
+    stream's first chunk carries them, and the whole list made then would live through the
+    rest of the stream as a young container of ~70,000 items that every young collection of
+    the garbage collector walks (~1.3 ms a turn at turn 300, ``bench/rollout.py --stream
+    --collect-tokens``). Joined when the stream is assembled; the array's bytes (not walked
+    by the collector) are kept for a record that no longer holds the prior's ids by then."""
+
+    __slots__ = ("prior", "tail", "array")
+
+    def __init__(self, prior: Prior, tail: list[int], array: bytes) -> None:
+        self.prior, self.tail, self.array = prior, tail, array
+
+    def __len__(self) -> int:
+        return self.prior.read.count + len(self.tail)
+
+    def ids(self) -> list[int]:
+        prior = self.prior
+        out = KnownIds(prior.leaf, prior.node)
+        if prior.fill(out) and len(out) == prior.read.count:
+            out.count = prior.read.count
+            out += self.tail
+            return out
+        return json.loads(self.array)  # the record no longer holds them: the whole read
+
+
+def joined(ids: list[int] | Pending | None) -> list[int] | None:
+    """What ``load(later=True)`` left, as the ids."""
+    return ids.ids() if type(ids) is Pending else ids
+
+
+def load(payload: bytes, prior: Prior | None, *, later: bool = False) -> tuple[Any, PromptRead | None]:
+    """``json.loads(payload)``, with a top-level ``prompt_token_ids`` array read by ``ids``
+    (``later``: a ``Pending`` where the prior's bytes began it). Raises ``ValueError`` as
+    ``json.loads`` does for what is not JSON."""
     where = span(payload)
     if where is None:
         return json.loads(payload), None
@@ -87,18 +119,18 @@ def load(payload: bytes, prior: Prior | None) -> tuple[Any, PromptRead | None]:
     obj = json.loads(payload[:start] + _HOLE + payload[end + 1:])
     if not isinstance(obj, dict) or obj.get("prompt_token_ids") != _HOLE_VALUE:
         return json.loads(payload), None  # the key found was not the top-level one
-    read = ids(memoryview(payload)[start:end + 1], prior)
+    read = ids(memoryview(payload)[start:end + 1], prior, later)
     if read is None:
         return json.loads(payload), None
     obj["prompt_token_ids"], info = read
     return obj, info
 
 
-def ids(array: memoryview, prior: Prior | None) -> tuple[list[int], PromptRead] | None:
+def ids(array: memoryview, prior: Prior | None, later: bool = False) -> tuple[list[int] | Pending, PromptRead] | None:
     """The ids of ``array`` (``[`` through ``]``) and how it read; None if it is not a JSON
     array. The ids are ``KnownIds`` (the record's own, then the new ones, each checked to
-    be an ``int``) when the prior's bytes began it; else whatever ``json.loads`` made of
-    it, which ``parse_response`` checks as ever."""
+    be an ``int``; ``later``: a ``Pending`` that makes them) when the prior's bytes began it;
+    else whatever ``json.loads`` made of it, which ``parse_response`` checks as ever."""
     last = len(array) - 1  # the closing bracket
     while last > 1 and array[last - 1] in _SPACE:
         last -= 1
@@ -112,6 +144,9 @@ def ids(array: memoryview, prior: Prior | None) -> tuple[list[int], PromptRead] 
                 comma += 1
             if array[comma] == 0x2C and hasher.digest() == known.digest:  # ','
                 tail = _tail(array[comma + 1:])
+                if tail is not None and later:
+                    hasher.update(array[known.length:last])
+                    return Pending(prior, tail, bytes(array)), PromptRead(last, hasher.digest(), known.count + len(tail))
                 out = KnownIds(prior.leaf, prior.node)
                 if tail is not None and prior.fill(out) and len(out) == known.count:
                     hasher.update(array[known.length:last])

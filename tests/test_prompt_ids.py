@@ -16,8 +16,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from interceptor.dialects import prompt_ids
-from interceptor.dialects.prompt_ids import Prior
+from interceptor.dialects.prompt_ids import Pending, Prior
+from interceptor.addons.exchange import exchange_of
 from interceptor.dialects.sse import SSEEvent
+from mitmproxy import http
 from interceptor.trace import Recorder
 from interceptor.trace.graph import KnownIds
 
@@ -154,9 +156,9 @@ def test_a_collect_tokens_session_parses_only_the_new_ids_from_its_second_turn(w
     reads: list[bool] = []
     real = prompt_ids.ids
 
-    def spy(array, prior):
-        out = real(array, prior)
-        reads.append(out is not None and type(out[0]) is KnownIds)
+    def spy(array, prior, *later):
+        out = real(array, prior, *later)
+        reads.append(out is not None and type(out[0]) in (KnownIds, Pending))
         return out
 
     monkeypatch.setattr(prompt_ids, "ids", spy)
@@ -207,7 +209,8 @@ def test_a_rolled_back_prompt_node_is_not_taken_for_the_ids(world, monkeypatch):
     the record is the same."""
     reads: list[bool] = []
     real = prompt_ids.ids
-    monkeypatch.setattr(prompt_ids, "ids", lambda array, prior: reads.append(prior is not None) or real(array, prior))
+    monkeypatch.setattr(prompt_ids, "ids", lambda array, prior, *later: reads.append(prior is not None)
+                        or real(array, prior, *later))
     session = world.session(collect_tokens=True)
     headers = {"authorization": f"Bearer {session.model_secret}"}
 
@@ -364,3 +367,32 @@ def test_known_ids_from_a_path_whose_messages_differ_are_not_taken():
         assert path_ids == _render(prompt, 0)
         turns.append(turn)
     assert turns[0] == turns[1]
+
+
+def test_a_stream_whose_prior_ids_left_the_record_before_its_end_reads_them_whole(world, monkeypatch):
+    """A stream's first chunk is read past the last prompt's ids, which are joined to the
+    record's only when the stream is assembled (``Pending``). If the record no longer holds
+    them by then (a rollback let the node go), the ids come from the array's own bytes."""
+    session = world.session(collect_tokens=True)
+    headers = {"authorization": f"Bearer {session.model_secret}"}
+    committed: list[list[int]] = []
+    commit_turn = Recorder.commit_turn
+    monkeypatch.setattr(Recorder, "commit_turn", lambda self, request, response, *a, **k: (
+        committed.append(response.prompt_token_ids), commit_turn(self, request, response, *a, **k))[1])
+    messages = [{"role": "user", "content": "one two"}]
+    flow = world.send(flow_for("POST", CHAT_URL, {"model": "gpt-4o", "messages": messages}, headers))
+    world.answer(flow, body=_answer(_template(messages), "three", True)[0])
+    messages += [{"role": "assistant", "content": "three"}, {"role": "user", "content": "four five"}]
+    flow = world.send(flow_for("POST", CHAT_URL, {"model": "gpt-4o", "messages": messages, "stream": True}, headers))
+    _, events = _answer(_template(messages), "six", True)
+    flow.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
+    world.tee.responseheaders(flow)
+    flow.response.stream(events[0])  # the ids: read past the last prompt's, not joined yet
+    assert type(exchange_of(flow).tee.assembler.prompt_token_ids) is Pending
+    nodes = session.recorder.trace.nodes
+    leaf = session.last_prompt.leaf
+    nodes[leaf] = nodes[leaf].model_copy()  # what a rollback and a new node leave there
+    for chunk in [*events[1:], b""]:
+        flow.response.stream(chunk)
+    world.tee.response(flow)
+    assert committed[-1] == _template(messages) and type(committed[-1]) is list  # read whole, checked
