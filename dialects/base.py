@@ -117,8 +117,8 @@ class StreamAssembler(ABC):
     #: How vLLM's prompt ids read (dialects/prompt_ids.py), once the event carrying them has.
     prompt_read: PromptRead | None = None
 
-    def expect(self, prior: Prior | None) -> None:
-        """The prompt ids the session's last answer carried (``dialects/prompt_ids.py``), so
+    def expect(self, priors: Sequence[Prior]) -> None:
+        """The prompt ids the session's last answers carried (``dialects/prompt_ids.py``), so
         the ones this stream carries are parsed only past them. Only Chat's reads them."""
 
     @abstractmethod
@@ -286,10 +286,10 @@ class Dialect(ABC):
     @abstractmethod
     def parse_response(self, body: dict[str, Any]) -> Response: ...
 
-    def load_response(self, raw: bytes, prior: Prior | None = None) -> tuple[Any, PromptRead | None]:
+    def load_response(self, raw: bytes, priors: Sequence[Prior] = ()) -> tuple[Any, PromptRead | None]:
         """A JSON answer's bytes, parsed (``ValueError`` if they are no JSON), and how its
-        prompt ids read: Chat reads vLLM's past the ones ``prior`` says the session's last
-        answer carried (``dialects/prompt_ids.py``)."""
+        prompt ids read: Chat reads vLLM's past the ones ``priors`` say the session's last
+        answers carried (``dialects/prompt_ids.py``)."""
         return json.loads(raw), None
 
     @abstractmethod

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from interceptor.dialects import prompt_ids
@@ -361,8 +362,8 @@ class ChatDialect(OpenAIDialect):
         parts = _content(blocks)
         return parts if isinstance(parts, list) else [Part(text=parts)]
 
-    def load_response(self, raw: bytes, prior: Prior | None = None) -> tuple[Any, PromptRead | None]:
-        return prompt_ids.load(raw, prior)
+    def load_response(self, raw: bytes, priors: Sequence[Prior] = ()) -> tuple[Any, PromptRead | None]:
+        return prompt_ids.load(raw, priors)
 
     def parse_response(self, body: dict[str, Any]) -> Response:
         choices = sorted((_choice(c) for c in body.get("choices") or []), key=lambda c: c.index)
@@ -586,7 +587,7 @@ class ChatAssembler(NativeAssembler):
         self.head: dict[str, Any] = {}
         self.usage: dict[str, Any] | None = None
         self.prompt_token_ids: list[int] | prompt_ids.Pending | None = None
-        self.prior: Prior | None = None  # the session's last prompt ids (``expect``)
+        self.priors: Sequence[Prior] = ()  # the session's last prompt ids (``expect``)
         self.choices: dict[int, _ChoiceState] = {}
         self._open = list(_HEAD)  # head keys no chunk has given yet
 
@@ -612,8 +613,8 @@ class ChatAssembler(NativeAssembler):
             self.done = True
         return super().feed(event)
 
-    def expect(self, prior: Prior | None) -> None:
-        self.prior = prior
+    def expect(self, priors: Sequence[Prior]) -> None:
+        self.priors = priors
 
     def load(self, event: SSEEvent) -> dict[str, Any] | None:
         """vLLM's first chunk carries the prompt's ids: read past the ones the session's last
@@ -621,7 +622,7 @@ class ChatAssembler(NativeAssembler):
         data = event.data
         if self.prompt_token_ids is None and prompt_ids.KEY_TEXT in data:
             try:
-                obj, self.prompt_read = prompt_ids.load(data.encode("utf-8", "surrogatepass"), self.prior, later=True)
+                obj, self.prompt_read = prompt_ids.load(data.encode("utf-8", "surrogatepass"), self.priors, later=True)
             except ValueError:
                 return super().load(event)  # no JSON: the full path says so
             return obj if isinstance(obj, dict) else None

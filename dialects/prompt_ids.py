@@ -21,7 +21,7 @@ differently, a nested key of the same name) is read whole, as before.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,9 +108,9 @@ def joined(ids: list[int] | Pending | None) -> list[int] | None:
     return ids.ids() if type(ids) is Pending else ids
 
 
-def load(payload: bytes, prior: Prior | None, *, later: bool = False) -> tuple[Any, PromptRead | None]:
+def load(payload: bytes, priors: Sequence[Prior] = (), *, later: bool = False) -> tuple[Any, PromptRead | None]:
     """``json.loads(payload)``, with a top-level ``prompt_token_ids`` array read by ``ids``
-    (``later``: a ``Pending`` where the prior's bytes began it). Raises ``ValueError`` as
+    (``later``: a ``Pending`` where a prior's bytes began it). Raises ``ValueError`` as
     ``json.loads`` does for what is not JSON."""
     where = span(payload)
     if where is None:
@@ -119,49 +119,54 @@ def load(payload: bytes, prior: Prior | None, *, later: bool = False) -> tuple[A
     obj = json.loads(payload[:start] + _HOLE + payload[end + 1:])
     if not isinstance(obj, dict) or obj.get("prompt_token_ids") != _HOLE_VALUE:
         return json.loads(payload), None  # the key found was not the top-level one
-    read = ids(memoryview(payload)[start:end + 1], prior, later)
+    read = ids(memoryview(payload)[start:end + 1], priors, later)
     if read is None:
         return json.loads(payload), None
     obj["prompt_token_ids"], info = read
     return obj, info
 
 
-def ids(array: memoryview, prior: Prior | None, later: bool = False) -> tuple[list[int] | Pending, PromptRead] | None:
+def ids(array: memoryview, priors: Sequence[Prior] = (), later: bool = False) -> tuple[list[int] | Pending, PromptRead] | None:
     """The ids of ``array`` (``[`` through ``]``) and how it read; None if it is not a JSON
     array. The ids are ``KnownIds`` (the record's own, then the new ones, each checked to
-    be an ``int``; ``later``: a ``Pending`` that makes them) when the prior's bytes began it;
-    else whatever ``json.loads`` made of it, which ``parse_response`` checks as ever."""
+    be an ``int``; ``later``: a ``Pending`` that makes them) when one of the ``priors`` (the
+    session's last few, most recent first: sub-agents take turns) began it; else whatever
+    ``json.loads`` made of it, which ``parse_response`` checks as ever."""
     last = len(array) - 1  # the closing bracket
     while last > 1 and array[last - 1] in _SPACE:
         last -= 1
-    hasher = xxhash.xxh3_128()
-    if prior is not None:
+    for prior in priors:
         known = prior.read
-        if known.length < last and known.count:
-            hasher.update(array[:known.length])
-            comma = known.length
-            while comma < last and array[comma] in _SPACE:
-                comma += 1
-            if array[comma] == 0x2C and hasher.digest() == known.digest:  # ','
-                tail = _tail(array[comma + 1:])
-                if tail is not None and later:
-                    hasher.update(array[known.length:last])
-                    return Pending(prior, tail, bytes(array)), PromptRead(last, hasher.digest(), known.count + len(tail))
-                out = KnownIds(prior.leaf, prior.node)
-                if tail is not None and prior.fill(out) and len(out) == known.count:
-                    hasher.update(array[known.length:last])
-                    out.count = known.count
-                    out += tail
-                    return out, PromptRead(last, hasher.digest(), len(out))
-            hasher.reset()
+        if not known.count or known.length >= last:
+            continue
+        comma = known.length
+        while comma < last and array[comma] in _SPACE:
+            comma += 1
+        if array[comma] != 0x2C:  # ','
+            continue
+        hasher = xxhash.xxh3_128(array[:known.length])
+        if hasher.digest() != known.digest:
+            continue
+        tail = _tail(array[comma + 1:])
+        if tail is None:
+            break  # not ids after all: the whole read says what they are
+        hasher.update(array[known.length:last])
+        read = PromptRead(last, hasher.digest(), known.count + len(tail))
+        if later:
+            return Pending(prior, tail, bytes(array)), read
+        out = KnownIds(prior.leaf, prior.node)
+        if prior.fill(out) and len(out) == known.count:
+            out.count = known.count
+            out += tail
+            return out, read
+        break  # the record no longer holds them
     try:
         whole = json.loads(bytes(array))
     except ValueError:
         return None
     if not isinstance(whole, list):
         return None
-    hasher.update(array[:last])
-    return whole, PromptRead(last, hasher.digest(), len(whole))
+    return whole, PromptRead(last, xxhash.xxh3_128(array[:last]).digest(), len(whole))
 
 
 def _tail(rest: memoryview) -> list[int] | None:

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from interceptor.dialects import prompt_ids
 from interceptor.dialects.prompt_ids import Pending, Prior
 from interceptor.addons.exchange import exchange_of
+from interceptor.addons.session import PROMPTS_KEPT
 from interceptor.dialects.sse import SSEEvent
 from mitmproxy import http
 from interceptor.trace import Recorder
@@ -39,7 +40,7 @@ def _body(ids: list[int], sep: tuple[str, str], before: bool) -> bytes:
 
 def _prior(payload: bytes, held: list[int] | None) -> Prior:
     """The prior of an answer whose ids the record holds as ``held`` (None: no longer)."""
-    _, read = prompt_ids.load(payload, None)
+    _, read = prompt_ids.load(payload)
     assert read is not None
     return Prior(read, 0, None, lambda into: held is not None and (into.extend(held) or True))
 
@@ -63,7 +64,7 @@ def test_the_reader_gives_what_json_gives_and_reuses_only_the_very_same_bytes(fi
         else:
             second[change] += 1
     two = _body(second, sep2, not before)
-    got, read = prompt_ids.load(two, _prior(one, held))
+    got, read = prompt_ids.load(two, [_prior(one, held)])
     assert got == json.loads(two)
     assert read is not None and read.count == len(second)
     reused = type(got["prompt_token_ids"]) is KnownIds
@@ -91,25 +92,25 @@ def test_the_reader_keeps_to_json_at_the_edges(last, now):
         expected = json.loads(two)
     except ValueError:
         with pytest.raises(ValueError):
-            prompt_ids.load(two, prior)
+            prompt_ids.load(two, [prior])
         return
-    got, _ = prompt_ids.load(two, prior)
+    got, _ = prompt_ids.load(two, [prior])
     assert got == expected
     assert (type(got["prompt_token_ids"]) is KnownIds) == (now == b"[1,2,3 , 4]")
 
 
 def test_a_nested_key_of_that_name_is_not_taken_for_the_top_level_one():
     payload = b'{"choices":[{"prompt_token_ids":[9,9]}],"prompt_token_ids":[1,2]}'
-    got, read = prompt_ids.load(payload, None)
+    got, read = prompt_ids.load(payload)
     assert got == json.loads(payload) and read is None
     inner_only = b'{"choices":[{"prompt_token_ids":[9,9]}]}'
-    assert prompt_ids.load(inner_only, None) == (json.loads(inner_only), None)
+    assert prompt_ids.load(inner_only) == (json.loads(inner_only), None)
 
 
 @pytest.mark.parametrize("held", [None, [1, 2]], ids=["record gone", "count differs"])
 def test_a_record_that_no_longer_holds_the_ids_means_the_whole_read(held):
     one, two = b'{"prompt_token_ids":[1,2,3]}', b'{"prompt_token_ids":[1,2,3,4]}'
-    got, _ = prompt_ids.load(two, _prior(one, held))
+    got, _ = prompt_ids.load(two, [_prior(one, held)])
     assert got == {"prompt_token_ids": [1, 2, 3, 4]} and type(got["prompt_token_ids"]) is list
 
 
@@ -148,20 +149,26 @@ def _answer(prompt: list[int], reply: str, compact: bool) -> tuple[bytes, list[b
     return json.dumps(body, separators=sep).encode(), events
 
 
+def _spy_reads(monkeypatch) -> list[bool]:
+    """For each array read, whether it was read past a prior's ids."""
+    reads: list[bool] = []
+    real = prompt_ids.ids
+
+    def spy(array, priors, *later):
+        out = real(array, priors, *later)
+        reads.append(out is not None and type(out[0]) in (KnownIds, Pending))
+        return out
+
+    monkeypatch.setattr(prompt_ids, "ids", spy)
+    return reads
+
+
 def test_a_collect_tokens_session_parses_only_the_new_ids_from_its_second_turn(world, monkeypatch):
     """Six turns, JSON and streamed in turn, then a fork that restates another history and a
     turn whose upstream spells the JSON differently: every branch's ids are the template's
     exactly, and the known ids were taken from the record on every turn whose bytes began
     with the last answer's."""
-    reads: list[bool] = []
-    real = prompt_ids.ids
-
-    def spy(array, prior, *later):
-        out = real(array, prior, *later)
-        reads.append(out is not None and type(out[0]) in (KnownIds, Pending))
-        return out
-
-    monkeypatch.setattr(prompt_ids, "ids", spy)
+    reads = _spy_reads(monkeypatch)
     committed: list[list[int]] = []  # each turn's prompt ids, as the recorder got them
     commit_turn = Recorder.commit_turn
     monkeypatch.setattr(Recorder, "commit_turn", lambda self, request, response, *a, **k: (
@@ -209,7 +216,7 @@ def test_a_rolled_back_prompt_node_is_not_taken_for_the_ids(world, monkeypatch):
     the record is the same."""
     reads: list[bool] = []
     real = prompt_ids.ids
-    monkeypatch.setattr(prompt_ids, "ids", lambda array, prior, *later: reads.append(prior is not None)
+    monkeypatch.setattr(prompt_ids, "ids", lambda array, prior, *later: reads.append(bool(prior))
                         or real(array, prior, *later))
     session = world.session(collect_tokens=True)
     headers = {"authorization": f"Bearer {session.model_secret}"}
@@ -220,7 +227,7 @@ def test_a_rolled_back_prompt_node_is_not_taken_for_the_ids(world, monkeypatch):
 
     messages = [{"role": "user", "content": "one two"}]
     turn(messages, "three")
-    last, held = session.last_prompt, []
+    last, held = session.last_prompts[0], []
     assert last is not None and session.recorder.prompt_ids(last.leaf, last.node, held)
     assert held == _template(messages)
     nodes = session.recorder.trace.nodes
@@ -390,9 +397,37 @@ def test_a_stream_whose_prior_ids_left_the_record_before_its_end_reads_them_whol
     flow.response.stream(events[0])  # the ids: read past the last prompt's, not joined yet
     assert type(exchange_of(flow).tee.assembler.prompt_token_ids) is Pending
     nodes = session.recorder.trace.nodes
-    leaf = session.last_prompt.leaf
+    leaf = session.last_prompts[0].leaf
     nodes[leaf] = nodes[leaf].model_copy()  # what a rollback and a new node leave there
     for chunk in [*events[1:], b""]:
         flow.response.stream(chunk)
     world.tee.response(flow)
     assert committed[-1] == _template(messages) and type(committed[-1]) is list  # read whole, checked
+
+
+@pytest.mark.parametrize("branches", [2, PROMPTS_KEPT, PROMPTS_KEPT + 1])
+def test_branches_that_take_turns_each_read_past_their_own_last_ids(world, monkeypatch, branches):
+    """A harness and its sub-agents take turns on one session: each branch's next answer is
+    read past that branch's last ids, as long as the session remembers it (the last
+    ``PROMPTS_KEPT`` branches); one more, taking turns in a circle, is read whole every time."""
+    reads = _spy_reads(monkeypatch)
+    session = world.session(collect_tokens=True)
+    headers = {"authorization": f"Bearer {session.model_secret}"}
+    histories = [[{"role": "system", "content": f"agent {b}"}] for b in range(branches)]
+    last: list[list[int]] = [[] for _ in range(branches)]
+    for k in range(3):
+        for b, messages in enumerate(histories):
+            messages.append({"role": "user", "content": f"step {k} of {b}"})
+            flow = world.send(flow_for("POST", CHAT_URL, {"model": "gpt-4o", "messages": messages, "stream": k == 1},
+                                       headers))
+            body, events = _answer(_template(messages), f"done {k} {b}", True)
+            if k == 1:
+                world.answer(flow, chunks=events, ctype="text/event-stream")
+            else:
+                world.answer(flow, body=body)
+            last[b] = _template(messages) + _words(f"done {k} {b}")
+            messages.append({"role": "assistant", "content": f"done {k} {b}"})
+    remembered = branches <= PROMPTS_KEPT
+    assert reads == [False] * branches + [remembered] * 2 * branches
+    assert sorted(b.token_ids for b in session.recorder.trace.branches) == sorted(last)
+    assert len(session.last_prompts) == min(branches, PROMPTS_KEPT)

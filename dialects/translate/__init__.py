@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from interceptor.dialects.base import Dialect, Override, StreamAssembler
@@ -274,8 +274,8 @@ class TranslatedAssembler(StreamAssembler):
     def feed(self, event: SSEEvent) -> bool:
         return self.inner.feed(event)
 
-    def expect(self, prior: Prior | None) -> None:
-        self.inner.expect(prior)
+    def expect(self, priors: Sequence[Prior]) -> None:
+        self.inner.expect(priors)
 
     @property
     def prompt_read(self) -> PromptRead | None:  # type: ignore[override]
