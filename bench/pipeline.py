@@ -1,7 +1,7 @@
 """The answer pipeline's own CPU per streamed event, in process (no sockets, no mitmproxy
 layers): what ``bench/events.py`` measures end to end, minus mitmproxy.
 
-    .venv/bin/python bench/pipeline.py [--streams 40] [--tokens 500] [--vllm] [--messages]
+    .venv/bin/python bench/pipeline.py [--streams 40] [--tokens 500] [--vllm | --collect] [--messages]
 
 One session, the script's request-side addons (Claim, Rewrite, Collect, Retry) and the Tee
 with its stages (``addons/pipeline.py``) under ``mitmproxy.test.taddons``; per stream a new
@@ -69,9 +69,11 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=500)
     ap.add_argument("--vllm", action="store_true", help="token ids and logprobs on every chunk")
     ap.add_argument("--messages", action="store_true", help="an Anthropic Messages stream")
+    ap.add_argument("--collect", action="store_true",
+                    help="a collect_tokens session: the proxy asked for the token fields and strips them (implies --vllm)")
     args = ap.parse_args()
     os.environ[ENV] = "sk-bench-real-key"
-    chunks, text = stream_chunks(args.tokens, args.vllm, args.messages)
+    chunks, text = stream_chunks(args.tokens, args.vllm or args.collect, args.messages)
     body = json.dumps(REQUEST).encode()
     registry = Registry()
     settings = Settings(registry)
@@ -82,7 +84,7 @@ def main() -> int:
     request_ns: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp, taddons.context(retry) as tctx:
         loop = tctx.master.event_loop
-        session = registry.create(SessionConfig(), Path(tmp), "never", Upstream(api_key_env=ENV))
+        session = registry.create(SessionConfig(collect_tokens=args.collect), Path(tmp), "never", Upstream(api_key_env=ENV))
 
         def run(value):
             return loop.run_until_complete(value) if hasattr(value, "__await__") else value
@@ -102,13 +104,15 @@ def main() -> int:
             tee.responseheaders(flow)
             stream = flow.response.stream
             t3 = time.perf_counter_ns()
-            for chunk in chunks:
-                stream(chunk)
+            sent = [stream(chunk) for chunk in chunks]
             stream(b"")
             t4 = time.perf_counter_ns()
             tee.response(flow)
             t5 = time.perf_counter_ns()
             gc.enable()
+            if args.collect and k == 0:  # the harness gets no token fields
+                got = b"".join(b"".join(x) if isinstance(x, list) else x for x in sent)
+                assert b"token_ids" not in got and b'"logprobs":{' not in got, got[:300]
             if k:  # the first one warms up
                 request_ns.append(t1 - t0)
                 chunk_ns.append((t4 - t3) / len(chunks))
@@ -127,7 +131,7 @@ def main() -> int:
         return f"| {name} | {min(xs):.2f} | {statistics.median(xs):.2f} | {unit} |"
 
     print(f"{args.streams} {'Messages' if args.messages else 'Chat'} streams of {len(chunks)} chunks (one event each)"
-          f"{', vLLM token fields' if args.vllm else ''}; "
+          f"{', vLLM token fields' if args.vllm or args.collect else ''}{', collect_tokens (stripped)' if args.collect else ''}; "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print()
     print("| part | min | median | unit |")

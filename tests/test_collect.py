@@ -126,3 +126,56 @@ def test_prompt_ids_are_cut_from_the_bytes_wherever_they_stand():
     raw = json.dumps(text).encode()
     assert cut_prompt_ids(raw) == (raw, False)  # quoted inside a string: escaped, never matched
     assert cut_prompt_ids(b'{"prompt_token_ids":null}') == (b'{"prompt_token_ids":null}', False)
+
+
+# What the byte path must keep equal to the JSON path: text that looks like the keys it looks
+# for (quotes are escaped in a string, so it never matches), any Unicode, several choices.
+_TRICKY = st.lists(st.sampled_from(['a', ' ', '"', '\\', '{', '}', '[', ']', ',', ':', 'é', '😀', '\n',
+                                    '"token_ids":[1]', '"logprobs":{', '"delta":{"', 'null']), max_size=8).map("".join)
+_LOGPROBS = st.one_of(st.none(), st.fixed_dictionaries({"content": st.lists(st.fixed_dictionaries({
+    "token": _TRICKY, "logprob": st.floats(-20, 0), "bytes": st.lists(st.integers(0, 255), max_size=3),
+    "top_logprobs": st.lists(st.fixed_dictionaries({"token": _TRICKY, "logprob": st.floats(-20, 0)}), max_size=2),
+}), max_size=2)}))
+_CHOICE = st.fixed_dictionaries({
+    "index": st.integers(0, 3),
+    "delta": st.one_of(st.just({}), st.fixed_dictionaries({"content": _TRICKY}),
+                       st.fixed_dictionaries({"role": st.just("assistant"), "reasoning_content": _TRICKY})),
+    "logprobs": _LOGPROBS,
+    "finish_reason": st.one_of(st.none(), st.just("stop")),
+}, optional={"token_ids": st.one_of(st.lists(st.integers(0, 200_000), max_size=3), st.none()),
+             "stop_reason": st.none()})
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_CHOICE, min_size=1, max_size=3), st.booleans(), st.booleans(), st.booleans(),
+       st.sampled_from([(",", ":"), (", ", ": ")]), st.booleans())
+def test_the_byte_path_strips_what_the_json_path_strips(choices, token_ids, logprobs, prompt, separators, usage):
+    """A chunk cut from its bytes (``Plan.cut``) reads as the JSON path's (parse, strip,
+    write), and says it removed the same; a compact chunk it leaves to the JSON path is one
+    that may carry only token ids (no choice with a non-empty delta) or a value no flat array."""
+    obj = {"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": choices}
+    if prompt:
+        obj["prompt_token_ids"] = [5, 6, 7]
+    if usage:
+        obj["usage"] = {"prompt_tokens": 3}
+    payload = json.dumps(obj, separators=separators, ensure_ascii=False).encode()
+    fast, slow = Plan(token_ids=token_ids, logprobs=logprobs), Plan(token_ids=token_ids, logprobs=logprobs)
+    cut = fast.cut(payload)
+    expected = slow.stripped(payload)
+    if cut is None:  # the usual chunk, as vLLM writes it (compact), takes the byte path
+        assert (separators != (",", ":") or not any(c["delta"] for c in choices)
+                or (token_ids and any("token_ids" in c and c["token_ids"] is None for c in choices)))
+        return
+    if cut is payload:
+        assert expected is None and not fast.removed
+        return
+    assert json.loads(cut) == expected and fast.removed == slow.removed
+
+
+def test_the_byte_path_keeps_the_upstreams_bytes_around_what_it_cuts():
+    payload = (b'{"id":"c", "choices":[{"index":0, "delta":{"content":"say \\"token_ids\\":[1]"},'
+               b' "logprobs":{"content":[{"token":"}","logprob":-1}]}, "finish_reason":null, "token_ids":[9]}]}')
+    plan = Plan(token_ids=True, logprobs=True)
+    assert plan.cut(payload) == (b'{"id":"c", "choices":[{"index":0, "delta":{"content":"say \\"token_ids\\":[1]"},'
+                                 b' "logprobs":null, "finish_reason":null}]}')
+    assert plan.removed == {"choices[].token_ids", "choices[].logprobs"}
