@@ -15,7 +15,9 @@ so they are taken out of what it receives.
 - ``on_headers`` (the pipeline's strip stage): wraps the Tee's stream callable, so the Tee assembles the
   upstream's bytes, token ids included, and the harness gets each event without them. The
   wrapper cuts the stream into whole events, O(chunk) per call, and forwards each event as
-  soon as its blank line arrives; events it does not touch go out byte for byte.
+  soon as its blank line arrives; events it does not touch go out byte for byte, the usual
+  chunk (text, its ids and logprobs) loses them from its bytes (``Plan.cut``), any other is
+  parsed, stripped and written again.
 - ``on_response`` (after the Tee, which has parsed and recorded the full JSON body): strips the
   body. Either way one ``rewrite`` record (direction ``response``) says what was removed,
   written right after the turn and before the harness has the answer.
