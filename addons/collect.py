@@ -38,6 +38,7 @@ from mitmproxy import http
 from interceptor.addons.exchange import Exchange, exchange_of
 from interceptor.dialects import prompt_ids
 from interceptor.dialects.base import Override
+from interceptor.dialects.body import scan_value
 from interceptor.dialects.encoding import Decoder
 from interceptor.dialects.sse import split_lines
 from interceptor.trace.ids import new_id
@@ -140,7 +141,7 @@ class Plan:
                 while text[start:start + 1] in _JSON_SPACE:
                     start += 1
                 try:
-                    value, end = _SCAN(text, start)
+                    value, end = scan_value(text, start)
                 except (StopIteration, ValueError):
                     return None
                 if value is not None:
@@ -205,33 +206,39 @@ class ResponsesPlan(Plan):
             return None
         return obj if isinstance(obj, dict) and self.strip(obj) else None
 
+    def cut(self, payload: bytes) -> bytes | None:
+        return None  # the token arrays are nested in the response object: the JSON path
+
 
 _TOKEN_IDS = b'"token_ids":'
 _LOGPROBS = b'"logprobs":'
 _LOGPROBS_TEXT = _LOGPROBS.decode()
 _NON_EMPTY_DELTA = b'"delta":{"'
 _JSON_SPACE = frozenset(" \t\r\n")
-_SCAN = json.scanner.make_scanner(json.JSONDecoder())
+
+
+def _without(payload: bytes, k: int, end: int) -> tuple[bytes, bytes]:
+    """``payload`` before the key at ``k`` and after its value's last byte ``end``, the
+    comma between that member and a neighbour left out."""
+    before, after = payload[:k].rstrip(), payload[end + 1:].lstrip()
+    if before.endswith(b","):
+        before = before[:-1]
+    elif after.startswith(b","):
+        after = after[1:]
+    return before, after
 
 
 def _cut_arrays(payload: bytes, key: bytes) -> tuple[bytes, bool] | None:
-    """``payload`` without each ``key`` and its flat array (the comma before or after it
-    too), cut from the bytes, and whether there was one; None when a value of the key is
-    anything else (``null``, a nested array), which the JSON path removes too."""
+    """``payload`` without each ``key`` and its flat array, cut from the bytes, and whether
+    there was one; None when a value of the key is anything else (``null``, a nested
+    array), which the JSON path removes too."""
     cut = False
     pos = 0
     while (k := payload.find(key, pos)) >= 0:
-        start = k + len(key)
-        while payload[start:start + 1] in (b" ", b"\t", b"\r", b"\n"):
-            start += 1
-        end = payload.find(b"]", start)
-        if payload[start:start + 1] != b"[" or end < 0 or b"[" in payload[start + 1:end]:
+        where = prompt_ids.span(payload, key, k)
+        if where is None or b"[" in payload[where[1] + 1:where[2]]:
             return None
-        before, after = payload[:k].rstrip(), payload[end + 1:].lstrip()
-        if before.endswith(b","):
-            before = before[:-1]
-        elif after.startswith(b","):
-            after = after[1:]
+        before, after = _without(payload, k, where[2])
         payload, pos, cut = before + after, len(before), True
     return payload, cut
 
@@ -329,7 +336,7 @@ class EventStrip:
         data = [k for k, line in enumerate(lines) if line.startswith(b"data:")]
         if not data:
             return block
-        if len(data) == 1 and type(plan) is Plan:  # the usual chunk: cut from its bytes
+        if len(data) == 1:  # the usual chunk: cut from its bytes, if the plan can
             payload = _field_value(lines[data[0]])
             cut = plan.cut(payload)
             if cut is payload:
@@ -360,12 +367,7 @@ def cut_prompt_ids(payload: bytes) -> tuple[bytes, bool]:
     where = prompt_ids.span(payload)
     if where is None:
         return payload, False
-    k, _, end = where
-    before, after = payload[:k].rstrip(), payload[end + 1:].lstrip()
-    if before.endswith(b","):
-        before = before[:-1]
-    elif after.startswith(b","):
-        after = after[1:]
+    before, after = _without(payload, where[0], where[2])
     return before + after, True
 
 

@@ -31,7 +31,7 @@ from interceptor.dialects.prompt_ids import Prior, PromptRead
 from interceptor.trace import Recorder, Store
 from interceptor.trace.match import Ignore
 from interceptor.trace.messages import Sampling
-from interceptor.trace.model import MessageNode, Reward
+from interceptor.trace.model import Reward
 
 if TYPE_CHECKING:
     from interceptor.addons.hookload import HookSet
@@ -135,23 +135,13 @@ def new_secret(kind: str, worker: str | None = None) -> str:
     return f"sk-ic-{worker + '-' if worker else ''}{kind}-{secrets.token_urlsafe(24)}"
 
 
-@dataclass(frozen=True, slots=True)
-class LastPrompt:
-    """vLLM's prompt ids as the session's last committed answer carried them: how their bytes
-    read, and the node their path ends at (the record's ids for them, ``Recorder.prompt_ids``)."""
-
-    read: PromptRead
-    leaf: int
-    node: MessageNode
-
-
 #: Prompts whose ids a session remembers (``Session.last_prompts``): a miss costs a digest of
 #: the array's bytes (~0.05 ms at 70,000 ids), a whole read 5-9 ms.
 PROMPTS_KEPT = 4
 
 
-def _above(nodes: list, last: LastPrompt, leaf: int) -> bool:
-    """Whether ``last``'s node is still there and on the path to ``leaf``."""
+def _above(nodes: list, last: Prior, leaf: int) -> bool:
+    """Whether ``last``'s node is gone, or on the path to ``leaf``."""
     if last.leaf >= len(nodes) or nodes[last.leaf] is not last.node:
         return True  # gone: nothing to keep
     cur: int | None = leaf
@@ -184,27 +174,24 @@ class Session:
     hooks_config: dict[str, Any] = field(default_factory=dict)  # handed to hooks as ctx.config
     memory: Memory = field(default_factory=Memory)  # request hooks' rewrites, applied once
     handed: Handed = field(default_factory=Handed)  # what request hooks were handed of the graph's
-    # vLLM's last few prompt ids, most recent first, so the next are parsed past them: one per
-    # branch a turn went on lately (a harness and its sub-agents take turns).
-    last_prompts: list[LastPrompt] = field(default_factory=list)
-
-    def prompt_priors(self) -> list[Prior]:
-        """What the next answer's prompt ids are read past (``dialects/prompt_ids.py``)."""
-        recorder = self.recorder
-        return [Prior(last.read, last.leaf, last.node,
-                      lambda into, last=last: recorder.prompt_ids(last.leaf, last.node, into))
-                for last in self.last_prompts]
+    # vLLM's last few prompt ids, most recent first, that the next are parsed past
+    # (``dialects/prompt_ids.py``): one per branch a turn went on lately (a harness and its
+    # sub-agents take turns). Replaced whole, never changed in place: a stream holds it.
+    last_prompts: tuple[Prior, ...] = ()
 
     def remember_prompt(self, read: PromptRead, reply: int) -> None:
         """A committed turn's prompt ids: they read as ``read`` and end at the parent of its
-        sampled reply ``reply``, the prompt's last node. It replaces the one it went on from
-        (a prefix of its path, its bytes a prefix of its own), so each entry is a branch."""
-        nodes = self.recorder.trace.nodes
+        sampled reply ``reply``, the prompt's last node, where the record holds them
+        (``Recorder.prompt_ids``). It replaces the one it went on from (a prefix of its path,
+        its bytes a prefix of its own), so each entry is a branch."""
+        nodes, recorder = self.recorder.trace.nodes, self.recorder
         leaf = nodes[reply].parent
         if leaf is None:
             return
+        node = nodes[leaf]
         kept = [last for last in self.last_prompts if not _above(nodes, last, leaf)]
-        self.last_prompts = [LastPrompt(read, leaf, nodes[leaf]), *kept][:PROMPTS_KEPT]
+        prior = Prior(read, leaf, node, lambda into: recorder.prompt_ids(leaf, node, into))
+        self.last_prompts = (prior, *kept)[:PROMPTS_KEPT]
 
     @property
     def trace_path(self) -> Path:
@@ -253,7 +240,7 @@ class Session:
         self.task_state = TaskState.initial(None, None)  # its history is on the record
         self.admitted.clear()
         self.memory = Memory()
-        self.last_prompts = []
+        self.last_prompts = ()
 
     def summary(self) -> dict[str, Any]:
         s = self.recorder.summary()

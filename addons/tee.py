@@ -53,7 +53,7 @@ class StreamTee:
         self.sse = frames
         # A translated answer is assembled from the upstream's events, recorded as the harness gets it.
         self.assembler = ex.translation.assembler() if ex.translation is not None else ex.dialect.assembler()
-        self.assembler.expect(ex.session.prompt_priors())  # vLLM's prompt ids: parsed past the last ones
+        self.assembler.expect(ex.session.last_prompts)  # vLLM's prompt ids: parsed past the last ones
         self.failed = False
         self.done = False  # the terminal event was assembled (a held answer commits later)
         # The dialect's shortcut for a chunk that is one usual event (a text delta), read from
@@ -181,7 +181,7 @@ class Assemble:
         try:
             # vLLM's prompt ids are parsed past the ones the session's last answer carried.
             body, ex.prompt_read = ex.wire.load_response(flow.response.get_content(strict=False) or b"null",
-                                                         ex.session.prompt_priors())
+                                                         ex.session.last_prompts)
         except ValueError:
             pass
         if status != 200:

@@ -20,6 +20,9 @@ from interceptor.trace.prefix import Listed, Prefixes
 
 _DECODER = json.JSONDecoder()
 _SCAN = json.scanner.make_scanner(_DECODER)
+#: ``scan_value(text, i)``: the JSON value that starts at ``text[i]`` and the index after it,
+#: by the JSON module's C scanner (``StopIteration`` or ``ValueError`` if there is none).
+scan_value = _SCAN
 _SCANSTRING = json.decoder.scanstring
 _WS = " \t\n\r"
 

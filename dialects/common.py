@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import json.scanner
 from abc import abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any, ClassVar, Literal
 
 
 from interceptor.dialects.base import Dialect, Override, RouteKind, StreamAssembler, classified
+from interceptor.dialects.body import scan_value
 from interceptor.dialects.models import Capabilities, capabilities
 from interceptor.dialects.sse import SSEEvent
 from interceptor.trace.messages import Part, Response, ResponseError, Sampling
@@ -92,7 +92,6 @@ def dumps_arguments(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-_SCAN = json.scanner.make_scanner(json.JSONDecoder())
 
 
 def json_data(event_data: str) -> dict[str, Any] | None:
@@ -102,7 +101,7 @@ def json_data(event_data: str) -> dict[str, Any] | None:
     around it; anything else goes through ``json.loads`` and its rules."""
     if event_data[:1] == "{":
         try:
-            value, end = _SCAN(event_data, 0)
+            value, end = scan_value(event_data, 0)
         except (StopIteration, ValueError):
             value, end = None, -1
         if end == len(event_data):

@@ -62,17 +62,18 @@ class Prior:
     fill: Callable[[list[int]], bool]
 
 
-def span(payload: bytes) -> tuple[int, int, int] | None:
-    """(key, ``[``, ``]``) offsets of the first ``"prompt_token_ids":`` flat array in
-    ``payload``, or None. The key can be matched in the raw text because a quote inside a
-    JSON string is always escaped; whether it is the top-level key is for the caller to
-    prove (``load``)."""
-    k = payload.find(KEY)
+def span(payload: bytes, key: bytes = KEY, pos: int = 0) -> tuple[int, int, int] | None:
+    """(key, ``[``, ``]``) offsets of the first ``key`` (``"prompt_token_ids":``) from
+    ``pos`` on in ``payload`` and the array after it, or None (no such key, or no array
+    there). The key can be matched in the raw text because a quote inside a JSON string is
+    always escaped; whether it is the top-level key is for the caller to prove (``load``),
+    and that the array is flat (``]`` is the first one after its ``[``)."""
+    k = payload.find(key, pos)
     if k < 0:
         return None
-    start = payload.find(b"[", k + len(KEY))
+    start = payload.find(b"[", k + len(key))
     end = payload.find(b"]", start)
-    if start < 0 or end < 0 or payload[k + len(KEY):start].strip():
+    if start < 0 or end < 0 or payload[k + len(key):start].strip():
         return None
     return k, start, end
 
@@ -89,9 +90,6 @@ class Pending:
 
     def __init__(self, prior: Prior, tail: list[int], array: bytes) -> None:
         self.prior, self.tail, self.array = prior, tail, array
-
-    def __len__(self) -> int:
-        return self.prior.read.count + len(self.tail)
 
     def ids(self) -> list[int]:
         prior = self.prior

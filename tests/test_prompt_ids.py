@@ -163,16 +163,22 @@ def _spy_reads(monkeypatch) -> list[bool]:
     return reads
 
 
+def _spy_commits(monkeypatch) -> list[list[int]]:
+    """Each committed turn's prompt ids, as the recorder got them (the list itself)."""
+    committed: list[list[int]] = []
+    commit_turn = Recorder.commit_turn
+    monkeypatch.setattr(Recorder, "commit_turn", lambda self, request, response, *a, **k: (
+        committed.append(response.prompt_token_ids), commit_turn(self, request, response, *a, **k))[1])
+    return committed
+
+
 def test_a_collect_tokens_session_parses_only_the_new_ids_from_its_second_turn(world, monkeypatch):
     """Six turns, JSON and streamed in turn, then a fork that restates another history and a
     turn whose upstream spells the JSON differently: every branch's ids are the template's
     exactly, and the known ids were taken from the record on every turn whose bytes began
     with the last answer's."""
     reads = _spy_reads(monkeypatch)
-    committed: list[list[int]] = []  # each turn's prompt ids, as the recorder got them
-    commit_turn = Recorder.commit_turn
-    monkeypatch.setattr(Recorder, "commit_turn", lambda self, request, response, *a, **k: (
-        committed.append(list(response.prompt_token_ids)), commit_turn(self, request, response, *a, **k))[1])
+    committed = _spy_commits(monkeypatch)
     session = world.session(collect_tokens=True)
     headers = {"authorization": f"Bearer {session.model_secret}"}
 
@@ -337,7 +343,7 @@ def test_known_nodes_and_known_ids_give_the_graph_the_walk_gives(steps):
 
 def handed_fill(graph, leaf: int, into: list[int]) -> bool:
     """What ``Recorder.prompt_ids`` does, on a bare graph."""
-    for i in graph.trace.path(leaf):
+    for i in graph.lineage(leaf):
         into += graph.trace.nodes[i].token_ids
     return True
 
@@ -382,10 +388,7 @@ def test_a_stream_whose_prior_ids_left_the_record_before_its_end_reads_them_whol
     them by then (a rollback let the node go), the ids come from the array's own bytes."""
     session = world.session(collect_tokens=True)
     headers = {"authorization": f"Bearer {session.model_secret}"}
-    committed: list[list[int]] = []
-    commit_turn = Recorder.commit_turn
-    monkeypatch.setattr(Recorder, "commit_turn", lambda self, request, response, *a, **k: (
-        committed.append(response.prompt_token_ids), commit_turn(self, request, response, *a, **k))[1])
+    committed = _spy_commits(monkeypatch)
     messages = [{"role": "user", "content": "one two"}]
     flow = world.send(flow_for("POST", CHAT_URL, {"model": "gpt-4o", "messages": messages}, headers))
     world.answer(flow, body=_answer(_template(messages), "three", True)[0])

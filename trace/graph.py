@@ -164,6 +164,19 @@ class Graph:
         extra = [self._add_reply(parent, m, t, lp, now, added) for m, t, lp in choices]
         return TurnNodes(sampled=sampled, added=added, prompt_path=path, choices=extra)
 
+    def lineage(self, index: int) -> list[int]:
+        """Node indices from the root down to ``index``: ``Trace.path`` without its guard
+        against a cycle, which a graph grown here cannot have (a node's parent is an older
+        node), and so without its set of the nodes seen."""
+        nodes = self.trace.nodes
+        out = []
+        cur: int | None = index
+        while cur is not None:
+            out.append(cur)
+            cur = nodes[cur].parent
+        out.reverse()
+        return out
+
     def _fitting(self, known: Sequence[int], ids: list[int], prompt: list[Message]) -> tuple[int, int]:
         """How many of the ``known`` nodes (the prompt's leading messages, whose nodes are
         known) the walk would take with these token ids, and how many ids they cover,
@@ -176,12 +189,7 @@ class Graph:
         nodes = self.trace.nodes
         if type(ids) is not KnownIds or ids.leaf >= len(nodes) or nodes[ids.leaf] is not ids.node:
             return 0, 0
-        path = []  # leaf to root: a parent is always an older node, so no cycle
-        cur: int | None = ids.leaf
-        while cur is not None:
-            path.append(cur)
-            cur = nodes[cur].parent
-        path.reverse()
+        path = self.lineage(ids.leaf)
         if len(path) > len(known) or known[:len(path)] != path:
             return 0, 0
         firsts = self.firsts

@@ -155,16 +155,11 @@ class Recorder:
         nodes = self._trace.nodes
         if leaf >= len(nodes) or nodes[leaf] is not node:
             return False
-        lists = []  # leaf to root: a parent is always an older node, so no cycle
-        cur: int | None = leaf
-        while cur is not None:
-            held = nodes[cur]
-            if held.token_ids is None:
-                return False
-            lists.append(held.token_ids)
-            cur = held.parent
-        for ids in reversed(lists):
-            into += ids
+        path = self._graph.lineage(leaf)
+        if any(nodes[i].token_ids is None for i in path):
+            return False
+        for i in path:
+            into += nodes[i].token_ids
         return True
 
     def _record_rewrites(self, rewrites: list[Rewrite], path: list[int], call: ModelCall | None = None) -> None:
