@@ -16,8 +16,9 @@ so they are taken out of what it receives.
   upstream's bytes, token ids included, and the harness gets each event without them. The
   wrapper cuts the stream into whole events, O(chunk) per call, and forwards each event as
   soon as its blank line arrives; events it does not touch go out byte for byte, the usual
-  chunk (text, its ids and logprobs) loses them from its bytes (``Plan.cut``), any other is
-  parsed, stripped and written again.
+  chunk (text, its ids and logprobs) loses them from its bytes (``Plan.cut``; for an event
+  the Tee read by a learned shape, by that shape's template, ``_Cut``), any other is parsed,
+  stripped and written again.
 - ``on_response`` (after the Tee, which has parsed and recorded the full JSON body): strips the
   body. Either way one ``rewrite`` record (direction ``response``) says what was removed,
   written right after the turn and before the harness has the answer.
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -269,20 +271,82 @@ def _only_token_carrier(obj: dict[str, Any]) -> bool:
                and c.get("logprobs") is None for c in choices)
 
 
+class _Cut:
+    """``Plan.cut`` of every event of one learned shape (``dialects.common.Shape``), as a
+    template: the event's bytes are the shape's fixed text with its holes' texts, and the
+    cut depends on the fixed text alone (the keys it looks for carry a quote, which a
+    string hole holds only escaped; a number or a list of ints holds none). So it is the
+    fixed pieces the cut kept, with the holes it kept in between, filled from the Tee's match
+    of the same event (``StreamTee.matches``): no search, no scan. Learned from one event
+    with a marker in each hole (``learn``) and checked against that event's own cut."""
+
+    __slots__ = ("parts", "removed")
+
+    def __init__(self, parts: list[str | int], removed: set[str]) -> None:
+        self.parts = parts  # fixed text, or the number of the group whose text goes there
+        self.removed = removed
+
+    def fill(self, m: re.Match[str]) -> bytes:
+        return "".join([p if type(p) is str else m.group(p) for p in self.parts]).encode()
+
+    @classmethod
+    def learn(cls, plan: Plan, m: re.Match[str], block: bytes, out: bytes) -> _Cut | None:
+        """The template of ``m``'s shape, if its event ``block`` (which the plan's cut made
+        ``out``) is one ``data:`` line with nothing the cut would not take from the bytes."""
+        text = m.string
+        if text[-4] == " " or not text.startswith("data: ") or not text.endswith("}\n\n") or out == block:
+            return None  # padded (its spaces are in no hole), or not the usual line
+        pieces, pos, markers = [], 0, {}
+        for g in range(1, m.re.groups + 1):
+            start, end = m.span(g)
+            raw = text[start:end]
+            marker = (f'"~interceptor-cut-{g}~"' if raw[0] == '"' else f"[987654321{g:02d}]" if raw[0] == "["
+                      else f"-987654321{g:02d}.5")
+            pieces += (text[pos:start], marker)
+            markers[marker], pos = g, end
+        marked = "".join(pieces) + text[pos:]
+        if any(marked.count(k) != 1 for k in markers):
+            return None
+        scratch = Plan(token_ids=plan.token_ids, logprobs=plan.logprobs)
+        cut = scratch.cut(marked[6:-2].encode())
+        if cut is None:
+            return None
+        result = "data: " + cut.decode() + "\n\n"
+        found = sorted((at, k) for k in markers if (at := result.find(k)) >= 0)
+        if any(result.count(k) > 1 for _, k in found):
+            return None
+        parts: list[str | int] = []
+        pos = 0
+        for at, k in found:
+            parts += (result[pos:at], markers[k])
+            pos = at + len(k)
+        parts.append(result[pos:])
+        made = cls([p for p in parts if p != ""], scratch.removed)
+        return made if made.fill(m) == out else None
+
+
 class EventStrip:
     """Cuts SSE bytes into whole events and strips each one; see the module docstring.
 
     Only the unfinished event is held (at most one event's bytes). Lines keep their own
     terminators; an event is rewritten only when it carries something to strip, and then
-    only its ``data`` line changes.
+    only its ``data`` line changes. An event the Tee read by a learned shape (``matches``,
+    filled by the Tee in the same call) is stripped by that shape's template (``_Cut``).
     """
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, matches: list[tuple[bytes, re.Match[str]]] | None = None) -> None:
         self.plan = plan
         self.event = bytearray()  # the unfinished event, as received
         self.line = 0  # length of its unfinished last line
         self.pending_cr = False  # a chunk ended in CR: an LF may follow in the next
         self.dropped = False  # the last event was dropped (its split LF goes with it)
+        self.matches = matches  # this call's events the Tee read by a shape, in order
+        self.next = 0  # the first of them not yet met
+        # Per shape (by its pattern's id, the pattern kept alive with it, so the id is not
+        # reused): its template, or None. The last one looked up is kept at hand.
+        self.cuts: dict[int, tuple[re.Pattern[str], _Cut | None]] = {}
+        self.shape: re.Pattern[str] | None = None
+        self.cut: _Cut | None | bool = False
 
     def feed(self, data: bytes) -> bytes:
         out = bytearray()
@@ -321,14 +385,43 @@ class EventStrip:
         return self._event(rest) if rest else b""
 
     def _event(self, block: bytes) -> bytes:
-        plan = self.plan
-        if not plan.touches(block):
+        matches = self.matches
+        if matches and self.next < len(matches):
+            piece, m = matches[self.next]
+            if piece is block or piece == block:
+                self.next += 1
+                try:
+                    return self._by_shape(block, m)
+                except Exception:  # as below
+                    log.exception("interceptor: could not strip token fields from an event; forwarded as is")
+                    return block
+        if not self.plan.touches(block):
             return block
         try:
             return self._rewrite(block)
         except Exception:  # a shape nobody foresaw must not break the harness's stream
             log.exception("interceptor: could not strip token fields from an event; forwarded as is")
             return block
+
+    def _by_shape(self, block: bytes, m: re.Match[str]) -> bytes:
+        """An event the Tee read by a shape (``m``): by the shape's template, learned from
+        the first such event (which takes the usual way), or the usual way if it has none."""
+        pattern = m.re
+        if self.shape is not pattern:
+            self.shape, self.cut = pattern, self.cuts.get(id(pattern), (None, False))[1]
+        cut = self.cut
+        if cut is False:
+            out = self._rewrite(block) if self.plan.touches(block) else block
+            if len(self.cuts) < 8:  # a stream learns a handful of shapes at most
+                self.cut = _Cut.learn(self.plan, m, block, out)
+                self.cuts[id(pattern)] = (pattern, self.cut)
+            return out
+        if cut is None or m.string[-4] == " ":
+            return self._rewrite(block) if self.plan.touches(block) else block
+        plan = self.plan
+        plan.events += 1
+        plan.removed |= cut.removed
+        return cut.fill(m)
 
     def _rewrite(self, block: bytes) -> bytes:
         plan = self.plan
@@ -386,14 +479,21 @@ class StripStream:
         self.inner = inner
         self.ex = ex
         self.plan = plan
-        self.events = EventStrip(plan)
         # An upstream that compressed despite ``accept-encoding: identity`` is decoded here
         # and the header removed, so the harness gets plain events.
         self.decoder = Decoder.for_encoding(content_encoding) if content_encoding else None
+        # The Tee's readings by a shape, for the same bytes only (it decodes what it reads).
+        self.matches = None
+        if self.decoder is None and getattr(inner, "matches", False) is None and getattr(inner, "identity", False):
+            self.matches = inner.matches = []
+        self.events = EventStrip(plan, self.matches)
 
     def __call__(self, chunk: bytes) -> list[bytes]:
         """A list, never ``b""``: mitmproxy sends an empty bytes result as an empty chunk,
         which in a chunked HTTP/1.1 body is its end (a held partial event yields none)."""
+        if self.matches is not None:
+            self.matches.clear()
+            self.events.next = 0
         out = self.inner(chunk) if callable(self.inner) else chunk
         if not isinstance(out, bytes):  # an inner callable may return an iterable of chunks
             out = b"".join(out)

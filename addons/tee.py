@@ -7,14 +7,17 @@ that stops reading at ``message_stop`` / ``response.completed`` / ``[DONE]`` and
 next request at once never races the record. JSON answers are assembled in ``on_response``.
 ``Assemble`` is the first stage of the answer's pipeline; ``Tee`` is the addon that runs it.
 
-Most of a stream is one kind of event (a text delta); a chunk carries one or several (the
-relay sends what reached it in one read as one chunk). Each whole such event in a chunk,
-between events, is read by the dialect's shortcut (``NativeAssembler.quick``): the assembler
-learned the event's exact shape from the first one it parsed, and reads only the string the
-record needs (``dialects/common.py``'s ``Shape``). Anything else (another kind of event, a
-split one, vLLM's token fields) is cut into lines, parsed and folded, and the shortcut goes
-on after it (``StreamTee._events``). The record is the same either way (``tests/test_tee.py``);
-the shortcut costs a fraction of the CPU per event (``bench/pipeline.py``).
+Most of a stream is one kind of event (a text delta, with vLLM's token ids and logprobs in
+a session that collects them); a chunk carries one or several (the relay sends what reached
+it in one read as one chunk). Each whole such event in a chunk, between events, is read by
+the dialect's shortcut (``NativeAssembler.quick``): the assembler learned the event's exact
+shape from the first one it parsed, and reads only the values the record needs
+(``dialects/common.py``'s ``Shape``). Anything else (another kind of event, a split one) is
+cut into lines, parsed and folded, and the shortcut goes on after it (``StreamTee._events``).
+The record is the same either way (``tests/test_tee.py``); the shortcut costs a fraction of
+the CPU per event (``bench/pipeline.py``). The events read by a shape's pattern are handed to
+collect.py's strip (``matches``), which then takes the token fields out of each by the
+shape's template instead of searching its bytes.
 
 A failed exchange (an error status, an ``error`` event, a cut stream, an unreachable
 upstream) commits no turn but is one call on the record, with its error.
@@ -23,6 +26,7 @@ upstream) commits no turn but is one call on the record, with its error.
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 from mitmproxy import http
@@ -59,6 +63,9 @@ class StreamTee:
         # The dialect's shortcut for a chunk that is one usual event (a text delta), read from
         # its bytes between events instead of cut into lines and parsed (``NativeAssembler.quick``).
         self.quick = self.assembler.quick if getattr(self.assembler, "shapes", False) and isinstance(frames, SSEDecoder) else None
+        #: Set to a list by a stage that reuses the shortcut's reading (collect.py's strip):
+        #: each call's events read by a shape's pattern, as (the event's bytes, the match).
+        self.matches: list[tuple[bytes, re.Match[str]]] | None = None
 
     def __call__(self, chunk: bytes) -> bytes:
         if self.failed or self.done or self.ex.committed:
@@ -98,6 +105,8 @@ class StreamTee:
             piece = data if not pos and cut == end else data[pos:cut]
             if sse.idle and quick(piece):
                 sse.bytes_seen += len(piece)
+                if self.matches is not None and self.assembler.matched is not None:
+                    self.matches.append((piece, self.assembler.matched))
                 if clock is not None:
                     clock.times.append(time.monotonic())
             else:

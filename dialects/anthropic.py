@@ -881,7 +881,8 @@ class AnthropicAssembler(NativeAssembler):
             self._tries -= 1
             return
         framing = "data: " if event.event is None else f"event: {event.event}\ndata: "
-        self.learn(framing, event, obj, [(delta, key)], pieces.append)
+        append = pieces.append
+        self.learn(framing, event, obj, [(delta, key)], lambda values: append(values[0]))
 
     def fold(self, obj: dict[str, Any], event: SSEEvent) -> bool:
         kind = obj.get("type") or event.event

@@ -116,6 +116,8 @@ class StreamAssembler(ABC):
     done: bool = False
     #: How vLLM's prompt ids read (dialects/prompt_ids.py), once the event carrying them has.
     prompt_read: PromptRead | None = None
+    #: The last event the shortcut (``NativeAssembler.quick``) read by a shape's pattern.
+    matched: re.Match[str] | None = None
 
     def expect(self, priors: Sequence[Prior]) -> None:
         """The prompt ids the session's last answers carried (``dialects/prompt_ids.py``), so

@@ -573,6 +573,9 @@ _PLAIN = frozenset(("index", "delta", "logprobs", "finish_reason"))  # a choice 
 # What a text chunk may hold besides its one choice for its shape to be learned: the head, and
 # OpenAI's obfuscation padding (stream_options.include_obfuscation, on by default), a hole.
 _SHAPED = frozenset((*_HEAD, "object", "choices", "obfuscation"))
+# A choice with its tokens (``_learn_tokens``); vLLM's ``stop_reason`` (null but on the last) is
+# not read by ``fold``, so it is fixed text like the rest.
+_TOKENS = _PLAIN | {"token_ids", "stop_reason"}
 
 
 class ChatAssembler(NativeAssembler):
@@ -605,7 +608,50 @@ class ChatAssembler(NativeAssembler):
             holes.append((obj, "obfuscation"))
         # The sink appends the text as the full path does: this chunk set has_content, and an
         # empty string appended changes nothing the record joins.
-        self.learn("data: ", event, obj, holes, state.content.append)
+        append = state.content.append
+        self.learn("data: ", event, obj, holes, lambda values: append(values[0]))
+
+    def _learn_tokens(self, obj: dict[str, Any], ch: dict[str, Any], state: _ChoiceState, event: SSEEvent) -> None:
+        """A text chunk with its tokens (vLLM's ``token_ids``, a ``logprobs`` entry), folded
+        the full way: its shape, holes at the text, the ids and the entry's strings, numbers
+        and byte lists, so the next ones are read from their bytes too (``quick``). For a
+        one-token chunk only, whose entry has no alternatives (``top_logprobs: []``): what a
+        session that collects tokens asks for, and every chunk of its stream carries."""
+        lp = ch.get("logprobs")
+        holes: list[tuple[dict[str, Any], str]] = [(ch["delta"], "content")]
+        if event.event is not None or len(obj["choices"]) != 1 or not obj.keys() <= _SHAPED \
+                or not ch.keys() <= _TOKENS:
+            self._tries -= 1
+            return
+        ids = ch.get("token_ids") is not None
+        if ids:
+            holes.append((ch, "token_ids"))
+        spec: list[tuple[str, int | None, Any]] = []  # the entry's keys: a hole's index, or a constant
+        if lp is not None:
+            entries = lp.get("content") if type(lp) is dict and lp.keys() <= {"content", "refusal"} \
+                and lp.get("refusal") is None else None
+            if type(entries) is not list or len(entries) != 1 or type(entries[0]) is not dict:
+                self._tries -= 1
+                return
+            for key, value in entries[0].items():
+                if value is None or type(value) is bool or (key == "top_logprobs" and value == []):
+                    spec.append((key, None, value))
+                else:
+                    spec.append((key, len(holes), None))
+                    holes.append((entries[0], key))
+        if "obfuscation" in obj:  # OpenAI's padding, with a harness's own logprobs: only checked
+            holes.append((obj, "obfuscation"))
+        logprobs = lp is not None
+
+        def sink(values: list[Any]) -> None:
+            state.add_text(values[0])
+            if ids:
+                state.token_ids.extend(values[1])
+            if logprobs:
+                state.logprobs.append({key: values[at] if at is not None else ([] if const == [] else const)
+                                       for key, at, const in spec})
+
+        self.learn("data: ", event, obj, holes, sink)
 
     def feed(self, event: SSEEvent) -> bool:
         data = event.data
@@ -682,6 +728,9 @@ class ChatAssembler(NativeAssembler):
                 state.token_ids.extend(ch["token_ids"])
             if ch.get("finish_reason"):
                 state.finish_reason = ch["finish_reason"]
+            elif self._tries and (lp or ch.get("token_ids") is not None) and type(delta) is dict \
+                    and len(delta) == 1 and type(text) is str:
+                self._learn_tokens(obj, ch, state, event)
         return False
 
     def native(self) -> dict[str, Any]:

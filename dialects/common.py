@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from abc import abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -117,58 +118,110 @@ _SCANSTRING = json.decoder.scanstring
 
 
 class Shape:
-    """One streamed event's exact bytes with holes where string values go: what a dialect's
-    usual event (a text delta) looks like on the wire, learned from the first one it parsed
-    (``shape_of``). An event that is the shape's fixed text with a JSON string in each hole
-    (and any run of spaces before its last brace, as Anthropic pads its events) parses to
-    the learned event with other strings in them: ``match`` reads the one the record needs
-    (the others, such as OpenAI's ``obfuscation`` padding, are only checked) with the JSON
-    module's C string scanner, without parsing the event or cutting it into lines, exactly as
-    ``json.loads`` would have read it (strict: a raw control character, a quote or a bad
-    escape is no match, and the event takes the full path)."""
+    """One streamed event's exact bytes with holes where values go: what a dialect's usual
+    event (a text delta; vLLM's, with its token ids and logprobs) looks like on the wire,
+    learned from the first one it parsed (``shape_of``). An event that is the shape's fixed
+    text with a value of the hole's kind in each hole (and any run of spaces before its last
+    brace, as Anthropic pads its events) parses to the learned event with other values in
+    them: ``match`` reads them without parsing the event or cutting it into lines, exactly
+    as ``json.loads`` would have read them (strict: a raw control character, a bad escape, a
+    number JSON does not allow is no match, and the event takes the full path). A hole's kind
+    is its learned value's: a string, a number (an int or a float, as the text says), or a
+    flat list of ints written compactly (vLLM's ``token_ids``, a token's ``bytes``). A shape
+    of strings only (a text delta) compares its fixed texts where they must start and reads
+    each string with the JSON module's C string scanner; any other is one regular expression
+    (the fixed text, each hole's JSON grammar) and the holes' texts read together by the JSON
+    module's C scanner, which decides what the grammar lets through."""
 
-    __slots__ = ("first", "rest", "keep")
+    __slots__ = ("first", "rest", "strings", "pattern", "order", "wire", "last")
 
-    def __init__(self, fixed: list[str], keep: int) -> None:
-        self.first = fixed[0]
+    def __init__(self, fixed: list[str], kinds: tuple[str, ...], order: tuple[int, ...]) -> None:
         # After each hole, the fixed text that follows it; the last one without the closing
-        # brace and blank line, which ``match`` finds at the end, after any spaces.
+        # brace and blank line, found at the end after any spaces.
+        self.first = fixed[0]
         self.rest = tuple(fixed[1:])
-        self.keep = keep  # the hole whose value ``match`` returns, in wire order
+        self.order = order  # in wire order: the hole's index in ``shape_of``'s ``holes``
+        # Where each hole's value is in wire order, when that is not the holes' own order.
+        self.wire = None if order == tuple(sorted(order)) else tuple(order.index(i) for i in range(len(order)))
+        self.strings = len(order) if kinds.count("s") == len(kinds) else -1
+        # Strings only (a text delta): each fixed text compared where it must start and each
+        # string read by the scanner, cheaper than a pattern for one or two holes. Any other
+        # kind: one pattern for the event, then its holes' texts parsed together.
+        self.pattern = None if self.strings >= 0 else re.compile(
+            "".join([re.escape(fixed[0]), *(g + re.escape(f) for g, f in zip(map(_GRAMMAR.get, kinds), fixed[1:]))])
+            + r" *\}\n\n", re.DOTALL)
+        #: The last match by the pattern: each hole's text is its group, in wire order (what
+        #: collect.py's strip reuses).
+        self.last: re.Match[str] | None = None
 
-    def match(self, text: str) -> str | None:
+    def match(self, text: str) -> list[Any] | None:
+        """The values of ``text``'s holes, in ``shape_of``'s order, or None."""
+        if self.pattern is not None:
+            return self._match_pattern(text)
         if not text.startswith(self.first):
             return None
-        pos, kept = len(self.first), None
+        pos = len(self.first)
+        values: list[Any] = [None] * self.strings
         try:
-            for i, fixed in enumerate(self.rest):
+            for fixed, at in zip(self.rest, self.order):
                 if text[pos] != '"':
                     return None
-                value, pos = _SCANSTRING(text, pos + 1)
+                values[at], pos = _SCANSTRING(text, pos + 1)
                 if not text.startswith(fixed, pos):
                     return None
-                if i == self.keep:
-                    kept = value
                 pos += len(fixed)
         except (ValueError, IndexError):
             return None
         end = len(text) - 3
         if pos > end or not text.endswith("}\n\n") or text.count(" ", pos, end) != end - pos:
             return None
-        return kept
+        return values
+
+    def _match_pattern(self, text: str) -> list[Any] | None:
+        m = self.pattern.fullmatch(text)
+        if m is None:
+            return None
+        try:  # the holes' texts as one JSON array: the escapes checked, the numbers read
+            values = scan_value("[%s]" % ",".join(m.groups()), 0)[0]
+        except (ValueError, StopIteration):
+            return None
+        self.last = m
+        return values if self.wire is None else [values[k] for k in self.wire]
+
+
+_INT = r"-?(?:0|[1-9][0-9]*)"
+#: Each kind of hole's JSON text (RFC 8259 section 6 and 7; compact lists), as one group.
+_GRAMMAR = {
+    "s": r'("[^"\\\x00-\x1f]*(?:\\.[^"\\\x00-\x1f]*)*")',  # any escape here; the scanner checks them
+    "n": rf"({_INT}(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)",
+    "a": rf"(\[(?:{_INT}(?:,{_INT})*)?\])",
+}
 
 
 _HOLE = "\x00interceptor-hole-{}\x00"
 
 
+def _kind(value: Any) -> str | None:
+    if type(value) is str:
+        return "s"
+    if type(value) is int or type(value) is float:
+        return "n"
+    if type(value) is list and all(type(x) is int for x in value):
+        return "a"
+    return None
+
+
 def shape_of(framing: str, data: str, obj: dict[str, Any], holes: list[tuple[dict[str, Any], str]]) -> Shape | None:
     """The shape of one event (``framing`` + ``data`` + a blank line; ``obj`` parsed from
-    ``data``) with a hole at each ``(container, key)`` of ``holes`` (string values inside
-    ``obj``; ``match`` returns the first one's), or None when the event is not written the way
-    ``json.dumps`` writes it compactly (then there is no shape, and every event takes the full
-    path). The shape is checked against the event it was learned from: it must read back the
-    very string it was learned with."""
+    ``data``) with a hole at each ``(container, key)`` of ``holes`` (values inside ``obj``,
+    each a string, a number or a list of ints; ``match`` returns them in this order), or
+    None when the event is not written the way ``json.dumps`` writes it compactly (then
+    there is no shape, and every event takes the full path). The shape is checked against
+    the event it was learned from: it must read back the very values it was learned with."""
     saved = [c[k] for c, k in holes]
+    kinds = [_kind(v) for v in saved]
+    if None in kinds:
+        return None
     try:
         for i, (c, k) in enumerate(holes):
             c[k] = _HOLE.format(i)
@@ -190,8 +243,8 @@ def shape_of(framing: str, data: str, obj: dict[str, Any], holes: list[tuple[dic
         pos = after
     fixed.append(dumped[pos:-1])  # the closing brace is matched at the end (``match``)
     fixed[0] = framing + fixed[0]
-    shape = Shape(fixed, keep=[i for _, _, i in spans].index(0))
-    return shape if shape.match(framing + data + "\n\n") == saved[0] else None
+    shape = Shape(fixed, tuple(kinds[i] for _, _, i in spans), tuple(i for _, _, i in spans))
+    return shape if shape.match(framing + data + "\n\n") == saved else None
 
 
 def error_from(raw: Any, status: int | None = None, *, code_first: bool = False) -> ResponseError:
@@ -227,34 +280,49 @@ class NativeAssembler(StreamAssembler):
         self.done = False
         self.error: ResponseError | None = None
         self._shape: Shape | None = None
-        self._sink: Callable[[str], Any] | None = None  # where a matching event's string goes
+        self._sink: Callable[[list[Any]], Any] | None = None  # where a matching event's values go
+        self._spare: tuple[Shape, Callable[[list[Any]], Any]] | None = None  # the shape before
         self._tries = self.shape_tries if self.shapes else 0
+        #: The last event ``quick`` read by a shape's pattern (``Shape.last``): collect.py's
+        #: strip takes the same event's token fields out by it (``addons/tee.py``).
+        self.matched: re.Match[str] | None = None
 
     def quick(self, chunk: bytes) -> bool:
-        """Fold ``chunk`` if it is one whole event of the learned shape (``Shape``): its string
-        goes where ``fold`` would have put it, without parsing the rest. False for anything
+        """Fold ``chunk`` if it is one whole event of the learned shape (``Shape``): its values
+        go where ``fold`` would have put them, without parsing the rest. False for anything
         else (it then takes the full path). The Tee asks only between events (``SSEDecoder.idle``)."""
         shape = self._shape
         if shape is None or self.done:
             return False
         try:
-            value = shape.match(chunk.decode())
+            text = chunk.decode()
         except UnicodeDecodeError:
             return False
-        if value is None:
-            return False
-        self._sink(value)
+        values = shape.match(text)
+        if values is None:
+            # The shape before it, if any: a stream whose odd event taught a shape of its own
+            # (a token without bytes, a block of another kind) goes on with the usual one.
+            spare = self._spare
+            if spare is None or (values := spare[0].match(text)) is None:
+                return False
+            self._spare, (shape, self._sink) = (shape, self._sink), spare
+            self._shape = shape
+        self._sink(values)
+        self.matched = shape.last
         return True
 
     def learn(self, framing: str, event: SSEEvent, obj: dict[str, Any], holes: list[tuple[dict[str, Any], str]],
-              sink: Callable[[str], Any]) -> None:
-        """``fold`` just took ``event`` in the full way, and folding it again with another
-        string at ``holes[0]`` (the others ignored) would only hand that string to ``sink``:
+              sink: Callable[[list[Any]], Any]) -> None:
+        """``fold`` just took ``event`` in the full way, and folding it again with other
+        values at ``holes`` would only hand those values, in that order, to ``sink``:
         its shape, so the next events like it are read from their bytes (``quick``). A new
-        shape replaces the old (a stream whose head changed, another block)."""
+        shape replaces the old (a stream whose head changed, another block), which is kept
+        as the spare: ``quick`` tries it when the new one does not fit, and swaps them."""
         self._tries -= 1
         shape = shape_of(framing, event.data, obj, holes)
         if shape is not None:
+            if self._shape is not None:
+                self._spare = (self._shape, self._sink)
             self._shape, self._sink = shape, sink
 
     def feed(self, event: SSEEvent) -> bool:

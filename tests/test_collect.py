@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 from types import SimpleNamespace
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
+from interceptor.addons import collect as collect_module
 from interceptor.addons.collect import EventStrip, Plan, StripStream, cut_prompt_ids, with_true_keys
+from test_addons import CHAT_URL, flow_for, world  # noqa: F401 - the fixture
 
 
 def event(obj, ending=b"\n") -> bytes:
@@ -182,3 +186,76 @@ def test_the_byte_path_keeps_the_upstreams_bytes_around_what_it_cuts():
     assert plan.cut(payload) == (b'{"id":"c", "choices":[{"index":0, "delta":{"content":"say \\"token_ids\\":[1]"},'
                                  b' "logprobs":null, "finish_reason":null}]}')
     assert plan.removed == {"choices[].token_ids", "choices[].logprobs"}
+
+
+# The strip of an event the Tee read by a learned shape (``_Cut``), in process through the
+# real pipeline: a collect_tokens session's stream, the Tee, the strip, Retry's capture.
+
+def _collect_stream(texts: list[str], change=None) -> list[bytes]:
+    """The simulator's vLLM stream (token ids and logprobs on every chunk), each JSON chunk
+    changed by ``change(k, obj)`` and written back compactly, as vLLM writes them."""
+    from test_tee import chat_chunks, rewritten
+    chunks = chat_chunks(texts, return_token_ids=True, logprobs=True)
+    return rewritten(chunks, change) if change else chunks
+
+
+def _runs(events: list[bytes], seed: int) -> list[bytes]:
+    """The events as the relay sends them: runs of whole events, some split anywhere."""
+    rng, chunks, pending = random.Random(seed), [], b""
+    for event in events:
+        roll = rng.random()
+        if roll < 0.2:
+            cut = rng.randrange(1, len(event))
+            chunks.append(pending + event[:cut])
+            pending = event[cut:]
+        elif roll < 0.5:
+            pending += event
+        else:
+            chunks.append(pending + event)
+            pending = b""
+    return chunks + ([pending] if pending else [])
+
+
+def _escaped(k: int, obj: dict) -> None:
+    for ch in obj.get("choices") or ():
+        if ch["delta"].get("content"):
+            ch["delta"]["content"] += ' "q\\ \u00e9\U0001f600\n'
+            ch["logprobs"]["content"][0]["token"] = ch["delta"]["content"]
+
+
+STRIP_CASES = {
+    "one event a chunk": (_collect_stream([f"w{k} " for k in range(60)]), None),
+    "runs and splits": (_collect_stream([f"w{k} " for k in range(60)]), 7),
+    "escapes and emoji": (_collect_stream([f"w{k} " for k in range(60)], _escaped), 11),
+    "ids varied": (_collect_stream([f"w{k} " for k in range(60)],
+                                   lambda k, o: [c.update(token_ids=c["token_ids"] * (k % 3)) for c in o.get("choices") or ()
+                                                 if c.get("token_ids")]), 3),
+}
+
+
+@pytest.mark.parametrize("case", list(STRIP_CASES))
+def test_the_strip_by_a_shape_gives_the_harness_what_the_cut_gives(world, monkeypatch, case):  # noqa: F811
+    """Each event the Tee read by its learned shape is stripped by that shape's template:
+    the harness gets exactly the bytes the strip gives without the Tee's help, the rewrite
+    record counts the same events and names the same fields, and the template did the bulk."""
+    events, seed = STRIP_CASES[case]
+    chunks = _runs(events, seed) if seed is not None else events
+    fills = []
+    real_fill = collect_module._Cut.fill
+    monkeypatch.setattr(collect_module._Cut, "fill", lambda self, m: fills.append(1) or real_fill(self, m))
+    session = world.session(collect_tokens=True)
+    flow = world.send(flow_for("POST", CHAT_URL, {"model": "gpt-4o", "stream": True,
+                                                  "messages": [{"role": "user", "content": "go"}]},
+                               {"authorization": f"Bearer {session.model_secret}"}))
+    sent = json.loads(flow.request.content)
+    assert sent["return_token_ids"] is True and sent["logprobs"] is True
+    received = world.answer(flow, chunks=chunks, ctype="text/event-stream")
+    plan = Plan(token_ids=True, logprobs=True)
+    expected = stripped(plan, b"".join(events))
+    assert received == expected
+    assert b"token_ids" not in received and b'"logprobs":{' not in received
+    [rewrite] = session.recorder.trace.response_rewrites
+    assert rewrite.events == plan.events and set(rewrite.removed) == plan.removed
+    assert len(fills) > len(events) // 2
+    reply = session.recorder.trace.calls[-1]
+    assert reply.error is None

@@ -11,6 +11,7 @@ import json
 import random
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from interceptor.addons import tee as tee_module
 from interceptor.dialects import ANTHROPIC, CHAT
@@ -54,6 +55,24 @@ def rewritten(chunks: list[bytes], change) -> list[bytes]:
 def obfuscated(k: int, obj: dict) -> None:
     if obj.get("choices"):
         obj["obfuscation"] = "x" * (1 + k % 7)
+
+
+def varied_tokens(k: int, obj: dict) -> None:
+    """vLLM's token fields as they vary: logprobs in every JSON spelling Python writes (an
+    exponent, an int, minus zero, vLLM's floor -9999.0), two ids in one chunk; and, once each,
+    a chunk of another shape: -Infinity (which only the full path reads), a token with no
+    bytes, alternatives, two tokens in one chunk."""
+    for ch in obj.get("choices") or ():
+        entries = (ch.get("logprobs") or {}).get("content") or []
+        for e in entries:
+            e["logprob"] = [-0.5, 0, -1e-05, -12345.0, -9999.0, -0.0, 3, -2.5e-300][k % 8]
+            e["logprob"] = float("-inf") if k == 20 else e["logprob"]
+            e["bytes"] = None if k == 30 else e["bytes"]
+            e["top_logprobs"] = [{"token": "x", "logprob": -1.0, "bytes": [120]}] if k == 40 else e["top_logprobs"]
+        if entries and k == 50:
+            entries.append(dict(entries[0]))
+        if k % 9 == 4 and ch.get("token_ids"):
+            ch["token_ids"] = ch["token_ids"] * 2
 
 
 def full_path(chunks: list[bytes], dialect=CHAT):
@@ -103,10 +122,14 @@ CASES = {
     "escaped unicode": [c.replace(b'"content":"lo"', b'"content":"\\u006co\\ud83d\\ude00"') for c in chat_chunks(TEXTS * 5)],
     "two choices": chat_chunks(TEXTS * 5, n=2),
     "vllm token fields": chat_chunks(TEXTS * 5, return_token_ids=True, logprobs=True),
+    "vllm token fields varied": rewritten(chat_chunks(TEXTS * 5, return_token_ids=True, logprobs=True), varied_tokens),
+    "vllm ids only": chat_chunks(TEXTS * 5, return_token_ids=True),
+    "logprobs only, obfuscated": rewritten(chat_chunks(TEXTS * 5, logprobs=True), obfuscated),
     "messages blocks": messages_chunks(TEXTS * 5),
 }
 DIALECT = {"messages blocks": ANTHROPIC}
-SHORTCUT = ("plain", "obfuscated", "head changes midway", "escaped unicode", "messages blocks")
+SHORTCUT = tuple(c for c in CASES if c != "two choices")
+TOKENS = ("vllm token fields", "vllm token fields varied", "vllm ids only", "logprobs only, obfuscated")
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -120,11 +143,11 @@ def test_the_shortcut_records_what_the_full_path_records(world, monkeypatch, cas
     assert times == len(chunks)  # one arrival time per event, the shortcut's too
     if case in SHORTCUT:
         assert quick > len(chunks) // 2  # the shortcut did the bulk of the work
-    if case == "vllm token fields":
-        assert quick == 0 and response.token_ids and response.logprobs
+    if case in TOKENS:
+        assert response.token_ids or response.logprobs
 
 
-@pytest.mark.parametrize("case", ["obfuscated", "messages blocks"])
+@pytest.mark.parametrize("case", ["obfuscated", "messages blocks", "vllm token fields varied"])
 def test_the_shortcut_is_exact_for_any_split(world, monkeypatch, case):  # noqa: F811
     """Events cut anywhere among whole ones (an event split in two, two events in one chunk):
     the shortcut reads only a whole event between events; the record is the full path's."""
@@ -149,11 +172,11 @@ def test_the_shortcut_is_exact_for_any_split(world, monkeypatch, case):  # noqa:
         assert response.model_dump() == full_path(events, DIALECT.get(case, CHAT)).model_dump()
 
 
-@pytest.mark.parametrize("case", [*SHORTCUT, "vllm token fields"])
+@pytest.mark.parametrize("case", SHORTCUT)
 def test_a_chunk_of_many_whole_events_is_read_by_the_shortcut(world, monkeypatch, case):  # noqa: F811
     """The relay sends what reached it in one read as one chunk (``addons/relay.py``): runs
     of 1 to 40 whole events. Each event of the learned shape is read by the shortcut, each
-    gets its arrival time, and the record is the full path's (vLLM's: no shortcut at all)."""
+    gets its arrival time, and the record is the full path's."""
     events = CASES[case]
     rng = random.Random(40)
     chunks, k = [], 0
@@ -166,10 +189,7 @@ def test_a_chunk_of_many_whole_events_is_read_by_the_shortcut(world, monkeypatch
     assert received == b"".join(events)
     assert response.model_dump() == full_path(events, DIALECT.get(case, CHAT)).model_dump()
     assert times == len(events)
-    if case in SHORTCUT:
-        assert quick > len(events) // 2
-    else:
-        assert quick == 0 and response.token_ids and response.logprobs
+    assert quick > len(events) // 2
 
 
 def test_a_chunk_that_only_looks_like_the_shape_takes_the_full_path():
@@ -188,3 +208,80 @@ def test_a_chunk_that_only_looks_like_the_shape_takes_the_full_path():
                 good.replace(b'"b"', b'"\xff"'), good.replace(b'"b"', b'"b\x01"')):
         assert not asm.quick(bad), bad
     assert asm.result().message.content == "ab"  # none of them was folded
+
+
+def test_a_token_chunk_reads_its_numbers_and_ids_as_json_does():
+    """vLLM's shape has holes for numbers and lists of ints: every spelling JSON allows is
+    read (the value json.loads gives, int or float as the text says); anything else (a
+    leading zero or plus, a bare point, NaN or Infinity, a list with a space, a trailing
+    comma, a float, a string or a bool in it) is no match, so the full path reads it."""
+    chunks = chat_chunks(["a", "b", "c"], return_token_ids=True, logprobs=True)
+    asm, sse = CHAT.assembler(), SSEDecoder()
+    for chunk in chunks[:2]:
+        for event in sse.feed(chunk):
+            asm.feed(event)
+    good = chunks[2]
+    logprob = json.loads(good[6:])["choices"][0]["logprobs"]["content"][0]["logprob"]
+    assert b'"token_ids":[' in good and b'"logprob":%s,' % repr(logprob).encode() in good
+    folded = 1  # "a"
+
+    def variant(number: bytes = b"", ids: bytes = b"") -> bytes:
+        out = good.replace(b'"logprob":%s,' % repr(logprob).encode(), b'"logprob":' + number + b",") if number else good
+        return out.replace(b'"token_ids":' + good.split(b'"token_ids":')[1].split(b"]")[0] + b"]", b'"token_ids":' + ids) if ids else out
+
+    for number in (b"1e-05", b"-0", b"0.0", b"-1E+2", b"12345678901234567890", b"-9999.0", b"2.5e-300"):
+        assert asm.quick(variant(number=number)), number
+        folded += 1
+        assert asm.choices[0].logprobs[-1]["logprob"] == json.loads(number)
+        assert type(asm.choices[0].logprobs[-1]["logprob"]) is type(json.loads(number))
+    for ids in (b"[]", b"[0,-1,123456789012]"):
+        known = len(asm.choices[0].token_ids)
+        assert asm.quick(variant(ids=ids)), ids
+        folded += 1
+        assert asm.choices[0].token_ids[known:] == json.loads(ids)
+    before = (list(asm.choices[0].content), list(asm.choices[0].token_ids), len(asm.choices[0].logprobs))
+    for number in (b"01", b"+1", b"1.", b".5", b"1e", b"NaN", b"Infinity", b"-Infinity", b"--1", b"0x1", b"true", b'"1"'):
+        assert not asm.quick(variant(number=number)), number
+    for ids in (b"[1, 2]", b"[1,]", b"[01]", b"[1.0]", b"[true]", b'["1"]', b"[[1]]", b"null", b"[ ]"):
+        assert not asm.quick(variant(ids=ids)), ids
+    assert (asm.choices[0].content, asm.choices[0].token_ids, len(asm.choices[0].logprobs)) == before  # none folded
+    assert len(asm.choices[0].logprobs) == folded
+
+
+_TOKEN = st.fixed_dictionaries({
+    "text": st.text(max_size=6),
+    "logprob": st.one_of(st.floats(allow_nan=False, max_value=0.0), st.integers(-10**20, 0)),
+    "bytes": st.one_of(st.lists(st.integers(0, 255), max_size=4), st.none()),
+    "ids": st.lists(st.integers(-2**63, 2**63), max_size=3),
+    "ascii": st.booleans(),
+})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_TOKEN, min_size=1, max_size=12))
+def test_any_token_chunks_are_recorded_as_the_full_path_records(tokens):
+    """Text of any characters (escaped or not), any finite or infinite logprob, a token with
+    or without bytes, any ids: the shortcut's record is the full path's, chunk for chunk."""
+    chunks = chat_chunks(["x"] * len(tokens), return_token_ids=True, logprobs=True)
+    body = []
+    for k, chunk in enumerate(chunks):
+        obj = json.loads(chunk[6:]) if chunk.startswith(b"data: {") else None
+        token = tokens[k - 1] if 1 <= k <= len(tokens) else None
+        if obj is None or token is None:
+            body.append(chunk)
+            continue
+        ch = obj["choices"][0]
+        ch["delta"]["content"] = token["text"]
+        ch["logprobs"]["content"][0].update(token=token["text"], logprob=token["logprob"], bytes=token["bytes"])
+        ch["token_ids"] = token["ids"]
+        body.append(b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=token["ascii"]).encode() + b"\n\n")
+    asm, sse, quick = CHAT.assembler(), SSEDecoder(), 0
+    for chunk in body:
+        if sse.idle and asm.quick(chunk):
+            quick += 1
+        else:
+            for event in sse.feed(chunk):
+                asm.feed(event)
+    assert asm.result().model_dump() == full_path(body).model_dump()
+    if all(t["bytes"] is not None and abs(t["logprob"]) != float("inf") for t in tokens):
+        assert quick == len(tokens) - 1  # learned from the first, every other one by the shortcut

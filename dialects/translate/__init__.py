@@ -19,6 +19,7 @@ This package depends on the dialects only (and, through them, on ``trace``).
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -280,6 +281,10 @@ class TranslatedAssembler(StreamAssembler):
     @property
     def prompt_read(self) -> PromptRead | None:  # type: ignore[override]
         return self.inner.prompt_read
+
+    @property
+    def matched(self) -> re.Match[str] | None:  # type: ignore[override]
+        return self.inner.matched
 
     def result(self) -> Response:
         upstream = self.inner.result()
