@@ -97,7 +97,7 @@ class StreamTee:
         full way, as is what follows the last blank line. Piece by piece, not the rest of the
         chunk at once: a shape is learned from one event, as when chunks were one event each.
         The decoder sees the same bytes in the same order either way."""
-        sse, quick, clock, pos, end = self.sse, self.quick, self.clock, 0, len(data)
+        sse, quick, clock, matches, pos, end = self.sse, self.quick, self.clock, self.matches, 0, len(data)
         while pos < end and not self.done:
             cut = data.find(b"\n\n", pos) + 2
             if cut < 2:
@@ -105,8 +105,8 @@ class StreamTee:
             piece = data if not pos and cut == end else data[pos:cut]
             if sse.idle and quick(piece):
                 sse.bytes_seen += len(piece)
-                if self.matches is not None and self.assembler.matched is not None:
-                    self.matches.append((piece, self.assembler.matched))
+                if matches is not None and self.assembler.matched is not None:
+                    matches.append((piece, self.assembler.matched))
                 if clock is not None:
                     clock.times.append(time.monotonic())
             else:

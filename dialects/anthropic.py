@@ -881,8 +881,7 @@ class AnthropicAssembler(NativeAssembler):
             self._tries -= 1
             return
         framing = "data: " if event.event is None else f"event: {event.event}\ndata: "
-        append = pieces.append
-        self.learn(framing, event, obj, [(delta, key)], lambda values: append(values[0]))
+        self.learn(framing, event, obj, [(delta, key)], pieces.append)
 
     def fold(self, obj: dict[str, Any], event: SSEEvent) -> bool:
         kind = obj.get("type") or event.event

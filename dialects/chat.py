@@ -608,8 +608,7 @@ class ChatAssembler(NativeAssembler):
             holes.append((obj, "obfuscation"))
         # The sink appends the text as the full path does: this chunk set has_content, and an
         # empty string appended changes nothing the record joins.
-        append = state.content.append
-        self.learn("data: ", event, obj, holes, lambda values: append(values[0]))
+        self.learn("data: ", event, obj, holes, state.content.append)
 
     def _learn_tokens(self, obj: dict[str, Any], ch: dict[str, Any], state: _ChoiceState, event: SSEEvent) -> None:
         """A text chunk with its tokens (vLLM's ``token_ids``, a ``logprobs`` entry), folded

@@ -133,49 +133,54 @@ class Shape:
     (the fixed text, each hole's JSON grammar) and the holes' texts read together by the JSON
     module's C scanner, which decides what the grammar lets through."""
 
-    __slots__ = ("first", "rest", "strings", "pattern", "order", "wire", "last")
+    __slots__ = ("first", "rest", "keep", "pattern", "wire", "last")
 
     def __init__(self, fixed: list[str], kinds: tuple[str, ...], order: tuple[int, ...]) -> None:
         # After each hole, the fixed text that follows it; the last one without the closing
-        # brace and blank line, found at the end after any spaces.
+        # brace and blank line, found at the end after any spaces. ``order``: each hole's
+        # index in ``shape_of``'s ``holes``, in wire order.
         self.first = fixed[0]
         self.rest = tuple(fixed[1:])
-        self.order = order  # in wire order: the hole's index in ``shape_of``'s ``holes``
-        # Where each hole's value is in wire order, when that is not the holes' own order.
-        self.wire = None if order == tuple(sorted(order)) else tuple(order.index(i) for i in range(len(order)))
-        self.strings = len(order) if kinds.count("s") == len(kinds) else -1
         # Strings only (a text delta): each fixed text compared where it must start and each
-        # string read by the scanner, cheaper than a pattern for one or two holes. Any other
-        # kind: one pattern for the event, then its holes' texts parsed together.
-        self.pattern = None if self.strings >= 0 else re.compile(
+        # string read by the scanner, cheaper than a pattern for one or two holes; ``match``
+        # gives the first hole's string (``keep``: where it is in wire order), the others
+        # (OpenAI's ``obfuscation`` padding) only checked. Any other kind: one pattern for
+        # the event, then its holes' texts parsed together, and ``match`` gives every value.
+        strings = kinds.count("s") == len(kinds)
+        self.keep = order.index(0) if strings else -1
+        self.pattern = None if strings else re.compile(
             "".join([re.escape(fixed[0]), *(g + re.escape(f) for g, f in zip(map(_GRAMMAR.get, kinds), fixed[1:]))])
             + r" *\}\n\n", re.DOTALL)
+        # Where each hole's value is in wire order, when that is not the holes' own order.
+        self.wire = None if order == tuple(sorted(order)) else tuple(order.index(i) for i in range(len(order)))
         #: The last match by the pattern: each hole's text is its group, in wire order (what
         #: collect.py's strip reuses).
         self.last: re.Match[str] | None = None
 
-    def match(self, text: str) -> list[Any] | None:
-        """The values of ``text``'s holes, in ``shape_of``'s order, or None."""
+    def match(self, text: str) -> Any:
+        """A shape of strings: the first hole's string. Any other: the values of every hole,
+        in ``shape_of``'s order. None when ``text`` is not of the shape."""
         if self.pattern is not None:
             return self._match_pattern(text)
         if not text.startswith(self.first):
             return None
-        pos = len(self.first)
-        values: list[Any] = [None] * self.strings
+        pos, kept = len(self.first), None
         try:
-            for fixed, at in zip(self.rest, self.order):
+            for i, fixed in enumerate(self.rest):
                 if text[pos] != '"':
                     return None
-                values[at], pos = _SCANSTRING(text, pos + 1)
+                value, pos = _SCANSTRING(text, pos + 1)
                 if not text.startswith(fixed, pos):
                     return None
+                if i == self.keep:
+                    kept = value
                 pos += len(fixed)
         except (ValueError, IndexError):
             return None
         end = len(text) - 3
         if pos > end or not text.endswith("}\n\n") or text.count(" ", pos, end) != end - pos:
             return None
-        return values
+        return kept
 
     def _match_pattern(self, text: str) -> list[Any] | None:
         m = self.pattern.fullmatch(text)
@@ -214,7 +219,8 @@ def _kind(value: Any) -> str | None:
 def shape_of(framing: str, data: str, obj: dict[str, Any], holes: list[tuple[dict[str, Any], str]]) -> Shape | None:
     """The shape of one event (``framing`` + ``data`` + a blank line; ``obj`` parsed from
     ``data``) with a hole at each ``(container, key)`` of ``holes`` (values inside ``obj``,
-    each a string, a number or a list of ints; ``match`` returns them in this order), or
+    each a string, a number or a list of ints; ``match`` returns them in this order, or the
+    first one's if all are strings), or
     None when the event is not written the way ``json.dumps`` writes it compactly (then
     there is no shape, and every event takes the full path). The shape is checked against
     the event it was learned from: it must read back the very values it was learned with."""
@@ -244,7 +250,7 @@ def shape_of(framing: str, data: str, obj: dict[str, Any], holes: list[tuple[dic
     fixed.append(dumped[pos:-1])  # the closing brace is matched at the end (``match``)
     fixed[0] = framing + fixed[0]
     shape = Shape(fixed, tuple(kinds[i] for _, _, i in spans), tuple(i for _, _, i in spans))
-    return shape if shape.match(framing + data + "\n\n") == saved else None
+    return shape if shape.match(framing + data + "\n\n") == (saved if shape.pattern else saved[0]) else None
 
 
 def error_from(raw: Any, status: int | None = None, *, code_first: bool = False) -> ResponseError:
@@ -280,8 +286,8 @@ class NativeAssembler(StreamAssembler):
         self.done = False
         self.error: ResponseError | None = None
         self._shape: Shape | None = None
-        self._sink: Callable[[list[Any]], Any] | None = None  # where a matching event's values go
-        self._spare: tuple[Shape, Callable[[list[Any]], Any]] | None = None  # the shape before
+        self._sink: Callable[[Any], Any] | None = None  # where what a matching event holds goes
+        self._spare: tuple[Shape, Callable[[Any], Any]] | None = None  # the shape before
         self._tries = self.shape_tries if self.shapes else 0
         #: The last event ``quick`` read by a shape's pattern (``Shape.last``): collect.py's
         #: strip takes the same event's token fields out by it (``addons/tee.py``).
@@ -298,7 +304,7 @@ class NativeAssembler(StreamAssembler):
             text = chunk.decode()
         except UnicodeDecodeError:
             return False
-        values = shape.match(text)
+        values = shape.match(text)  # the kept string, or every value
         if values is None:
             # The shape before it, if any: a stream whose odd event taught a shape of its own
             # (a token without bytes, a block of another kind) goes on with the usual one.
@@ -312,9 +318,10 @@ class NativeAssembler(StreamAssembler):
         return True
 
     def learn(self, framing: str, event: SSEEvent, obj: dict[str, Any], holes: list[tuple[dict[str, Any], str]],
-              sink: Callable[[list[Any]], Any]) -> None:
+              sink: Callable[[Any], Any]) -> None:
         """``fold`` just took ``event`` in the full way, and folding it again with other
-        values at ``holes`` would only hand those values, in that order, to ``sink``:
+        values at ``holes`` would only hand ``sink`` what ``Shape.match`` gives (the first
+        string, or every value in that order):
         its shape, so the next events like it are read from their bytes (``quick``). A new
         shape replaces the old (a stream whose head changed, another block), which is kept
         as the spare: ``quick`` tries it when the new one does not fit, and swaps them."""
