@@ -1,13 +1,13 @@
 """The answer pipeline's own CPU per streamed event, in process (no sockets, no mitmproxy
 layers): what ``bench/events.py`` measures end to end, minus mitmproxy.
 
-    .venv/bin/python bench/pipeline.py [--streams 40] [--tokens 500] [--vllm | --collect] [--messages]
+    .venv/bin/python bench/pipeline.py [--streams 40] [--tokens 500] [--vllm | --collect] [--messages | --responses]
 
 One session, the script's request-side addons (Claim, Rewrite, Collect, Retry) and the Tee
 with its stages (``addons/pipeline.py``) under ``mitmproxy.test.taddons``; per stream a new
 flow: its request hooks, ``responseheaders``, the stream callable once per chunk (the
-simulator's Chat stream, or with ``--messages`` its Messages stream, one event per chunk,
-as providers flush them), its end, and ``response``. Timed apart (``time.perf_counter_ns``, min and median of ``--streams``):
+simulator's Chat stream, or with ``--messages`` its Messages stream, with ``--responses`` its
+Responses stream, one event per chunk, as providers flush them), its end, and ``response``. Timed apart (``time.perf_counter_ns``, min and median of ``--streams``):
 
 - *chunks*: the stream callable over every chunk, terminal commit included, per event;
 - *answer*: that plus ``responseheaders`` and ``response`` (the per-stream set-up and close),
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from mitmproxy import http  # noqa: E402
 from mitmproxy.test import taddons, tflow  # noqa: E402
-from provider import Reply, anthropic_messages, openai_chat  # noqa: E402
+from provider import Reply, anthropic_messages, openai_chat, openai_responses  # noqa: E402
 from provider.turn import Turn  # noqa: E402
 
 from interceptor.addons.claim import Claim  # noqa: E402
@@ -49,17 +49,20 @@ from interceptor.addons.upstream import Upstream  # noqa: E402
 ENV = "INTERCEPT_BENCH_KEY"
 URL = "https://api.openai.com/v1/chat/completions"
 MESSAGES_URL = "https://api.anthropic.com/v1/messages"
+RESPONSES_URL = "https://api.openai.com/v1/responses"
+RESPONSES_REQUEST = {"model": "gpt-5", "stream": True, "input": "count"}
 REQUEST = {"model": "gpt-4o", "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 4096,
            "messages": [{"role": "user", "content": "count"}]}
 
 
-def stream_chunks(tokens: int, vllm: bool = False, messages: bool = False) -> tuple[list[bytes], str]:
+def stream_chunks(tokens: int, vllm: bool = False, messages: bool = False,
+                  responses: bool = False) -> tuple[list[bytes], str]:
     """The simulator's stream of ``tokens`` one-token deltas, one event per chunk."""
     pieces = [f"w{k} " for k in range(tokens)]
-    request = dict(REQUEST)
+    request = dict(RESPONSES_REQUEST if responses else REQUEST)
     if vllm:
         request.update(return_token_ids=True, logprobs=True)
-    writer = anthropic_messages if messages else openai_chat
+    writer = anthropic_messages if messages else openai_responses if responses else openai_chat
     return writer.stream_events(Turn(request, Reply(text=pieces), default_model="gpt-4o")), "".join(pieces)
 
 
@@ -69,12 +72,13 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=500)
     ap.add_argument("--vllm", action="store_true", help="token ids and logprobs on every chunk")
     ap.add_argument("--messages", action="store_true", help="an Anthropic Messages stream")
+    ap.add_argument("--responses", action="store_true", help="an OpenAI Responses stream")
     ap.add_argument("--collect", action="store_true",
                     help="a collect_tokens session: the proxy asked for the token fields and strips them (implies --vllm)")
     args = ap.parse_args()
     os.environ[ENV] = "sk-bench-real-key"
-    chunks, text = stream_chunks(args.tokens, args.vllm or args.collect, args.messages)
-    body = json.dumps(REQUEST).encode()
+    chunks, text = stream_chunks(args.tokens, args.vllm or args.collect, args.messages, args.responses)
+    body = json.dumps(RESPONSES_REQUEST if args.responses else REQUEST).encode()
     registry = Registry()
     settings = Settings(registry)
     retry, collect = Retry(), Collect()
@@ -91,7 +95,8 @@ def main() -> int:
 
         for k in range(args.streams + 1):
             key = {"x-api-key": session.model_secret} if args.messages else {"authorization": f"Bearer {session.model_secret}"}
-            flow = tflow.tflow(req=http.Request.make("POST", MESSAGES_URL if args.messages else URL, body, {
+            flow = tflow.tflow(req=http.Request.make("POST", MESSAGES_URL if args.messages else RESPONSES_URL
+                                                     if args.responses else URL, body, {
                 "content-type": "application/json", **key}), client_conn=tflow.tclient_conn())
             t0 = time.perf_counter_ns()
             for hook in (claim.requestheaders, retry.requestheaders, rewrite.request, collect.request, retry.request):
@@ -130,7 +135,7 @@ def main() -> int:
         xs = [x / scale for x in xs]
         return f"| {name} | {min(xs):.2f} | {statistics.median(xs):.2f} | {unit} |"
 
-    print(f"{args.streams} {'Messages' if args.messages else 'Chat'} streams of {len(chunks)} chunks (one event each)"
+    print(f"{args.streams} {'Messages' if args.messages else 'Responses' if args.responses else 'Chat'} streams of {len(chunks)} chunks (one event each)"
           f"{', vLLM token fields' if args.vllm or args.collect else ''}{', collect_tokens (stripped)' if args.collect else ''}; "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print()

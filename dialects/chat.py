@@ -650,7 +650,7 @@ class ChatAssembler(NativeAssembler):
                 state.logprobs.append({key: values[at] if at is not None else ([] if const == [] else const)
                                        for key, at, const in spec})
 
-        self.learn("data: ", event, obj, holes, sink)
+        self.learn("data: ", event, obj, holes, sink, every=True)
 
     def feed(self, event: SSEEvent) -> bool:
         data = event.data

@@ -133,22 +133,24 @@ class Shape:
     (the fixed text, each hole's JSON grammar) and the holes' texts read together by the JSON
     module's C scanner, which decides what the grammar lets through."""
 
-    __slots__ = ("first", "rest", "keep", "pattern", "wire", "last")
+    __slots__ = ("first", "rest", "keep", "checks", "pattern", "wire", "last")
 
-    def __init__(self, fixed: list[str], kinds: tuple[str, ...], order: tuple[int, ...]) -> None:
+    def __init__(self, fixed: list[str], kinds: tuple[str, ...], order: tuple[int, ...], every: bool) -> None:
         # After each hole, the fixed text that follows it; the last one without the closing
         # brace and blank line, found at the end after any spaces. ``order``: each hole's
         # index in ``shape_of``'s ``holes``, in wire order.
         self.first = fixed[0]
         self.rest = tuple(fixed[1:])
-        # Strings only (a text delta): each fixed text compared where it must start and each
-        # string read by the scanner, cheaper than a pattern for one or two holes; ``match``
-        # gives the first hole's string (``keep``: where it is in wire order), the others
-        # (OpenAI's ``obfuscation`` padding) only checked. Any other kind: one pattern for
-        # the event, then its holes' texts parsed together, and ``match`` gives every value.
-        strings = kinds.count("s") == len(kinds)
-        self.keep = order.index(0) if strings else -1
-        self.pattern = None if strings else re.compile(
+        # The first hole's string only (a text delta): each fixed text compared where it must
+        # start, each string read by the scanner, each number or list checked by its grammar,
+        # cheaper than a pattern for a few holes; ``match`` gives that string (``keep``: where
+        # it is in wire order), the others (OpenAI's ``obfuscation`` padding, Responses'
+        # ``sequence_number``) are only checked. ``every``: one pattern for the event, then
+        # its holes' texts parsed together, and ``match`` gives every value.
+        self.keep = -1 if every else order.index(0)
+        checks = tuple(_CHECK.get(kind) for kind in kinds)
+        self.checks = checks if any(checks) else None  # None: strings only, the plain loop
+        self.pattern = None if not every else re.compile(
             "".join([re.escape(fixed[0]), *(g + re.escape(f) for g, f in zip(map(_GRAMMAR.get, kinds), fixed[1:]))])
             + r" *\}\n\n", re.DOTALL)
         # Where each hole's value is in wire order, when that is not the holes' own order.
@@ -166,15 +168,32 @@ class Shape:
             return None
         pos, kept = len(self.first), None
         try:
-            for i, fixed in enumerate(self.rest):
-                if text[pos] != '"':
-                    return None
-                value, pos = _SCANSTRING(text, pos + 1)
-                if not text.startswith(fixed, pos):
-                    return None
-                if i == self.keep:
-                    kept = value
-                pos += len(fixed)
+            if self.checks is None:  # strings only: the usual text delta, the loop kept short
+                for i, fixed in enumerate(self.rest):
+                    if text[pos] != '"':
+                        return None
+                    value, pos = _SCANSTRING(text, pos + 1)
+                    if not text.startswith(fixed, pos):
+                        return None
+                    if i == self.keep:
+                        kept = value
+                    pos += len(fixed)
+            else:
+                for i, (fixed, check) in enumerate(zip(self.rest, self.checks)):
+                    if check is not None:  # a number or a list, only checked
+                        m = check(text, pos)
+                        if m is None:
+                            return None
+                        pos = m.end()
+                    else:
+                        if text[pos] != '"':
+                            return None
+                        value, pos = _SCANSTRING(text, pos + 1)
+                        if i == self.keep:
+                            kept = value
+                    if not text.startswith(fixed, pos):
+                        return None
+                    pos += len(fixed)
         except (ValueError, IndexError):
             return None
         end = len(text) - 3
@@ -201,6 +220,8 @@ _GRAMMAR = {
     "n": rf"({_INT}(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)",
     "a": rf"(\[(?:{_INT}(?:,{_INT})*)?\])",
 }
+#: The same, for a hole only checked: the pattern's ``match`` at an offset.
+_CHECK = {kind: re.compile(grammar).match for kind, grammar in _GRAMMAR.items() if kind != "s"}
 
 
 _HOLE = "\x00interceptor-hole-{}\x00"
@@ -216,17 +237,18 @@ def _kind(value: Any) -> str | None:
     return None
 
 
-def shape_of(framing: str, data: str, obj: dict[str, Any], holes: list[tuple[dict[str, Any], str]]) -> Shape | None:
+def shape_of(framing: str, data: str, obj: dict[str, Any], holes: list[tuple[dict[str, Any], str]],
+             every: bool = False) -> Shape | None:
     """The shape of one event (``framing`` + ``data`` + a blank line; ``obj`` parsed from
     ``data``) with a hole at each ``(container, key)`` of ``holes`` (values inside ``obj``,
-    each a string, a number or a list of ints; ``match`` returns them in this order, or the
-    first one's if all are strings), or
+    each a string, a number or a list of ints; ``match`` returns them in this order if
+    ``every``, else the first one, which must be a string), or
     None when the event is not written the way ``json.dumps`` writes it compactly (then
     there is no shape, and every event takes the full path). The shape is checked against
     the event it was learned from: it must read back the very values it was learned with."""
     saved = [c[k] for c, k in holes]
     kinds = [_kind(v) for v in saved]
-    if None in kinds:
+    if None in kinds or (not every and kinds[0] != "s"):
         return None
     try:
         for i, (c, k) in enumerate(holes):
@@ -249,8 +271,8 @@ def shape_of(framing: str, data: str, obj: dict[str, Any], holes: list[tuple[dic
         pos = after
     fixed.append(dumped[pos:-1])  # the closing brace is matched at the end (``match``)
     fixed[0] = framing + fixed[0]
-    shape = Shape(fixed, tuple(kinds[i] for _, _, i in spans), tuple(i for _, _, i in spans))
-    return shape if shape.match(framing + data + "\n\n") == (saved if shape.pattern else saved[0]) else None
+    shape = Shape(fixed, tuple(kinds[i] for _, _, i in spans), tuple(i for _, _, i in spans), every)
+    return shape if shape.match(framing + data + "\n\n") == (saved if every else saved[0]) else None
 
 
 def error_from(raw: Any, status: int | None = None, *, code_first: bool = False) -> ResponseError:
@@ -318,15 +340,15 @@ class NativeAssembler(StreamAssembler):
         return True
 
     def learn(self, framing: str, event: SSEEvent, obj: dict[str, Any], holes: list[tuple[dict[str, Any], str]],
-              sink: Callable[[Any], Any]) -> None:
+              sink: Callable[[Any], Any], every: bool = False) -> None:
         """``fold`` just took ``event`` in the full way, and folding it again with other
         values at ``holes`` would only hand ``sink`` what ``Shape.match`` gives (the first
-        string, or every value in that order):
+        string, or with ``every`` each value in that order):
         its shape, so the next events like it are read from their bytes (``quick``). A new
         shape replaces the old (a stream whose head changed, another block), which is kept
         as the spare: ``quick`` tries it when the new one does not fit, and swaps them."""
         self._tries -= 1
-        shape = shape_of(framing, event.data, obj, holes)
+        shape = shape_of(framing, event.data, obj, holes, every)
         if shape is not None:
             if self._shape is not None:
                 self._spare = (self._shape, self._sink)

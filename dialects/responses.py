@@ -844,6 +844,8 @@ class ResponsesAssembler(NativeAssembler):
     Works on WebSocket messages too: feed each JSON message as an event's ``data``."""
 
     terminal = "response.completed"
+    shapes = True  # a delta (``_learn``)
+    shape_tries = 8  # a shape per item and part: reasoning, text, a call's arguments
 
     def __init__(self, dialect: ResponsesDialect):
         super().__init__(dialect)
@@ -851,13 +853,25 @@ class ResponsesAssembler(NativeAssembler):
         self.final: dict[str, Any] | None = None
         self.items: dict[int, _Item] = {}
 
+    def _learn(self, obj: dict[str, Any], event: SSEEvent, pieces: list[str]) -> None:
+        """A delta folded the full way: its shape, holes at its ``delta`` (appended to
+        ``pieces`` as ``_delta`` does) and at what changes every event but is not recorded
+        (``sequence_number``, OpenAI's ``obfuscation`` padding), for the next deltas of its
+        item and part (``quick``). Not one with logprobs, which ``_delta`` records too."""
+        if obj.get("logprobs") or not isinstance(obj.get("delta"), str):
+            self._tries -= 1
+            return
+        holes = [(obj, "delta")] + [(obj, key) for key in ("sequence_number", "obfuscation") if key in obj]
+        framing = "data: " if event.event is None else f"event: {event.event}\ndata: "
+        self.learn(framing, event, obj, holes, pieces.append)
+
     def _item(self, obj: dict[str, Any]) -> _Item | None:
         return self.items.get(obj.get("output_index", -1))
 
     def fold(self, obj: dict[str, Any], event: SSEEvent) -> bool:
         kind = obj.get("type") or event.event or ""
         if kind.endswith(".delta"):
-            self._delta(kind, obj)
+            self._delta(kind, obj, event)
         elif kind == "response.output_item.added":
             self.items[obj.get("output_index", len(self.items))] = _Item(dict(obj.get("item") or {}))
         elif kind == "response.output_item.done":
@@ -878,22 +892,27 @@ class ResponsesAssembler(NativeAssembler):
             self.snapshot = obj["response"]  # created, in_progress, queued
         return False
 
-    def _delta(self, kind: str, obj: dict[str, Any]) -> None:
+    def _delta(self, kind: str, obj: dict[str, Any], event: SSEEvent) -> None:
         item = self._item(obj)
         if item is None:
             return
         delta = obj.get("delta", "")
         if kind in ("response.output_text.delta", "response.refusal.delta"):
             ci = obj.get("content_index", 0)
-            item.texts.setdefault(ci, []).append(delta)
+            pieces = item.texts.setdefault(ci, [])
             if kind == "response.output_text.delta" and obj.get("logprobs"):
                 item.logprobs.setdefault(ci, []).extend(obj["logprobs"])
         elif kind in ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta"):
-            item.args.append(delta)
+            pieces = item.args
         elif kind == "response.reasoning_summary_text.delta":
-            item.summaries.setdefault(obj.get("summary_index", 0), []).append(delta)
+            pieces = item.summaries.setdefault(obj.get("summary_index", 0), [])
         elif kind == "response.reasoning_text.delta":
-            item.reasoning.setdefault(obj.get("content_index", 0), []).append(delta)
+            pieces = item.reasoning.setdefault(obj.get("content_index", 0), [])
+        else:
+            return
+        pieces.append(delta)
+        if self._tries:
+            self._learn(obj, event, pieces)
 
     def native(self) -> dict[str, Any]:
         """The Response object the events add up to."""

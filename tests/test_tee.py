@@ -14,12 +14,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from interceptor.addons import tee as tee_module
-from interceptor.dialects import ANTHROPIC, CHAT
+from interceptor.dialects import ANTHROPIC, CHAT, RESPONSES
 from interceptor.dialects.common import NativeAssembler
 from interceptor.dialects.sse import SSEDecoder
-from provider import Reply, ToolCall, anthropic_messages, openai_chat
+from provider import Reply, ToolCall, anthropic_messages, openai_chat, openai_responses
 from provider.turn import Turn
 from test_addons import CHAT_URL, MESSAGES_URL, flow_for, world  # noqa: F401 - the fixture
+
+RESPONSES_URL = "https://api.openai.com/v1/responses"
 
 TEXTS = ["Hel", "lo", ", \"wor", "ld\"", "\\", " ünïcödé ", "😀", "\n", "tab\there", "", "</s>", "\u2028", " end"]
 
@@ -36,6 +38,14 @@ def messages_chunks(texts: list[str]) -> list[bytes]:
     body = {"model": "claude-x", "max_tokens": 999, "stream": True, "messages": [{"role": "user", "content": "go"}]}
     reply = Reply(reasoning=texts, text=texts, tool_calls=[ToolCall(name="write", arguments=['{"a": "'] + texts[:4] + ['"}'])])
     return anthropic_messages.stream_events(Turn(body, reply, default_model="claude-x"))
+
+
+def responses_chunks(texts: list[str], **request) -> list[bytes]:
+    """The simulator's Responses stream: reasoning, text and a call's arguments, each an
+    item, every delta numbered and padded (``obfuscation``), as OpenAI sends them."""
+    body = {"model": "gpt-5", "stream": True, "input": "go", **request}
+    reply = Reply(reasoning=texts, text=texts, tool_calls=[ToolCall(name="write", arguments=['{"a": "'] + texts[:4] + ['"}'])])
+    return openai_responses.stream_events(Turn(body, reply, default_model="gpt-5"))
 
 
 def rewritten(chunks: list[bytes], change) -> list[bytes]:
@@ -102,7 +112,10 @@ def through_tee(world, monkeypatch, chunks: list[bytes]):  # noqa: F811
     monkeypatch.setattr(NativeAssembler, "quick", spy_quick)
     s = world.session()
     body = {"model": "gpt-4o", "stream": True, "max_tokens": 999, "messages": [{"role": "user", "content": "go"}]}
-    if chunks[0].startswith(b"event:"):
+    if chunks[0].startswith(b"event: response."):
+        flow = flow_for("POST", RESPONSES_URL, {"model": "gpt-5", "stream": True, "input": "go"},
+                        {"authorization": f"Bearer {s.model_secret}"})
+    elif chunks[0].startswith(b"event:"):
         flow = flow_for("POST", MESSAGES_URL, body, {"x-api-key": s.model_secret})
     else:
         flow = flow_for("POST", CHAT_URL, body, {"authorization": f"Bearer {s.model_secret}"})
@@ -126,9 +139,11 @@ CASES = {
     "vllm ids only": chat_chunks(TEXTS * 5, return_token_ids=True),
     "logprobs only, obfuscated": rewritten(chat_chunks(TEXTS * 5, logprobs=True), obfuscated),
     "messages blocks": messages_chunks(TEXTS * 5),
+    "responses items": responses_chunks(TEXTS * 5),
+    "responses with logprobs": responses_chunks(TEXTS * 5, include=["message.output_text.logprobs"]),
 }
-DIALECT = {"messages blocks": ANTHROPIC}
-SHORTCUT = tuple(c for c in CASES if c != "two choices")
+DIALECT = {"messages blocks": ANTHROPIC, "responses items": RESPONSES, "responses with logprobs": RESPONSES}
+SHORTCUT = tuple(c for c in CASES if c not in ("two choices", "responses with logprobs"))
 TOKENS = ("vllm token fields", "vllm token fields varied", "vllm ids only", "logprobs only, obfuscated")
 
 
@@ -147,7 +162,7 @@ def test_the_shortcut_records_what_the_full_path_records(world, monkeypatch, cas
         assert response.token_ids or response.logprobs
 
 
-@pytest.mark.parametrize("case", ["obfuscated", "messages blocks", "vllm token fields varied"])
+@pytest.mark.parametrize("case", ["obfuscated", "messages blocks", "vllm token fields varied", "responses items"])
 def test_the_shortcut_is_exact_for_any_split(world, monkeypatch, case):  # noqa: F811
     """Events cut anywhere among whole ones (an event split in two, two events in one chunk):
     the shortcut reads only a whole event between events; the record is the full path's."""
@@ -285,3 +300,23 @@ def test_any_token_chunks_are_recorded_as_the_full_path_records(tokens):
     assert asm.result().model_dump() == full_path(body).model_dump()
     if all(t["bytes"] is not None and abs(t["logprob"]) != float("inf") for t in tokens):
         assert quick == len(tokens) - 1  # learned from the first, every other one by the shortcut
+
+
+def test_a_responses_delta_checks_its_sequence_number_as_json_does():
+    """Responses' deltas are read with their ``sequence_number`` only checked (it changes
+    every event; the record does not keep it): any number JSON allows matches, anything else
+    is no match, so the full path reads it."""
+    chunks = responses_chunks(["a", "b", "c", "d"])
+    asm, sse = RESPONSES.assembler(), SSEDecoder()
+    first = next(k for k, c in enumerate(chunks) if b"output_text.delta" in c)
+    for chunk in chunks[:first + 1]:
+        for event in sse.feed(chunk):
+            asm.feed(event)
+    good = chunks[first + 1]
+    number = good.split(b'"sequence_number":')[1].split(b",")[0]
+    assert b"output_text.delta" in good and asm.quick(good)
+    for spelled in (b"7", b"0", b"-3", b"1e3", b"2.5"):
+        assert asm.quick(good.replace(b'"sequence_number":' + number, b'"sequence_number":' + spelled)), spelled
+    for bad in (b"07", b"+7", b"7.", b"NaN", b'"7"', b"null", b"[7]", b"\xd9\xa7"):
+        assert not asm.quick(good.replace(b'"sequence_number":' + number, b'"sequence_number":' + bad)), bad
+    assert "".join(asm.items[max(asm.items)].texts[0]) == "a" + "b" * 6  # none of the bad ones folded
