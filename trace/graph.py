@@ -220,17 +220,6 @@ class Graph:
         return (message.role == "assistant" and not message.reasoning
                 and self.restated.get((node.parent, h), (None,))[0] == i)
 
-    def known_prefix(self, prompt: list[Message]) -> int:
-        """How many leading messages of ``prompt`` the graph holds already (without token
-        ids: the messages themselves). The rest are the request's new messages, the only
-        ones a request hook may rewrite."""
-        parent: int | None = None
-        for k, message in enumerate(prompt):
-            parent = self._match(parent, message, None, 0)
-            if parent is None:
-                return k
-        return len(prompt)
-
     def add_prompt(self, prompt: list[Message], *, now: float | None = None) -> tuple[list[int], list[int]]:
         """A prompt that got no reply (a refused request): the stored prefix is reused and
         its new messages become nodes, so the trace ends where the harness was. Returns

@@ -313,13 +313,6 @@ class Recorder:
             return None
         return self._graph._match(parent, message, None, 0)
 
-    def known_prefix(self, messages: list[Message]) -> int:
-        """How many leading ``messages`` are stored already (``Graph.known_prefix``); after the
-        seal, all of them (nothing is new to a released graph)."""
-        if self._released is not None:
-            return len(messages)
-        return self._graph.known_prefix(messages)
-
     def conversation(self, response_id: str) -> list[Message] | None:
         """The messages up to and including the reply the provider called ``response_id``,
         or None if this session never committed it. A Responses request that chains on
