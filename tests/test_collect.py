@@ -13,6 +13,8 @@ from hypothesis import given, settings, strategies as st
 
 from interceptor.addons import collect as collect_module
 from interceptor.addons.collect import EventStrip, Plan, StripStream, cut_prompt_ids, with_true_keys
+from interceptor.dialects import CHAT
+from interceptor.dialects.sse import SSEDecoder
 from test_addons import CHAT_URL, flow_for, world  # noqa: F401 - the fixture
 
 
@@ -259,3 +261,50 @@ def test_the_strip_by_a_shape_gives_the_harness_what_the_cut_gives(world, monkey
     assert len(fills) > len(events) // 2
     reply = session.recorder.trace.calls[-1]
     assert reply.error is None
+
+
+_TRICKY = st.lists(st.sampled_from(["a", " ", '"', "\\", "{", "}", "[", "]", ":", ",", "é", "😀", "\n",
+                                     '"token_ids":[1]', '"logprobs":{', '"delta":{"', "null"]), max_size=6).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_TRICKY, st.lists(st.integers(0, 2**31), min_size=1, max_size=2),
+                          st.floats(allow_nan=False, allow_infinity=False, max_value=0.0), st.booleans()),
+                min_size=2, max_size=10))
+def test_the_strip_by_a_template_equals_the_cut_for_any_text(tokens):
+    """The template's claim: the cut of an event of a learned shape depends on the shape's
+    fixed text alone, whatever its holes hold (text that looks like the keys, quotes,
+    backslashes, any ids and logprobs, escaped or not). The Tee's reading is the assembler's
+    shortcut on each chunk, as ``StreamTee`` hands it to the strip."""
+    from test_tee import chat_chunks
+    chunks = chat_chunks(["x"] * len(tokens), return_token_ids=True, logprobs=True)
+    for k, (text, ids, logprob, ascii_only) in enumerate(tokens, start=1):
+        obj = json.loads(chunks[k][6:])
+        choice = obj["choices"][0]
+        choice["delta"]["content"], choice["token_ids"] = text, ids
+        choice["logprobs"]["content"][0].update(token=text, logprob=logprob, bytes=list(text.encode()))
+        chunks[k] = b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=ascii_only).encode() + b"\n\n"
+    reference = Plan(token_ids=True, logprobs=True)
+    expected = stripped(reference, b"".join(chunks))
+    assembler, frames, matches, fills = CHAT.assembler(), SSEDecoder(), [], []
+    plan = Plan(token_ids=True, logprobs=True)
+    strip = EventStrip(plan, matches)
+    out = []
+    real_fill = collect_module._Cut.fill
+    collect_module._Cut.fill = lambda self, m: fills.append(1) or real_fill(self, m)
+    try:
+        for chunk in chunks:
+            matches.clear()
+            strip.next = 0
+            if frames.idle and assembler.quick(chunk):
+                matches.append((chunk, assembler.matched))
+            else:
+                for event in frames.feed(chunk):
+                    assembler.feed(event)
+            out.append(strip.feed(chunk))
+        out.append(strip.flush())
+    finally:
+        collect_module._Cut.fill = real_fill
+    assert b"".join(out) == expected
+    assert (plan.events, plan.removed) == (reference.events, reference.removed)
+    assert len(fills) >= len(tokens) - 2  # learned from the first text chunk, cut by template from the third
