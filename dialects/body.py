@@ -140,10 +140,12 @@ def _splice_array(text: str, i: int, edits: list[tuple[tuple, Edit]]) -> tuple[s
     return "".join(out), j + 1
 
 
-def _splice_listed(text: str, start: int, ends: list[int], edits: list[tuple[tuple, Edit]]) -> str:
+def _splice_listed(text: str, start: int, ends: list[int], edits: list[tuple[tuple, Edit]],
+                   out: list[tuple[int, int] | str]) -> None:
     """``_splice_array`` for the message list, whose elements' ends are known (``Listed``):
-    only the edited elements are read; the text between them is copied without scanning it
-    (scanning every element of the history to find one was O(history) a turn, issue 16)."""
+    only the edited elements are read; the text between them is not scanned (scanning every
+    element of the history to find one was O(history) a turn, issue 16), nor copied: it goes
+    to ``out`` as its span of ``text``, the new values as strings (``Body._joined``)."""
     run = next((e for rest, e in edits if not rest and e.run is not None), None)
     if run is not None and (run.run[1] <= run.run[0] or run.run[1] > len(ends)):
         raise ValueError("an empty run of list items cannot be replaced")
@@ -162,11 +164,10 @@ def _splice_listed(text: str, start: int, ends: list[int], edits: list[tuple[tup
     ops = [(k, by_index[k]) for k in by_index if run is None or not run.run[0] <= k < run.run[1]]
     if run is not None:
         ops.append((run.run[0], None))  # the run's items are replaced, edits inside them dropped
-    out: list[str] = []
     copied = start - 1  # the '['
     for k, mine in sorted(ops, key=lambda op: op[0]):
         begin = at(k)
-        out.append(text[copied:begin])
+        out.append((copied, begin))
         if mine is None:
             out.append(",".join(_dumps(v) for v in run.value))
             copied = start + ends[run.run[1] - 1]
@@ -174,8 +175,7 @@ def _splice_listed(text: str, start: int, ends: list[int], edits: list[tuple[tup
             value, copied = _splice(text, begin, mine)
             out.append(value)
     close = _skip(text, start + ends[-1])
-    out.append(text[copied:close + 1])
-    return "".join(out)
+    out.append((copied, close + 1))
 
 
 @dataclass(slots=True)
@@ -206,32 +206,56 @@ class Body:
         nested: dict[str, list[Edit]] = {}
         for edit in edits:
             nested.setdefault(edit.path[0], []).append(edit)
-        out: list[str] = []
+        # Each key's member as pieces: spans of ``text`` (copied once, at the end) and new text.
+        out: list[list[tuple[int, int] | str]] = []
         for key, (start, end) in self.spans.items():
             if key in changed:
                 if key in self.data:
-                    out.append(f"{_dumps(key)}:{_dumps(self.data[key])}")
+                    out.append([f"{_dumps(key)}:{_dumps(self.data[key])}"])
             elif key in nested:
                 value_at = _skip(self.text, _SCANSTRING(self.text, start + 1, True)[1])
                 value_at = _skip(self.text, value_at + 1)  # past the ':'
                 mine = [(e.path[1:], e) for e in nested[key]]
                 listed = self.listed
+                member: list[tuple[int, int] | str] = [(start, value_at)]
                 if listed is not None and key == listed.key and value_at + 1 == listed.start and listed.ends:
-                    spliced = _splice_listed(self.text, listed.start, listed.ends, mine)
+                    _splice_listed(self.text, listed.start, listed.ends, mine, member)
                 else:
-                    spliced, _ = _splice(self.text, value_at, mine)
-                out.append(self.text[start:value_at] + spliced)
+                    member.append(_splice(self.text, value_at, mine)[0])
+                out.append(member)
             else:
-                out.append(self.text[start:end])
+                out.append([(start, end)])
+        pieces: list[tuple[int, int] | str] = []
         if self.spans and self.data.keys() == self.spans.keys():
             # The same keys in the same places: the harness's whitespace between them stays too.
             bounds = list(self.spans.values())
-            gaps = [self.text[:bounds[0][0]]] + [self.text[a[1]:b[0]] for a, b in zip(bounds, bounds[1:])]
-            return ("".join(g + piece for g, piece in zip(gaps, out)) + self.text[bounds[-1][1]:]).encode()
+            gaps = [(0, bounds[0][0])] + [(a[1], b[0]) for a, b in zip(bounds, bounds[1:])]
+            for gap, member in zip(gaps, out):
+                pieces.append(gap)
+                pieces += member
+            pieces.append((bounds[-1][1], len(self.text)))
+            return self._joined(pieces)
         for key in self.data:
             if key not in self.spans:
-                out.append(f"{_dumps(key)}:{_dumps(self.data[key])}")
-        return ("{" + ",".join(out) + "}").encode()
+                out.append([f"{_dumps(key)}:{_dumps(self.data[key])}"])
+        pieces.append("{")
+        for k, member in enumerate(out):
+            if k:
+                pieces.append(",")
+            pieces += member
+        pieces.append("}")
+        return self._joined(pieces)
+
+    def _joined(self, pieces: list[tuple[int, int] | str]) -> bytes:
+        """The body's bytes from spans of ``text`` and new text, in one join: from views into
+        ``raw`` when the text is ASCII (a span's characters are its bytes), else from the
+        text. Every slice, concatenation and encoding of the ~360 KB history was a fresh
+        allocation the size of the body (page faults and a copy each; seven a turn before)."""
+        if self.raw is not None and len(self.raw) == len(self.text):
+            raw = memoryview(self.raw)
+            return b"".join([raw[p[0]:p[1]] if type(p) is tuple else p.encode() for p in pieces])
+        text = self.text
+        return "".join([text[p[0]:p[1]] if type(p) is tuple else p for p in pieces]).encode()
 
     def _encode_bytes(self, changed: set[str]) -> bytes:
         """``encode`` without edits, as one join of views into ``raw`` and the new keys."""
