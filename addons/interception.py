@@ -37,6 +37,9 @@ calls each hook in list order):
 - Dispatch: mitmproxy's own walk over its ~40 addons for each flow event done from a plan
   (the addons that implement the hook, found once), in its order and with its error handling
   (``intercept_fast_dispatch``);
+- MallocHeap: glibc serves the blocks below ``intercept_malloc_heap`` MiB from its heap and
+  keeps freed ones for reuse, so a growing rollout's history-sized blocks do not fault in
+  fresh pages every turn;
 - MallocTrim: after sessions are sealed, glibc's free pages go back to the system (in a
   thread, at most once per ``intercept_malloc_trim`` seconds), so the resident set follows
   what the live sessions hold rather than the peak of the turns once in flight;
@@ -67,6 +70,7 @@ from interceptor.addons.dispatch import Dispatch
 from interceptor.addons.feedback import Feedback, Refused
 from interceptor.addons.gate import Gate, guarded
 from interceptor.addons.gctuning import GcTuning
+from interceptor.addons.mallocheap import MallocHeap
 from interceptor.addons.malloctrim import MallocTrim
 from interceptor.addons.network import Egress
 from interceptor.addons.openproxy import OpenProxyGuard
@@ -119,6 +123,7 @@ steps = guarded([
     Annotate(), Status(registry),  # observers after the Gate (they see its answers too); never raise
     Fetch(relay),  # after the Gate and Annotate's look at it: a JSON answer fetched in the request hook
     GcTuning(),  # its one hook is ``running``: after the addons above have started
+    MallocHeap(),  # ``running`` too: glibc's thresholds, set once
     Dispatch(),  # mitmproxy's walk over its addons per flow event, from a plan made once
     MallocTrim(registry),  # a sealed session's freed heap back to the system, off the event loop
     Redact(settings),  # last, unguarded (it fails closed itself): after everything that needs a secret

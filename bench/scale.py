@@ -1,7 +1,7 @@
 """Sessions at scale (issue 16): 256 sessions at once x 20 turns on one worker, with random
 faults, and what each session costs in memory, live and sealed.
 
-    .venv/bin/python bench/scale.py [--sessions 256] [--turns 20] [--batches 2] [--faults 0.3] [--trim-ab]
+    .venv/bin/python bench/scale.py [--sessions 256] [--turns 20] [--batches 2] [--faults 0.3] [--trim-ab | --ab OPTION=VALUE]
 
 One mitmdump with the entry script, the simulator in this process (plain HTTP; the faults are
 scripted per session by ``x-sim-key``), one thread per session with an openai SDK client of its
@@ -195,7 +195,12 @@ def main() -> int:
     ap.add_argument("--faults", type=float, default=0.3, help="share of turns whose first attempt fails")
     ap.add_argument("--trim-ab", action="store_true",
                     help="also a second proxy with intercept_malloc_trim=0, each batch run on both in turn")
+    ap.add_argument("--ab", metavar="OPTION=VALUE",
+                    help="also a second proxy with this option set, each batch run on both in turn "
+                         "(--trim-ab is --ab intercept_malloc_trim=0)")
     args = ap.parse_args()
+    if args.trim_ab and args.ab:
+        ap.error("--trim-ab and --ab: one second proxy at most")
     work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     sim = ProviderSimulator(default=scripted).start()
     opts = {"intercept_upstream": sim.url("/v1"), "intercept_api_key_env": KEY_ENV}
@@ -204,6 +209,10 @@ def main() -> int:
     if args.trim_ab:
         proxies["trim off"] = MitmProcess(workdir=work / "notrim", options={**opts, "intercept_malloc_trim": "0"},
                                           env=env)
+    elif args.ab:
+        key, _, value = args.ab.partition("=")
+        proxies[args.ab] = MitmProcess(workdir=work / "ab", options={**opts, key: value}, env=env)
+        args.trim_ab = True  # the same alternation
     failed = False
     try:
         for proxy in proxies.values():
