@@ -128,10 +128,11 @@ class Shape:
     number JSON does not allow is no match, and the event takes the full path). A hole's kind
     is its learned value's: a string, a number (an int or a float, as the text says), or a
     flat list of ints written compactly (vLLM's ``token_ids``, a token's ``bytes``). A shape
-    of strings only (a text delta) compares its fixed texts where they must start and reads
-    each string with the JSON module's C string scanner; any other is one regular expression
-    (the fixed text, each hole's JSON grammar) and the holes' texts read together by the JSON
-    module's C scanner, which decides what the grammar lets through."""
+    that gives its first string only (a text delta; ``every`` false) compares its fixed texts
+    where they must start, reads each string with the JSON module's C string scanner and
+    checks each number or list by its JSON grammar; one that gives every value (vLLM's) is one
+    regular expression (the fixed text, each hole's JSON grammar) and the holes' texts read
+    together by the JSON module's C scanner, which decides what the grammar lets through."""
 
     __slots__ = ("first", "rest", "keep", "checks", "pattern", "wire", "last")
 
