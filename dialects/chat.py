@@ -611,11 +611,11 @@ class ChatAssembler(NativeAssembler):
         self.learn("data: ", event, obj, holes, state.content.append)
 
     def _learn_tokens(self, obj: dict[str, Any], ch: dict[str, Any], state: _ChoiceState, event: SSEEvent) -> None:
-        """A text chunk with its tokens (vLLM's ``token_ids``, a ``logprobs`` entry), folded
-        the full way: its shape, holes at the text, the ids and the entry's strings, numbers
-        and byte lists, so the next ones are read from their bytes too (``quick``). For a
-        one-token chunk only, whose entry has no alternatives (``top_logprobs: []``): what a
-        session that collects tokens asks for, and every chunk of its stream carries."""
+        """A text chunk with its tokens (vLLM's ``token_ids``, its ``logprobs`` entries),
+        folded the full way: its shape, holes at the text, the ids and the list of entries
+        (however many tokens the chunk holds, with or without alternatives), so the next
+        ones are read from their bytes too (``quick``): what a session that collects tokens
+        asks for, and every chunk of its stream carries."""
         lp = ch.get("logprobs")
         holes: list[tuple[dict[str, Any], str]] = [(ch["delta"], "content")]
         if event.event is not None or len(obj["choices"]) != 1 or not obj.keys() <= _SHAPED \
@@ -625,30 +625,22 @@ class ChatAssembler(NativeAssembler):
         ids = ch.get("token_ids") is not None
         if ids:
             holes.append((ch, "token_ids"))
-        spec: list[tuple[str, int | None, Any]] = []  # the entry's keys: a hole's index, or a constant
         if lp is not None:
-            entries = lp.get("content") if type(lp) is dict and lp.keys() <= {"content", "refusal"} \
-                and lp.get("refusal") is None else None
-            if type(entries) is not list or len(entries) != 1 or type(entries[0]) is not dict:
+            if type(lp) is not dict or not lp.keys() <= {"content", "refusal"} or lp.get("refusal") is not None \
+                    or type(lp.get("content")) is not list:
                 self._tries -= 1
                 return
-            for key, value in entries[0].items():
-                if value is None or type(value) is bool or (key == "top_logprobs" and value == []):
-                    spec.append((key, None, value))
-                else:
-                    spec.append((key, len(holes), None))
-                    holes.append((entries[0], key))
+            holes.append((lp, "content"))
+        logprobs = len(holes) - 1 if lp is not None else 0  # where the entries are among the values
         if "obfuscation" in obj:  # OpenAI's padding, with a harness's own logprobs: only checked
             holes.append((obj, "obfuscation"))
-        logprobs = lp is not None
 
         def sink(values: list[Any]) -> None:
             state.add_text(values[0])
             if ids:
                 state.token_ids.extend(values[1])
             if logprobs:
-                state.logprobs.append({key: values[at] if at is not None else ([] if const == [] else const)
-                                       for key, at, const in spec})
+                state.logprobs.extend(values[logprobs])
 
         self.learn("data: ", event, obj, holes, sink, every=True)
 

@@ -126,8 +126,9 @@ class Shape:
     them: ``match`` reads them without parsing the event or cutting it into lines, exactly
     as ``json.loads`` would have read them (strict: a raw control character, a bad escape, a
     number JSON does not allow is no match, and the event takes the full path). A hole's kind
-    is its learned value's: a string, a number (an int or a float, as the text says), or a
-    flat list of ints written compactly (vLLM's ``token_ids``, a token's ``bytes``). A shape
+    is its learned value's: a string, a number (an int or a float, as the text says), a flat
+    list of ints written compactly (vLLM's ``token_ids``), or any other list (a chunk's
+    logprobs entries, however many; only in a shape that gives every value). A shape
     that gives its first string only (a text delta; ``every`` false) compares its fixed texts
     where they must start, reads each string with the JSON module's C string scanner and
     checks each number or list by its JSON grammar; one that gives every value (vLLM's) is one
@@ -206,10 +207,13 @@ class Shape:
         m = self.pattern.fullmatch(text)
         if m is None:
             return None
+        groups = m.groups()
         try:  # the holes' texts as one JSON array: the escapes checked, the numbers read
-            values = scan_value("[%s]" % ",".join(m.groups()), 0)[0]
+            values = scan_value("[%s]" % ",".join(groups), 0)[0]
         except (ValueError, StopIteration):
             return None
+        if len(values) != len(groups):
+            return None  # a "v" hole's text was more than one value
         self.last = m
         return values if self.wire is None else [values[k] for k in self.wire]
 
@@ -220,9 +224,13 @@ _GRAMMAR = {
     "s": r'("[^"\\\x00-\x1f]*(?:\\.[^"\\\x00-\x1f]*)*")',  # any escape here; the scanner checks them
     "n": rf"({_INT}(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)",
     "a": rf"(\[(?:{_INT}(?:,{_INT})*)?\])",
+    # Any other list (vLLM's logprobs entries, as many as the chunk has): up to the first
+    # ``]`` the fixed text follows, which its scan must then read as exactly one list.
+    "v": r"(\[.*?\])",
 }
-#: The same, for a hole only checked: the pattern's ``match`` at an offset.
-_CHECK = {kind: re.compile(grammar).match for kind, grammar in _GRAMMAR.items() if kind != "s"}
+#: The same, for a hole only checked: the pattern's ``match`` at an offset. Not "v", which
+#: only a scan proves to be JSON: a shape with such a hole gives every value.
+_CHECK = {kind: re.compile(grammar).match for kind, grammar in _GRAMMAR.items() if kind in "na"}
 
 
 _HOLE = "\x00interceptor-hole-{}\x00"
@@ -233,8 +241,8 @@ def _kind(value: Any) -> str | None:
         return "s"
     if type(value) is int or type(value) is float:
         return "n"
-    if type(value) is list and all(type(x) is int for x in value):
-        return "a"
+    if type(value) is list:
+        return "a" if all(type(x) is int for x in value) else "v"
     return None
 
 
@@ -249,7 +257,7 @@ def shape_of(framing: str, data: str, obj: dict[str, Any], holes: list[tuple[dic
     the event it was learned from: it must read back the very values it was learned with."""
     saved = [c[k] for c, k in holes]
     kinds = [_kind(v) for v in saved]
-    if None in kinds or (not every and kinds[0] != "s"):
+    if None in kinds or (not every and (kinds[0] != "s" or "v" in kinds)):
         return None
     try:
         for i, (c, k) in enumerate(holes):

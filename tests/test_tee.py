@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from interceptor.addons import tee as tee_module
 from interceptor.dialects import ANTHROPIC, CHAT, RESPONSES
-from interceptor.dialects.common import NativeAssembler
+from interceptor.dialects.common import NativeAssembler, shape_of
 from interceptor.dialects.sse import SSEDecoder
 from provider import Reply, ToolCall, anthropic_messages, openai_chat, openai_responses
 from provider.turn import Turn
@@ -91,6 +91,19 @@ def full_path(chunks: list[bytes], dialect=CHAT):
     for event in sse.feed(b"".join(chunks)) + sse.flush():
         asm.feed(event)
     return asm.result()
+
+
+def by_shortcut(chunks: list[bytes], dialect=CHAT):
+    """What the record holds when each chunk is offered to the shortcut first, as the Tee
+    does with a chunk of one whole event; and how many it took."""
+    asm, sse, quick = dialect.assembler(), SSEDecoder(), 0
+    for chunk in chunks:
+        if sse.idle and asm.quick(chunk):
+            quick += 1
+        else:
+            for event in sse.feed(chunk):
+                asm.feed(event)
+    return asm.result(), quick
 
 
 def through_tee(world, monkeypatch, chunks: list[bytes]):  # noqa: F811
@@ -226,10 +239,11 @@ def test_a_chunk_that_only_looks_like_the_shape_takes_the_full_path():
 
 
 def test_a_token_chunk_reads_its_numbers_and_ids_as_json_does():
-    """vLLM's shape has holes for numbers and lists of ints: every spelling JSON allows is
-    read (the value json.loads gives, int or float as the text says); anything else (a
-    leading zero or plus, a bare point, NaN or Infinity, a list with a space, a trailing
-    comma, a float, a string or a bool in it) is no match, so the full path reads it."""
+    """vLLM's shape reads a chunk's logprobs entries as the JSON module reads them, whatever
+    JSON allows in them (json.loads takes NaN and Infinity too, and so does the full path),
+    and its ids as a compact list of ints; anything else (a leading zero or plus, a bare
+    point, a list with a space or a float, a trailing comma) is no match, so the full path
+    reads it."""
     chunks = chat_chunks(["a", "b", "c"], return_token_ids=True, logprobs=True)
     asm, sse = CHAT.assembler(), SSEDecoder()
     for chunk in chunks[:2]:
@@ -244,23 +258,45 @@ def test_a_token_chunk_reads_its_numbers_and_ids_as_json_does():
         out = good.replace(b'"logprob":%s,' % repr(logprob).encode(), b'"logprob":' + number + b",") if number else good
         return out.replace(b'"token_ids":' + good.split(b'"token_ids":')[1].split(b"]")[0] + b"]", b'"token_ids":' + ids) if ids else out
 
-    for number in (b"1e-05", b"-0", b"0.0", b"-1E+2", b"12345678901234567890", b"-9999.0", b"2.5e-300"):
+    for number in (b"1e-05", b"-0", b"0.0", b"-1E+2", b"12345678901234567890", b"-9999.0", b"2.5e-300",
+                   b"NaN", b"-Infinity", b"true", b'"1"'):
         assert asm.quick(variant(number=number)), number
         folded += 1
-        assert asm.choices[0].logprobs[-1]["logprob"] == json.loads(number)
-        assert type(asm.choices[0].logprobs[-1]["logprob"]) is type(json.loads(number))
+        got, want = asm.choices[0].logprobs[-1]["logprob"], json.loads(number)
+        assert repr(got) == repr(want) and type(got) is type(want)
     for ids in (b"[]", b"[0,-1,123456789012]"):
         known = len(asm.choices[0].token_ids)
         assert asm.quick(variant(ids=ids)), ids
         folded += 1
         assert asm.choices[0].token_ids[known:] == json.loads(ids)
     before = (list(asm.choices[0].content), list(asm.choices[0].token_ids), len(asm.choices[0].logprobs))
-    for number in (b"01", b"+1", b"1.", b".5", b"1e", b"NaN", b"Infinity", b"-Infinity", b"--1", b"0x1", b"true", b'"1"'):
+    for number in (b"01", b"+1", b"1.", b".5", b"1e", b"--1", b"0x1", b"-", b"nan"):
         assert not asm.quick(variant(number=number)), number
     for ids in (b"[1, 2]", b"[1,]", b"[01]", b"[1.0]", b"[true]", b'["1"]', b"[[1]]", b"null", b"[ ]"):
         assert not asm.quick(variant(ids=ids)), ids
     assert (asm.choices[0].content, asm.choices[0].token_ids, len(asm.choices[0].logprobs)) == before  # none folded
     assert len(asm.choices[0].logprobs) == folded
+
+
+def test_a_chunk_of_several_tokens_and_alternatives_is_read_by_the_shortcut():
+    """vLLM sends several tokens in one chunk (``--stream-interval``, speculative decoding)
+    and alternatives when asked (``top_logprobs``): one shape reads them all, however many,
+    and the record is the full path's."""
+    chunks = chat_chunks([f"w{k} " for k in range(40)], return_token_ids=True, logprobs=True, top_logprobs=2)
+
+    def widened(k: int, obj: dict) -> None:
+        for ch in obj.get("choices") or ():
+            entries = (ch.get("logprobs") or {}).get("content")
+            if entries and ch.get("token_ids"):
+                n = 1 + k % 3
+                entries[:] = [dict(entries[0], token=f"{entries[0]['token']}{j}") for j in range(n)]
+                ch["token_ids"] = ch["token_ids"] * n
+                ch["delta"]["content"] = "".join(e["token"] for e in entries)
+    chunks = rewritten(chunks, widened)
+    assert b'"top_logprobs":[{' in chunks[3]
+    response, quick = by_shortcut(chunks)
+    assert response.model_dump() == full_path(chunks).model_dump()
+    assert quick >= 38  # all but the first text chunk
 
 
 _TOKEN = st.fixed_dictionaries({
@@ -276,7 +312,8 @@ _TOKEN = st.fixed_dictionaries({
 @given(st.lists(_TOKEN, min_size=1, max_size=12))
 def test_any_token_chunks_are_recorded_as_the_full_path_records(tokens):
     """Text of any characters (escaped or not), any finite or infinite logprob, a token with
-    or without bytes, any ids: the shortcut's record is the full path's, chunk for chunk."""
+    or without bytes, any ids: the shortcut's record is the full path's, chunk for chunk, and
+    every chunk after the first is read by it."""
     chunks = chat_chunks(["x"] * len(tokens), return_token_ids=True, logprobs=True)
     body = []
     for k, chunk in enumerate(chunks):
@@ -290,16 +327,9 @@ def test_any_token_chunks_are_recorded_as_the_full_path_records(tokens):
         ch["logprobs"]["content"][0].update(token=token["text"], logprob=token["logprob"], bytes=token["bytes"])
         ch["token_ids"] = token["ids"]
         body.append(b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=token["ascii"]).encode() + b"\n\n")
-    asm, sse, quick = CHAT.assembler(), SSEDecoder(), 0
-    for chunk in body:
-        if sse.idle and asm.quick(chunk):
-            quick += 1
-        else:
-            for event in sse.feed(chunk):
-                asm.feed(event)
-    assert asm.result().model_dump() == full_path(body).model_dump()
-    if all(t["bytes"] is not None and abs(t["logprob"]) != float("inf") for t in tokens):
-        assert quick == len(tokens) - 1  # learned from the first, every other one by the shortcut
+    response, quick = by_shortcut(body)
+    assert response.model_dump() == full_path(body).model_dump()
+    assert quick == len(tokens) - 1  # learned from the first, every other one by the shortcut
 
 
 def test_a_responses_delta_checks_its_sequence_number_as_json_does():
@@ -320,3 +350,15 @@ def test_a_responses_delta_checks_its_sequence_number_as_json_does():
     for bad in (b"07", b"+7", b"7.", b"NaN", b'"7"', b"null", b"[7]", b"\xd9\xa7"):
         assert not asm.quick(good.replace(b'"sequence_number":' + number, b'"sequence_number":' + bad)), bad
     assert "".join(asm.items[max(asm.items)].texts[0]) == "a" + "b" * 6  # none of the bad ones folded
+
+
+def test_a_list_hole_is_one_json_list_or_no_match():
+    """A hole for any list is matched up to the first ``]`` the fixed text follows, and its
+    text must then scan as exactly one list: an event that is no JSON (two lists where one
+    was) is no match, as the full path would find it malformed."""
+    obj = {"a": [{"x": 1}], "b": 2}
+    data = json.dumps(obj, separators=(",", ":"))
+    shape = shape_of("data: ", data, obj, [(obj, "a"), (obj, "b")], every=True)
+    assert shape is not None and shape.match('data: {"a":[{"x":3},{"y":[4]}],"b":5}\n\n') == [[{"x": 3}, {"y": [4]}], 5]
+    for bad in ('data: {"a":[1],[2],"b":5}\n\n', 'data: {"a":[1],"b":2],"b":5}\n\n', 'data: {"a":[1,"b":5}\n\n'):
+        assert shape.match(bad) is None, bad
