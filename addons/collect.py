@@ -275,16 +275,27 @@ class _Cut:
     """``Plan.cut`` of every event of one learned shape (``dialects.common.Shape``), as a
     template: the event's bytes are the shape's fixed text with its holes' texts, and the
     cut depends on the fixed text alone (the keys it looks for carry a quote, which a
-    string hole holds only escaped; a number or a list of ints holds none). So it is the
-    fixed pieces the cut kept, with the holes it kept in between, filled from the Tee's match
-    of the same event (``StreamTee.matches``): no search, no scan. Learned from one event
-    with a marker in each hole (``learn``) and checked against that event's own cut."""
+    string hole holds only escaped; a number or a list of ints holds none; a list of anything,
+    vLLM's logprobs entries, is checked for them: ``guards``). So it is the fixed pieces the
+    cut kept, with the holes it kept in between, filled from the Tee's match of the same
+    event (``StreamTee.matches``): no search, no scan. Learned from one event with a marker
+    in each hole (``learn``) and checked against that event's own cut."""
 
-    __slots__ = ("parts", "removed")
+    __slots__ = ("parts", "removed", "guards")
 
-    def __init__(self, parts: list[str | int], removed: set[str]) -> None:
+    def __init__(self, parts: list[str | int], removed: set[str], guards: tuple[int, ...]) -> None:
         self.parts = parts  # fixed text, or the number of the group whose text goes there
         self.removed = removed
+        self.guards = guards  # the list holes: their text may hold a key the cut looks for
+
+    def fits(self, m: re.Match[str]) -> bool:
+        """No list hole of ``m`` holds a key the cut looks for (an entry with its own
+        ``token_ids`` or ``logprobs``): then the template is the cut."""
+        for g in self.guards:
+            text = m.group(g)
+            if '"token_ids"' in text or '"logprobs"' in text:
+                return False
+        return True
 
     def fill(self, m: re.Match[str]) -> bytes:
         return "".join([p if type(p) is str else m.group(p) for p in self.parts]).encode()
@@ -321,8 +332,9 @@ class _Cut:
             parts += (result[pos:at], markers[k])
             pos = at + len(k)
         parts.append(result[pos:])
-        made = cls([p for p in parts if p != ""], scratch.removed)
-        return made if made.fill(m) == out else None
+        guards = tuple(g for g in range(1, m.re.groups + 1) if text[m.start(g)] == "[")
+        made = cls([p for p in parts if p != ""], scratch.removed, guards)
+        return made if made.fits(m) and made.fill(m) == out else None
 
 
 class EventStrip:
@@ -416,7 +428,7 @@ class EventStrip:
                 self.cut = _Cut.learn(self.plan, m, block, out)
                 self.cuts[id(pattern)] = (pattern, self.cut)
             return out
-        if cut is None or m.string[-4] == " ":
+        if cut is None or m.string[-4] == " " or not cut.fits(m):
             return self._rewrite(block) if self.plan.touches(block) else block
         plan = self.plan
         plan.events += 1

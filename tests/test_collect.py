@@ -225,10 +225,26 @@ def _escaped(k: int, obj: dict) -> None:
             ch["logprobs"]["content"][0]["token"] = ch["delta"]["content"]
 
 
+def _entry_with_ids(chunks: list[bytes]) -> list[bytes]:
+    """Every fifth text chunk's logprobs entry with a ``token_ids`` of its own (null), the
+    chunk written with ASCII escapes: the cut leaves such a chunk to the JSON path, which
+    writes it anew (``é`` unescaped), so a template would give other bytes."""
+    out = []
+    for k, chunk in enumerate(chunks):
+        if k % 5 == 3 and b'"token":' in chunk:
+            obj = json.loads(chunk[6:])
+            obj["choices"][0]["delta"]["content"] += "é"
+            obj["choices"][0]["logprobs"]["content"][0]["token_ids"] = None
+            chunk = b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+        out.append(chunk)
+    return out
+
+
 STRIP_CASES = {
     "one event a chunk": (_collect_stream([f"w{k} " for k in range(60)]), None),
     "runs and splits": (_collect_stream([f"w{k} " for k in range(60)]), 7),
     "escapes and emoji": (_collect_stream([f"w{k} " for k in range(60)], _escaped), 11),
+    "an entry with ids of its own": (_entry_with_ids(_collect_stream([f"w{k} " for k in range(60)])), None),
     "ids varied": (_collect_stream([f"w{k} " for k in range(60)],
                                    lambda k, o: [c.update(token_ids=c["token_ids"] * (k % 3)) for c in o.get("choices") or ()
                                                  if c.get("token_ids")]), 3),
