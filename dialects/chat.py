@@ -626,8 +626,9 @@ class ChatAssembler(NativeAssembler):
         if ids:
             holes.append((ch, "token_ids"))
         if lp is not None:
+            # Not from a chunk without entries: an empty list would be learned as a list of ints.
             if type(lp) is not dict or not lp.keys() <= {"content", "refusal"} or lp.get("refusal") is not None \
-                    or type(lp.get("content")) is not list:
+                    or type(lp.get("content")) is not list or not lp["content"]:
                 self._tries -= 1
                 return
             holes.append((lp, "content"))
