@@ -355,10 +355,14 @@ class EventStrip:
         self.matches = matches  # this call's events the Tee read by a shape, in order
         self.next = 0  # the first of them not yet met
         # Per shape (by its pattern's id, the pattern kept alive with it, so the id is not
-        # reused): its template, or None. The last one looked up is kept at hand.
+        # reused): its template, or None where it has none.
         self.cuts: dict[int, tuple[re.Pattern[str], _Cut | None]] = {}
-        self.shape: re.Pattern[str] | None = None
-        self.cut: _Cut | None | bool = False
+
+    def begin(self) -> None:
+        """A new chunk: the Tee is about to list the events it reads in it (``matches``)."""
+        if self.matches is not None:
+            self.matches.clear()
+            self.next = 0
 
     def feed(self, data: bytes) -> bytes:
         out = bytearray()
@@ -397,39 +401,33 @@ class EventStrip:
         return self._event(rest) if rest else b""
 
     def _event(self, block: bytes) -> bytes:
-        matches = self.matches
-        if matches and self.next < len(matches):
-            piece, m = matches[self.next]
-            if piece is block or piece == block:
-                self.next += 1
-                try:
-                    return self._by_shape(block, m)
-                except Exception:  # as below
-                    log.exception("interceptor: could not strip token fields from an event; forwarded as is")
-                    return block
-        if not self.plan.touches(block):
-            return block
         try:
-            return self._rewrite(block)
+            matches = self.matches  # the Tee read it by a shape if it is the next of these
+            if matches and self.next < len(matches):
+                piece, m = matches[self.next]
+                if piece is block or piece == block:
+                    self.next += 1
+                    return self._by_shape(block, m)
+            return self._usual(block)
         except Exception:  # a shape nobody foresaw must not break the harness's stream
             log.exception("interceptor: could not strip token fields from an event; forwarded as is")
             return block
 
+    def _usual(self, block: bytes) -> bytes:
+        return self._rewrite(block) if self.plan.touches(block) else block
+
     def _by_shape(self, block: bytes, m: re.Match[str]) -> bytes:
         """An event the Tee read by a shape (``m``): by the shape's template, learned from
         the first such event (which takes the usual way), or the usual way if it has none."""
-        pattern = m.re
-        if self.shape is not pattern:
-            self.shape, self.cut = pattern, self.cuts.get(id(pattern), (None, False))[1]
-        cut = self.cut
-        if cut is False:
-            out = self._rewrite(block) if self.plan.touches(block) else block
+        known = self.cuts.get(id(m.re))
+        if known is None:
+            out = self._usual(block)
             if len(self.cuts) < 8:  # a stream learns a handful of shapes at most
-                self.cut = _Cut.learn(self.plan, m, block, out)
-                self.cuts[id(pattern)] = (pattern, self.cut)
+                self.cuts[id(m.re)] = (m.re, _Cut.learn(self.plan, m, block, out))
             return out
+        cut = known[1]
         if cut is None or m.string[-4] == " " or not cut.fits(m):
-            return self._rewrite(block) if self.plan.touches(block) else block
+            return self._usual(block)
         plan = self.plan
         plan.events += 1
         plan.removed |= cut.removed
@@ -495,17 +493,15 @@ class StripStream:
         # and the header removed, so the harness gets plain events.
         self.decoder = Decoder.for_encoding(content_encoding) if content_encoding else None
         # The Tee's readings by a shape, for the same bytes only (it decodes what it reads).
-        self.matches = None
+        matches = None
         if self.decoder is None and getattr(inner, "matches", False) is None and getattr(inner, "identity", False):
-            self.matches = inner.matches = []
-        self.events = EventStrip(plan, self.matches)
+            matches = inner.matches = []
+        self.events = EventStrip(plan, matches)
 
     def __call__(self, chunk: bytes) -> list[bytes]:
         """A list, never ``b""``: mitmproxy sends an empty bytes result as an empty chunk,
         which in a chunked HTTP/1.1 body is its end (a held partial event yields none)."""
-        if self.matches is not None:
-            self.matches.clear()
-            self.events.next = 0
+        self.events.begin()
         out = self.inner(chunk) if callable(self.inner) else chunk
         if not isinstance(out, bytes):  # an inner callable may return an iterable of chunks
             out = b"".join(out)

@@ -27,11 +27,12 @@ Not glibc (musl, macOS): nothing to call, nothing done.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 from collections.abc import Callable
 
 from mitmproxy import ctx, exceptions
+
+from interceptor.addons.malloctrim import glibc
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +46,7 @@ _done = False  # per process: the thresholds are the process's, set once
 
 def _mallopt() -> Callable[[int, int], int] | None:
     """glibc's ``mallopt``, or None where there is none."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = libc.mallopt
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return fn
+    return glibc("mallopt", [ctypes.c_int, ctypes.c_int])
 
 
 def keep_heap(mib: int) -> bool:
@@ -86,5 +81,7 @@ class MallocHeap:
         _done = True
         if keep_heap(mib):
             log.info(f"interceptor: malloc: blocks below {mib} MiB from the heap, freed ones kept for reuse")
+        elif _mallopt() is None:
+            log.info("interceptor: malloc: no glibc mallopt here; the allocator's defaults stay")
         else:
-            log.info("interceptor: malloc: glibc's mallopt is not available; its defaults stay")
+            log.warning(f"interceptor: malloc: glibc refused a {mib} MiB threshold (mmap or trim)")

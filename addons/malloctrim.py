@@ -38,6 +38,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from mitmproxy import ctx, exceptions
 
@@ -46,15 +47,21 @@ log = logging.getLogger(__name__)
 DEFAULT_INTERVAL = 10  # seconds: the wait after a seal, and the least time between two trims
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None where there is none."""
+def glibc(name: str, argtypes: list[Any]) -> Callable[..., int] | None:
+    """glibc's function ``name`` (returning an int), or None where there is none (musl,
+    macOS). ``mallocheap.py`` calls ``mallopt`` through it too."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = libc.malloc_trim
+        fn = getattr(libc, name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    fn.argtypes, fn.restype = argtypes, ctypes.c_int
     return fn
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where there is none."""
+    return glibc("malloc_trim", [ctypes.c_size_t])
 
 
 class MallocTrim:

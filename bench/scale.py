@@ -212,7 +212,6 @@ def main() -> int:
     elif args.ab:
         key, _, value = args.ab.partition("=")
         proxies[args.ab] = MitmProcess(workdir=work / "ab", options={**opts, key: value}, env=env)
-        args.trim_ab = True  # the same alternation
     failed = False
     try:
         for proxy in proxies.values():
@@ -222,7 +221,7 @@ def main() -> int:
               f"{platform.platform()}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
         print(f"{args.sessions} sessions at once x {args.turns} turns, one worker, faults on {args.faults:.0%} "
               f"of turns ({', '.join(FAULTS)}), a warm-up batch of {args.warmup}, then {args.batches} batches"
-              + (f"; each batch on {' and '.join(proxies)} in turn (order alternating)" if args.trim_ab else "")
+              + (f"; each batch on {' and '.join(proxies)} in turn (order alternating)" if len(proxies) > 1 else "")
               + f"; settled = RSS {SETTLE:.0f} s after the seal\n")
         print("| batch | turns | faults | errors the harness saw | attempts at the simulator | wall s | turns/s | "
               "RSS before | made | done (live) | sealed | settled | problems |")
@@ -233,7 +232,7 @@ def main() -> int:
             order = list(proxies) if batch % 2 == 0 else list(proxies)[::-1]
             for k, pname in enumerate(order):
                 label = "warm-up" if args.warmup and batch == 0 else str(batch + (0 if args.warmup else 1))
-                if args.trim_ab:
+                if len(proxies) > 1:
                     label = f"{pname}: {label}"
                 seed = batch * len(proxies) + list(proxies).index(pname)  # every session's key its own
                 row, problems, fig = run_batch(label, proxies[pname], sim, size, seed, args)

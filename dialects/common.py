@@ -93,8 +93,6 @@ def dumps_arguments(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-
-
 def json_data(event_data: str) -> dict[str, Any] | None:
     """An SSE data payload as a JSON object, or None when it is not one (keep-alives,
     ``[DONE]``, a malformed line). An object that fills the payload exactly (what providers

@@ -310,8 +310,7 @@ def test_the_strip_by_a_template_equals_the_cut_for_any_text(tokens):
     collect_module._Cut.fill = lambda self, m: fills.append(1) or real_fill(self, m)
     try:
         for chunk in chunks:
-            matches.clear()
-            strip.next = 0
+            strip.begin()
             if frames.idle and assembler.quick(chunk):
                 matches.append((chunk, assembler.matched))
             else:
