@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -362,3 +363,28 @@ def test_a_list_hole_is_one_json_list_or_no_match():
     assert shape is not None and shape.match('data: {"a":[{"x":3},{"y":[4]}],"b":5}\n\n') == [[{"x": 3}, {"y": [4]}], 5]
     for bad in ('data: {"a":[1],[2],"b":5}\n\n', 'data: {"a":[1],"b":2],"b":5}\n\n', 'data: {"a":[1,"b":5}\n\n'):
         assert shape.match(bad) is None, bad
+
+
+CAPTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def _capture_events(path: Path) -> list[bytes]:
+    """A real provider's stream as it was captured, one event per chunk (as providers flush)."""
+    raw = path.read_bytes().replace(b"\r\n", b"\n")
+    return [event + b"\n\n" for event in raw.split(b"\n\n") if event.strip()]
+
+
+@pytest.mark.parametrize("path", sorted(CAPTURES.glob("openai-chat-sse/*.sse")) + sorted(CAPTURES.glob("anthropic-messages-sse/*.sse")),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_real_providers_stream_is_recorded_by_the_shortcut_as_by_the_full_path(path):
+    """The captured streams of the real APIs (tests/fixtures, ground truth): whatever their
+    events hold (OpenAI's refusals, tool calls, usage; Anthropic's padding, thinking and
+    tool input), the record by the shortcut is the full path's, and the shortcut reads the
+    usual delta of every stream that has a few of them."""
+    dialect = ANTHROPIC if "anthropic" in path.parent.name else CHAT
+    events = _capture_events(path)
+    response, quick = by_shortcut(events, dialect)
+    assert response.model_dump() == full_path(events, dialect).model_dump()
+    deltas = sum(b'"content":"' in e or b'_delta"' in e for e in events)
+    if deltas >= 4:
+        assert quick, f"{deltas} deltas, none by the shortcut"
