@@ -281,16 +281,23 @@ class _Cut:
     event (``StreamTee.matches``): no search, no scan. Learned from one event with a marker
     in each hole (``learn``) and checked against that event's own cut."""
 
-    __slots__ = ("parts", "removed", "guards")
+    __slots__ = ("parts", "removed", "guards", "head")
 
-    def __init__(self, parts: list[str | int], removed: set[str], guards: tuple[int, ...]) -> None:
+    def __init__(self, parts: list[str | int], removed: set[str], guards: tuple[int, ...], head: str) -> None:
         self.parts = parts  # fixed text, or the number of the group whose text goes there
         self.removed = removed
         self.guards = guards  # the list holes: their text may hold a key the cut looks for
+        # The fixed text before the pattern's start: the shape's head (``Shape.first``), which
+        # the pattern leaves out, so two shapes of one stream may share the pattern.
+        self.head = head
 
     def fits(self, m: re.Match[str]) -> bool:
-        """No list hole of ``m`` holds a key the cut looks for (an entry with its own
-        ``token_ids`` or ``logprobs``): then the template is the cut."""
+        """``m``'s event begins with the head this was learned with (its shape's, not only its
+        pattern's), and no list hole of ``m`` holds a key the cut looks for (an entry with its
+        own ``token_ids`` or ``logprobs``): then the template is the cut."""
+        head = self.head
+        if m.pos != len(head) or not m.string.startswith(head):
+            return False
         for g in self.guards:
             text = m.group(g)
             if '"token_ids"' in text or '"logprobs"' in text:
@@ -333,7 +340,7 @@ class _Cut:
             pos = at + len(k)
         parts.append(result[pos:])
         guards = tuple(g for g in range(1, m.re.groups + 1) if text[m.start(g)] == "[")
-        made = cls([p for p in parts if p != ""], scratch.removed, guards)
+        made = cls([p for p in parts if p != ""], scratch.removed, guards, text[:m.pos])
         return made if made.fits(m) and made.fill(m) == out else None
 
 

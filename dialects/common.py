@@ -129,9 +129,11 @@ class Shape:
     logprobs entries, however many; only in a shape that gives every value). A shape
     that gives its first string only (a text delta; ``every`` false) compares its fixed texts
     where they must start, reads each string with the JSON module's C string scanner and
-    checks each number or list by its JSON grammar; one that gives every value (vLLM's) is one
-    regular expression (the fixed text, each hole's JSON grammar) and the holes' texts read
-    together by the JSON module's C scanner, which decides what the grammar lets through."""
+    checks each number or list by its JSON grammar; one that gives every value (vLLM's) compares
+    its head (the fixed text before the first hole) where the event starts, then matches one
+    regular expression (each hole's JSON grammar, the fixed text after it; ``_pattern``) and
+    reads the holes' texts together by the JSON module's C scanner, which decides what the
+    grammar lets through."""
 
     __slots__ = ("first", "rest", "keep", "checks", "pattern", "wire", "last")
 
@@ -150,9 +152,7 @@ class Shape:
         self.keep = -1 if every else order.index(0)
         checks = tuple(_CHECK.get(kind) for kind in kinds)
         self.checks = checks if any(checks) else None  # None: strings only, the plain loop
-        self.pattern = None if not every else re.compile(
-            "".join([re.escape(fixed[0]), *(g + re.escape(f) for g, f in zip(map(_GRAMMAR.get, kinds), fixed[1:]))])
-            + r" *\}\n\n", re.DOTALL)
+        self.pattern = None if not every else _pattern(kinds, self.rest)
         # Where each hole's value is in wire order, when that is not the holes' own order.
         self.wire = None if order == tuple(sorted(order)) else tuple(order.index(i) for i in range(len(order)))
         #: The last match by the pattern: each hole's text is its group, in wire order (what
@@ -202,7 +202,10 @@ class Shape:
         return kept
 
     def _match_pattern(self, text: str) -> list[Any] | None:
-        m = self.pattern.fullmatch(text)
+        first = self.first
+        if not text.startswith(first):
+            return None
+        m = self.pattern.fullmatch(text, len(first))
         if m is None:
             return None
         groups = m.groups()
@@ -214,6 +217,28 @@ class Shape:
             return None  # a "v" hole's text was more than one value
         self.last = m
         return values if self.wire is None else [values[k] for k in self.wire]
+
+
+#: Compiled patterns by their text (``_pattern``): bounded, emptied when full.
+_PATTERNS: dict[str, re.Pattern[str]] = {}
+_PATTERNS_KEPT = 64
+
+
+def _pattern(kinds: tuple[str, ...], rest: tuple[str, ...]) -> re.Pattern[str]:
+    """The pattern of a shape that gives every value, from its first hole on: each hole's
+    grammar and the fixed text after it. Not the fixed text before the first hole, which
+    ``match`` compares where the event starts: that head holds what changes with every
+    stream (the completion's ``id``, ``created``), so a pattern with it was compiled anew for
+    every stream, ~0.4 ms of the event loop (``re``'s parser is Python, per character; a
+    real process's turn, ``bench/rollout.py --collect-tokens --stream``), where the rest is
+    the same from stream to stream and compiled once."""
+    text = "".join(g + re.escape(f) for g, f in zip(map(_GRAMMAR.get, kinds), rest)) + r" *\}\n\n"
+    pattern = _PATTERNS.get(text)
+    if pattern is None:
+        if len(_PATTERNS) >= _PATTERNS_KEPT:
+            _PATTERNS.clear()
+        pattern = _PATTERNS[text] = re.compile(text, re.DOTALL)
+    return pattern
 
 
 _INT = r"-?(?:0|[1-9][0-9]*)"
@@ -353,7 +378,14 @@ class NativeAssembler(StreamAssembler):
         string, or with ``every`` each value in that order):
         its shape, so the next events like it are read from their bytes (``quick``). A new
         shape replaces the old (a stream whose head changed, another block), which is kept
-        as the spare: ``quick`` tries it when the new one does not fit, and swaps them."""
+        as the spare: ``quick`` tries it when the new one does not fit, and swaps them.
+        An event a known shape reads teaches nothing (it took the full path because a read
+        cut it, not for its shape) and costs no try."""
+        text = framing + event.data + "\n\n"
+        spare = self._spare
+        if (self._shape is not None and self._shape.match(text) is not None) or \
+                (spare is not None and spare[0].match(text) is not None):
+            return
         self._tries -= 1
         shape = shape_of(framing, event.data, obj, holes, every)
         if shape is not None:
