@@ -119,7 +119,7 @@ def commit(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: 
                                  delivered=delivered.message if delivered is not None else None)
             ex.turn = call.id
             if ex.prompt_read is not None and call.node is not None and response.prompt_token_ids is not None:
-                ex.session.remember_prompt(ex.prompt_read, call.node)
+                ex.session.remember_prompt(ex.prompt_read, call.node, response.prompt_token_ids)
         else:
             recorder.record_call(call, rewrites)
         if new:

@@ -29,6 +29,7 @@ from interceptor.addons.limits import Limits, Stop, StopBy
 from interceptor.addons.memory import KEEP_BYTES, Handed, Memory
 from interceptor.dialects.prompt_ids import Prior, PromptRead
 from interceptor.trace import Recorder, Store
+from interceptor.trace.graph import KnownIds
 from interceptor.trace.match import Ignore
 from interceptor.trace.messages import Sampling
 from interceptor.trace.model import Reward
@@ -179,18 +180,23 @@ class Session:
     # sub-agents take turns). Replaced whole, never changed in place: a stream holds it.
     last_prompts: tuple[Prior, ...] = ()
 
-    def remember_prompt(self, read: PromptRead, reply: int) -> None:
+    def remember_prompt(self, read: PromptRead, reply: int, ids: list[int] | None = None) -> None:
         """A committed turn's prompt ids: they read as ``read`` and end at the parent of its
         sampled reply ``reply``, the prompt's last node, where the record holds them
         (``Recorder.prompt_ids``). It replaces the one it went on from (a prefix of its path,
-        its bytes a prefix of its own), so each entry is a branch."""
+        its bytes a prefix of its own), so each entry is a branch. ``ids``, the committed
+        Response's list, is kept for the next prompt to extend (``Prior.ids``) if it is the
+        record's own (``KnownIds``); only the newest entry keeps one."""
         nodes, recorder = self.recorder.trace.nodes, self.recorder
         leaf = nodes[reply].parent
         if leaf is None:
             return
         node = nodes[leaf]
         kept = [last for last in self.last_prompts if not _above(nodes, last, leaf)]
-        prior = Prior(read, leaf, node, lambda into: recorder.prompt_ids(leaf, node, into))
+        for last in kept:
+            last.ids = None
+        prior = Prior(read, leaf, node, lambda into: recorder.prompt_ids(leaf, node, into),
+                      lambda: recorder.holds(leaf, node), ids if type(ids) is KnownIds else None)
         self.last_prompts = (prior, *kept)[:PROMPTS_KEPT]
 
     @property

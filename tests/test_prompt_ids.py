@@ -42,7 +42,7 @@ def _prior(payload: bytes, held: list[int] | None) -> Prior:
     """The prior of an answer whose ids the record holds as ``held`` (None: no longer)."""
     _, read = prompt_ids.load(payload)
     assert read is not None
-    return Prior(read, 0, None, lambda into: held is not None and (into.extend(held) or True))
+    return Prior(read, 0, None, lambda into: held is not None and (into.extend(held) or True), lambda: held is not None)
 
 
 @settings(max_examples=300, deadline=None)
@@ -214,6 +214,63 @@ def test_a_collect_tokens_session_parses_only_the_new_ids_from_its_second_turn(w
     branches = sorted((b.token_ids for b in trace.branches), key=len)
     assert branches == sorted([forked, last], key=len)
     assert spelled == last[:len(spelled)]
+
+
+def test_each_turn_extends_the_list_the_last_one_carried(world, monkeypatch):
+    """From the third turn on (the second's list is the first that is the record's own), a
+    turn's ids are the very list the turn before carried, extended in place: no join from
+    the path's nodes. Two prompts off the same last answer: the first takes the list, the
+    second joins its own from the nodes, and both are exact."""
+    committed = _spy_commits(monkeypatch)
+    joins: list[bool] = []
+    real_ids = Recorder.prompt_ids
+    monkeypatch.setattr(Recorder, "prompt_ids",
+                        lambda self, leaf, node, into: joins.append(real_ids(self, leaf, node, into)) or joins[-1])
+    session = world.session(collect_tokens=True)
+    headers = {"authorization": f"Bearer {session.model_secret}"}
+
+    def turn(messages: list[dict], reply: str, stream: bool) -> http.HTTPFlow:
+        flow = world.send(flow_for("POST", CHAT_URL, {"model": "gpt-4o", "messages": messages, "stream": stream},
+                                   headers))
+        body, events = _answer(_template(messages), reply, True)
+        if stream:
+            world.answer(flow, chunks=events, ctype="text/event-stream")
+        else:
+            world.answer(flow, body=body)
+        assert committed[-1] == _template(messages)
+        return flow
+
+    messages = [{"role": "system", "content": "be brief"}]
+    for k in range(6):
+        messages.append({"role": "user", "content": f"question number {k} please"})
+        turn(messages, f"answer {k}", stream=k % 2 == 1)
+        messages.append({"role": "assistant", "content": f"answer {k}"})
+    assert type(committed[0]) is list and type(committed[1]) is KnownIds
+    assert all(committed[k] is committed[1] for k in range(2, 6))
+    assert joins == [True]  # the second turn's, from the first turn's nodes
+    assert session.last_prompts[0].ids is committed[-1]
+
+    # Two streams off the same last answer, both read past its ids before either ends: the
+    # first to be assembled takes the kept list, the other joins the nodes' ids.
+    flows, prompts = [], []
+    for text in ("one way", "another way"):
+        asked = [*messages, {"role": "user", "content": text}]
+        flow = world.send(flow_for("POST", CHAT_URL, {"model": "gpt-4o", "messages": asked, "stream": True}, headers))
+        prompts.append(_template(asked))
+        flow.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
+        world.tee.responseheaders(flow)
+        flow.response.stream(_answer(prompts[-1], "ok", True)[1][0])  # the ids: read past the last answer's
+        assert type(exchange_of(flow).tee.assembler.prompt_token_ids) is Pending
+        flows.append(flow)
+    for flow, prompt in zip(flows, prompts):
+        for chunk in [*_answer(prompt, "ok", True)[1][1:], b""]:
+            flow.response.stream(chunk)
+        world.tee.response(flow)
+        assert committed[-1] == prompt
+    assert committed[-2] is committed[1] and committed[-1] is not committed[1]
+    assert joins == [True, True]
+    trace = session.recorder.trace
+    assert sorted(b.token_ids for b in trace.branches) == sorted(p + _words("ok") for p in prompts)
 
 
 def test_a_rolled_back_prompt_node_is_not_taken_for_the_ids(world, monkeypatch):

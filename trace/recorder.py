@@ -147,14 +147,20 @@ class Recorder:
             self._record_rewrites(rewrites, self._trace.path(call.node)[:-1] if call.node is not None else [], call)
         return call
 
+    def holds(self, leaf: int, node: MessageNode) -> bool:
+        """Whether node ``leaf`` is still ``node`` (a rollback lets an index be reused; a
+        released trace has no nodes)."""
+        nodes = self._trace.nodes
+        return leaf < len(nodes) and nodes[leaf] is node
+
     def prompt_ids(self, leaf: int, node: MessageNode, into: list[int]) -> bool:
         """Append to ``into`` the token ids stored along the path to ``leaf``, a prompt's last
         node: the ids that prompt carried, in order (``Graph.add_turn`` keeps every path's
         concatenation exact). False when ``leaf`` is no longer ``node`` (a rollback let its
         index be reused), a node on the path has no ids, or the graph was released."""
-        nodes = self._trace.nodes
-        if leaf >= len(nodes) or nodes[leaf] is not node:
+        if not self.holds(leaf, node):
             return False
+        nodes = self._trace.nodes
         path = self._graph.lineage(leaf)
         if any(nodes[i].token_ids is None for i in path):
             return False
