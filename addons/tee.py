@@ -38,7 +38,7 @@ from interceptor.addons.record import commit
 from interceptor.addons.translate import Translate
 from interceptor.dialects.base import Frames, header
 from interceptor.dialects.encoding import Decoder, Identity
-from interceptor.dialects.sse import SSEDecoder
+from interceptor.dialects.sse import SSEDecoder, blank
 from interceptor.trace.messages import ResponseError
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class StreamTee:
         The decoder sees the same bytes in the same order either way."""
         sse, quick, clock, matches, pos, end = self.sse, self.quick, self.clock, self.matches, 0, len(data)
         while pos < end and not self.done:
-            cut = data.find(b"\n\n", pos) + 2
+            cut = blank(data, pos) + 2
             if cut < 2:
                 break
             piece = data if not pos and cut == end else data[pos:cut]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from interceptor.dialects.sse import SSEDecoder, SSEEvent
+from interceptor.dialects import sse
+from interceptor.dialects.sse import SSEDecoder, SSEEvent, blank, lf_split, lines_kept
 
 
 def decode(*chunks: bytes) -> list[SSEEvent]:
@@ -114,3 +115,21 @@ def test_idle_says_exactly_when_the_decoder_is_between_events(cuts):
         assert d.idle == between
         if d.idle:
             assert [ev.data for ev in d.feed(b'data: {"a":1}\n\n')] == ['{"a":1}'] and d.idle
+
+
+_PIECES = st.lists(st.sampled_from([b"\n", b"\n\n", b"\r", b"\r\n", b"data: ", b"x", b"1,2,3,"]), max_size=30)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_PIECES, st.integers(0, 2), st.integers(0, 40))
+def test_the_memchr_scans_equal_the_bytes_methods(pieces, long, pos):
+    """``blank``, ``lf_split`` and ``lines_kept`` are ``find(b"\\n\\n")``, ``split(b"\\n")`` and
+    ``splitlines(keepends=True)``, for short chunks (the C methods) and long ones (a memchr
+    per line: vLLM's first chunk of a long conversation), whatever line endings they hold."""
+    data = b"".join(pieces)
+    if long:  # past the length where the scans go line by line, the lines at either end
+        filler = b"4," * (sse._LONG // 2)
+        data = filler + data if long == 1 else data + filler
+    assert blank(data, pos) == data.find(b"\n\n", pos)
+    assert lf_split(data) == data.split(b"\n")
+    assert lines_kept(data) == data.splitlines(keepends=True)
