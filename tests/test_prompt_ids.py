@@ -345,6 +345,19 @@ def test_known_nodes_and_known_ids_give_the_graph_the_walk_gives(steps):
     from interceptor.trace.model import Trace
 
     walked, handed = Graph(Trace(id="walk")), Graph(Trace(id="known"))
+    fitting = handed._fitting
+
+    def fitted_as_from_scratch(known, ids, prompt):
+        """What the last fitting path (``Graph._fit``) lets the graph skip must not change
+        what it finds: the same as with no memo, every time."""
+        memo, handed._fit = handed._fit, None
+        fresh = fitting(known, ids, prompt)
+        handed._fit = memo
+        got = fitting(known, ids, prompt)
+        assert got == fresh
+        return got
+
+    handed._fitting = fitted_as_from_scratch
     history = [Message(role="system", content="be brief")]
     turns: list[tuple[list, list[int], list[int]]] = []  # each turn's messages, prompt ids, prompt path + reply
     for k, (step, variant, first_path, said, thought, parsed) in enumerate(steps):

@@ -21,6 +21,7 @@ token ids, the tokens decide as above (a template that rendered no reasoning doe
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,9 @@ class TurnNodes:
 #: Up to this many children are compared directly with a message whose hash is not yet
 #: known (cheaper than hashing it); beyond it the hash index decides alone.
 FEW_CHILDREN = 4
+
+
+_same = operator.is_
 
 
 class KnownIds(list):
@@ -78,6 +82,11 @@ class Graph:
         # stays true (a candidate list only grows at its end; a rollback builds a new Graph),
         # so a prompt that restates the same objects is not looked up again (``_fitting``).
         self.firsts: dict[int, MessageNode] = {}
+        # The last path ``_fitting`` found the walk would take whole: (its last node, its
+        # nodes, the message objects it was taken for, the ids they cover). The next prompt's
+        # known ids usually name a path that goes on from it, and for its first nodes it is
+        # enough to see the same message objects again (``_fitting``).
+        self._fit: tuple[int, list[int], list[Message], int] | None = None
         for i, node in enumerate(trace.nodes):
             self._index(i, node)
 
@@ -189,12 +198,33 @@ class Graph:
         nodes = self.trace.nodes
         if type(ids) is not KnownIds or ids.leaf >= len(nodes) or nodes[ids.leaf] is not ids.node:
             return 0, 0
-        path = self.lineage(ids.leaf)
-        if len(path) > len(known) or known[:len(path)] != path:
-            return 0, 0
+        leaf = ids.leaf
+        # The path to ``leaf``: usually the last fitting path and the few nodes the turn
+        # after it added. Walking the whole path up from its leaf, and checking each node
+        # again, touched every node object of the conversation each turn (~0.58 ms at turn
+        # 300 of ``bench/hooks.py --collect-tokens --stream``: cache misses, not Python).
+        fit, k, consumed, path, taken = self._fit, 0, 0, None, None
+        if fit is not None and fit[0] <= leaf:
+            up, cur = [], leaf
+            while cur is not None and cur > fit[0]:  # a parent is always an older node
+                up.append(cur)
+                cur = nodes[cur].parent
+            if cur == fit[0]:
+                path, taken = fit[1], fit[2]
+                d = len(path)
+                up.reverse()
+                if (d + len(up) <= len(known) and known[:d] == path and known[d:d + len(up)] == up
+                        and all(map(_same, taken, prompt))):
+                    k, consumed = d, fit[3]
+                    path.extend(up)  # the memo's own lists, grown in place
+                else:
+                    path = taken = None
+        if path is None:
+            path = self.lineage(leaf)
+            if len(path) > len(known) or known[:len(path)] != path:
+                return 0, 0
         firsts = self.firsts
-        k = consumed = 0
-        for i in path:
+        for i in path[k:]:
             node, message = nodes[i], prompt[k]
             if node.message is not message or firsts.get(i) is not node:
                 if not self._first(i, message):
@@ -203,6 +233,14 @@ class Graph:
                     firsts[i] = node
             consumed += len(node.token_ids)
             k += 1
+        if k == len(path):
+            if taken is None:
+                taken = prompt[:k]
+            else:
+                taken.extend(prompt[len(taken):k])
+            self._fit = (leaf, path, taken, consumed)
+        else:
+            self._fit = None  # ``path`` may be the memo's, grown past what fits
         return k, consumed
 
     def _first(self, i: int, message: Message) -> bool:
