@@ -1,6 +1,7 @@
 """Which addon hook costs what, per request, in process: a growing rollout and a fixed 20 KB body.
 
     .venv/bin/python bench/hooks.py [--turns 300] [--mode rollout|fixed] [--band 25] [--hooks] [--malloc-heap MIB]
+                                    [--collect-tokens] [--stream]
 
 Every hook of ``addons/interception.py``'s list, in its order, on ``tflow`` flows (mitmproxy's
 ``taddons``; no sockets, no TLS, the relay off, since there is no upstream to relay to), with
@@ -12,8 +13,13 @@ and the collector's passes (``gc.callbacks``). ``rollout``: issue 16's conversat
 imposing a model); ``fixed``: the same ~20 KB one-message request every time (bench/overhead.py's
 small JSON body). The answer is a Chat Completions JSON reply. ``--hooks``: the session has a
 request hook (a redaction of a word every tenth user message holds; the rewrites are spliced
-into every later turn), as ``bench/rollout.py --hooks``. Prints, for the first and the last
-band of turns, the median per hook, largest first, and the sum of all hooks.
+into every later turn), as ``bench/rollout.py --hooks``. ``--collect-tokens``: the session
+collects token ids and the answer is vLLM's to the request as the proxy rewrote it (the
+prompt's ids by a template whose renderings are prefixes of each other, ``bench/trace_turns.py``'s;
+each token's id and logprob), as ``bench/rollout.py --collect-tokens``. ``--stream``: every
+turn streamed, its chunks (one event each, as the simulator writes them) through the stream
+callable the Tee sets, timed as ``stream``. Prints, for the first and the last band of turns,
+the median per hook, largest first, and the sum of all hooks.
 
 What this leaves out is what only a real mitmdump does: TLS, HTTP framing, the event loop's
 round trips and the relay's loopback hop (bench/rollout.py and bench/relay.py measure those).
@@ -41,6 +47,7 @@ from mitmproxy import http
 from mitmproxy.test import taddons, tflow
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
 KEY_ENV = "BENCH_HOOKS_KEY"
 MODEL = "gpt-4o-bench"
 URL = "https://api.openai.com/v1/chat/completions"
@@ -84,7 +91,13 @@ def main() -> int:
                     help="the session has a request hook (it redacts a word the user writes every tenth turn)")
     ap.add_argument("--malloc-heap", type=int, default=32,
                     help="the proxy's intercept_malloc_heap (MiB; 0: glibc's defaults), set at start as the proxy does")
+    ap.add_argument("--collect-tokens", action="store_true",
+                    help="the session collects token ids; the answer is vLLM's, with the prompt's ids")
+    ap.add_argument("--stream", action="store_true", help="every answer streamed through the Tee's stream callable")
     args = ap.parse_args()
+    from provider import Reply, openai_chat, tokens
+    from provider.turn import Turn
+    from trace_turns import ROLE_IDS
     os.environ[KEY_ENV] = "sk-bench-real-key"
     script = load_script()
     from interceptor.addons.gctuning import GcTuning
@@ -108,7 +121,7 @@ def main() -> int:
             (work / "bench_redact.py").write_text(REDACT)
             hooked = {"hooks": load_hooks(str(work / "bench_redact.py"))}
         session = script.registry.create(
-            SessionConfig(model=MODEL), work, "never",
+            SessionConfig(model=MODEL, collect_tokens=args.collect_tokens), work, "never",
             Upstream(base_url=f"http://127.0.0.1:{upstream.getsockname()[1]}/v1", api_key_env=KEY_ENV), **hooked)
         loop = tctx.master.event_loop
         per: dict[str, int] = defaultdict(int)
@@ -156,8 +169,34 @@ def main() -> int:
             run("request", flow)
             if flow.response is not None:
                 raise SystemExit(f"turn {k} was answered by the proxy: {flow.response.content[:200]!r}")
-            flow.response = http.Response.make(200, answer(k, reply), {"content-type": "application/json"})
+            if args.collect_tokens or args.stream:  # the simulator's answer to the request as rewritten
+                sent = json.loads(flow.request.content)
+                ids = None
+                if args.collect_tokens:
+                    ids = [i for m in sent["messages"]
+                           for i in (ROLE_IDS[m["role"]], *tokens.ids(tokens.split(m["content"])))] + [ROLE_IDS["assistant"]]
+                turn = Turn({**sent, "stream": args.stream}, Reply(text=reply, prompt_token_ids=ids), default_model=MODEL)
+            if args.stream:
+                chunks = openai_chat.stream_events(turn)
+                flow.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
+            else:
+                body = openai_chat.json_body(turn) if args.collect_tokens else answer(k, reply)
+                flow.response = http.Response.make(200, body, {"content-type": "application/json"})
             run("responseheaders", flow)
+            if args.stream:
+                stream, t0 = flow.response.stream, time.thread_time_ns()
+                stream(chunks[0])
+                t1 = time.thread_time_ns()
+                for chunk in chunks[1:-3]:
+                    stream(chunk)
+                t2 = time.thread_time_ns()
+                for chunk in chunks[-3:]:
+                    stream(chunk)
+                stream(b"")
+                t3 = time.thread_time_ns()
+                per["stream: the first chunk"] += t1 - t0
+                per["stream: the chunks between"] += t2 - t1
+                per["stream: the last three (the commit)"] += t3 - t2
             run("response", flow)
             rows.append(dict(per))
             if args.mode == "rollout":
@@ -167,6 +206,9 @@ def main() -> int:
         trace = session.recorder.trace
         if trace.num_turns != args.turns or len(trace.branches) != (1 if args.mode == "rollout" else args.turns):
             raise SystemExit(f"the trace does not hold the run: {trace.num_turns} turns, {len(trace.branches)} branches")
+        if args.collect_tokens and args.mode == "rollout" and len(trace.branches[0].token_ids or ()) != len(ids) + len(
+                tokens.split(reply)):
+            raise SystemExit("the trace's branch does not hold every token id")
         script.registry.seal_all("bench")
         script.registry.store.close()
     shutil.rmtree(work, ignore_errors=True)
