@@ -375,7 +375,7 @@ class EventStrip:
         out = bytearray()
         if not data:
             return b""  # an empty chunk must not forget a pending CR
-        if (not self.event and not self.pending_cr and blank(data) == len(data) - 2
+        if (not self.event and not self.pending_cr and len(data) > 1 and blank(data) == len(data) - 2
                 and data.find(b"\r") < 0):
             # The usual chunk: one whole event, LF lines (a provider flushes each event).
             sent = self._event(data)
@@ -454,7 +454,7 @@ class EventStrip:
             if cut is not None:
                 plan.events += 1
                 first = lines[data[0]]
-                lines[data[0]] = b"data: " + cut + (first[len(first.rstrip(b"\r\n")):] or b"\n")
+                lines[data[0]] = b"data: " + cut + _ending(first)
                 return b"".join(lines)
         obj = plan.stripped(b"\n".join(_field_value(lines[k]) for k in data))
         if obj is None:
@@ -464,7 +464,7 @@ class EventStrip:
             return b""
         plan.events += 1
         first = lines[data[0]]
-        ending = first[len(first.rstrip(b"\r\n")):] or b"\n"
+        ending = _ending(first)
         lines[data[0]] = b"data: " + _dumps(obj) + ending
         return b"".join(line for k, line in enumerate(lines) if k == data[0] or k not in data)
 
@@ -479,6 +479,14 @@ def cut_prompt_ids(payload: bytes) -> tuple[bytes, bool]:
         return payload, False
     before, after = _without(payload, where[0], where[2])
     return before + after, True
+
+
+def _ending(line: bytes) -> bytes:
+    """The line's terminator (LF if it has none), without copying the line to find it."""
+    end = len(line)
+    while end and line[end - 1] in b"\r\n":
+        end -= 1
+    return line[end:] or b"\n"
 
 
 def _field_value(line: bytes) -> bytes:

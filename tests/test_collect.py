@@ -97,6 +97,19 @@ def test_every_single_byte_split():
         assert stripped(Plan(token_ids=True, logprobs=True), data, [cut]) == whole
 
 
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n"])
+def test_a_chunk_of_one_byte_anywhere(ending):
+    """A read of one byte (the first of an event's ``data:`` line, say) is no whole event:
+    the next chunk's rest of the line must still be read as a data line and stripped. (It
+    was taken for an event of its own, as ``find`` of a blank line that is not there gave
+    -1, which is the length of one byte less two; the harness got the next event's token
+    fields.)"""
+    data = stream(ending)
+    whole = stripped(Plan(token_ids=True, logprobs=True), data)
+    for cut in range(len(data)):
+        assert stripped(Plan(token_ids=True, logprobs=True), data, [cut, cut + 1]) == whole, cut
+
+
 def test_a_compressed_stream_reaches_the_harness_decoded():
     seen = []
 
