@@ -108,12 +108,13 @@ class Pending:
     stream's first chunk carries them, and the whole list made then would live through the
     rest of the stream as a young container of ~70,000 items that every young collection of
     the garbage collector walks (~1.3 ms a turn at turn 300, ``bench/rollout.py --stream
-    --collect-tokens``). Joined when the stream is assembled; the array's bytes (not walked
-    by the collector) are kept for a record that no longer holds the prior's ids by then."""
+    --collect-tokens``). Joined when the stream is assembled; the array's bytes (a view of
+    the event's, not walked by the collector, not copied) are kept for a record that no
+    longer holds the prior's ids by then."""
 
     __slots__ = ("prior", "tail", "array")
 
-    def __init__(self, prior: Prior, tail: list[int], array: bytes) -> None:
+    def __init__(self, prior: Prior, tail: list[int], array: memoryview) -> None:
         self.prior, self.tail, self.array = prior, tail, array
 
     def ids(self) -> list[int]:
@@ -121,7 +122,7 @@ class Pending:
         if out is not None:
             out += self.tail
             return out
-        return json.loads(self.array)  # the record no longer holds them: the whole read
+        return json.loads(bytes(self.array))  # the record no longer holds them: the whole read
 
 
 def joined(ids: list[int] | Pending | None) -> list[int] | None:
@@ -174,7 +175,7 @@ def ids(array: memoryview, priors: Sequence[Prior] = (), later: bool = False) ->
         hasher.update(array[known.length:last])
         read = PromptRead(last, hasher.digest(), known.count + len(tail))
         if later:
-            return Pending(prior, tail, bytes(array)), read
+            return Pending(prior, tail, array), read
         out = prior.known()
         if out is not None:
             out += tail

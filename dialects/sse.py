@@ -188,7 +188,7 @@ class SSEDecoder:
     def _line_done(self, raw: bytes) -> SSEEvent | None:
         if raw[:6] == b"data: ":  # the usual line, read without the general rules below
             try:
-                self._data.append(raw[6:].decode("utf-8"))
+                self._data.append(str(memoryview(raw)[6:], "utf-8"))  # no copy of the line first
                 self._has_data = True
                 return None
             except UnicodeDecodeError:
