@@ -219,8 +219,9 @@ class Shape:
         return values if self.wire is None else [values[k] for k in self.wire]
 
 
-#: Compiled patterns by their text (``_pattern``): bounded, emptied when full.
-_PATTERNS: dict[str, re.Pattern[str]] = {}
+#: Compiled patterns by their holes' kinds and fixed texts (``_pattern``): bounded, emptied
+#: when full.
+_PATTERNS: dict[tuple[tuple[str, ...], tuple[str, ...]], re.Pattern[str]] = {}
 _PATTERNS_KEPT = 64
 
 
@@ -232,12 +233,13 @@ def _pattern(kinds: tuple[str, ...], rest: tuple[str, ...]) -> re.Pattern[str]:
     every stream, ~0.4 ms of the event loop (``re``'s parser is Python, per character; a
     real process's turn, ``bench/rollout.py --collect-tokens --stream``), where the rest is
     the same from stream to stream and compiled once."""
-    text = "".join(g + re.escape(f) for g, f in zip(map(_GRAMMAR.get, kinds), rest)) + r" *\}\n\n"
-    pattern = _PATTERNS.get(text)
+    key = (kinds, rest)
+    pattern = _PATTERNS.get(key)
     if pattern is None:
         if len(_PATTERNS) >= _PATTERNS_KEPT:
             _PATTERNS.clear()
-        pattern = _PATTERNS[text] = re.compile(text, re.DOTALL)
+        text = "".join(g + re.escape(f) for g, f in zip(map(_GRAMMAR.get, kinds), rest)) + r" *\}\n\n"
+        pattern = _PATTERNS[key] = re.compile(text, re.DOTALL)
     return pattern
 
 
