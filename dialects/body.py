@@ -320,6 +320,7 @@ def parse_body(raw: bytes, listed: str | None = None, prefixes: Prefixes | None 
     if text.startswith("\ufeff"):
         return Body(json.loads(raw))
     n = len(text)
+    same = raw if type(raw) is bytes and len(raw) == n else None  # its bytes are its characters (ASCII)
     i = _skip(text, 0)
     if i >= n or text[i] != "{":
         return Body(json.loads(text))  # not an object: json.loads gives the value or the error
@@ -339,7 +340,7 @@ def parse_body(raw: bytes, listed: str | None = None, prefixes: Prefixes | None 
         if i >= n or text[i] != ":":
             raise json.JSONDecodeError("Expecting ':' delimiter", text, i)
         i = _skip(text, i + 1)
-        scanned = _scan_list(text, i, key, prefixes) if key == listed else None
+        scanned = _scan_list(text, i, key, prefixes, same) if key == listed else None
         if scanned is not None:
             value, i = scanned
             listing = value
@@ -365,18 +366,20 @@ def parse_body(raw: bytes, listed: str | None = None, prefixes: Prefixes | None 
         raise json.JSONDecodeError("Expecting ',' delimiter", text, i)
 
 
-def _scan_list(text: str, i: int, key: str, prefixes: Prefixes | None) -> tuple[Listed, int] | None:
+def _scan_list(text: str, i: int, key: str, prefixes: Prefixes | None,
+               raw: bytes | None = None) -> tuple[Listed, int] | None:
     """The array at ``i`` element by element: a ``Listed`` and the index after the array, or
     None when it is not an array or anything in it is irregular (the caller's plain scan
-    then parses it, or raises the error ``json.loads`` would)."""
+    then parses it, or raises the error ``json.loads`` would). ``raw``: the body's bytes,
+    if they are ``text`` byte for character."""
     n = len(text)
     if i >= n or text[i] != "[":
         return None
     start = i + 1
-    listing = Listed(key=key, text=text, start=start)
+    listing = Listed(key=key, text=text, start=start, raw=raw)
     j = start
     if prefixes is not None:
-        entry, k = prefixes.match(text, start)
+        entry, k = prefixes.match(text, start, raw)
         if entry is not None:
             after = _skip(text, start + entry.ends[k - 1])
             if after >= n or text[after] not in ",]":

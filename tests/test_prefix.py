@@ -160,7 +160,9 @@ def check_edits(tmp: Path, dialect, steps, items: list[dict], body, edited, turn
             j = 1 + x % (len(items) - 1)
             items = items[:j] + items[j + 1:]
         elif op == "respace":  # the spacing, and with it the lead (a system prompt outside the list)
-            spacing = [{}, {"indent": 1}, {"separators": (",", ":")}][x % 3]
+            # ... or with its non-ASCII characters as they are: the remembered lists of the
+            # requests before and after are views of ASCII bytes, or copies of their text.
+            spacing = [{}, {"indent": 1}, {"separators": (",", ":")}, {"ensure_ascii": False}][x % 4]
             system = f"sys {x % 2}"
         elif op == "fork":
             items = items[: 1 + x % len(items)]
@@ -179,9 +181,26 @@ def test_any_history_edit_gives_what_a_full_parse_gives(tmp_path_factory, steps)
     check_edits(tmp_path_factory.mktemp("p"), CHAT, steps,
                 [{"role": "system", "content": "sys"}, {"role": "user", "content": "u0"}],
                 lambda items, n, system: {"messages": items, "model": "m"},
-                lambda x: {"role": "user", "content": f"edited {x}"},
+                lambda x: {"role": "user", "content": f"edited {x} é"},
                 lambda n: (Message(role="assistant", content=f"r{n}"),
                            [{"role": "assistant", "content": f"r{n}"}, {"role": "user", "content": f"u{n + 1}"}]))
+
+
+def test_ascii_and_other_bodies_recognise_each_others_history(tmp_path):
+    """A list remembered from an ASCII body is a view of its bytes, one from any other body
+    (a key with a non-ASCII character written as it is) a copy of its text: a request of
+    either kind recognises a history remembered from either."""
+    s = Session(tmp_path / "a.msgpack", True)
+    messages = [{"role": "system", "content": "sys"}] + [{"role": "user", "content": f"m{k}"} for k in range(4)]
+    first = s.turn({"messages": messages, "model": "m"}, Message(role="assistant", content="a"))
+    assert first.parsed.listed.raw is not None  # ASCII: remembered as a view
+    for k, other in enumerate((True, False, True, True, False)):
+        messages += [{"role": "assistant", "content": "abcdefgh"[k]}, {"role": "user", "content": f"n{k}"}]
+        body = {"messages": messages, "model": "m", **({"user": "é"} if other else {})}
+        p = s.turn(body, Message(role="assistant", content="abcdefgh"[k + 1]), ensure_ascii=not other)
+        assert (p.parsed.listed.raw is None) is other
+        assert p.listed.known == len(messages) - 2, k  # all but the new reply and message
+    s.close()
 
 
 def test_an_edited_message_keeps_the_history_before_it(tmp_path):

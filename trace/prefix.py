@@ -76,6 +76,9 @@ class Listed:
     generation: int = 0
     source: _Entry | None = None  # the remembered list the known elements came from
     sent: list[Message] | None = None  # the messages as parsed, where others may be delivered
+    # The body's bytes when they are ``text`` byte for character (ASCII, what JSON encoders
+    # write by default): a remembered list then keeps views of them, not a copy of its text.
+    raw: bytes | None = None
 
     def keep(self, k: int) -> None:
         """Use only the first ``k`` known elements (a dialect whose element's messages may
@@ -101,15 +104,23 @@ class Listed:
         return bool(self.ends) and len(self.marks) == len(self.ends)
 
 
+#: An entry's text: a string, or a view of the ASCII bytes it was read from (``Listed.raw``).
+Text = str | memoryview
+
+
 @dataclass(slots=True, frozen=True)
 class _Entry:
     """A remembered list. Its text (from just after the ``[`` to the end of its last
-    element) is kept as two strings, ``head`` up to the end of the element before the last
+    element) is kept as two pieces, ``head`` up to the end of the element before the last
     and ``last`` the rest, so that both the whole list and all of it but the last element
-    (the Claude Code turn's case) are compared without copying either out first."""
+    (the Claude Code turn's case) are compared without copying either out first. Each piece
+    is a view of the request's own bytes when they were ASCII (no copy: a copy of the
+    history was a fresh history-sized block each turn, whose pages the kernel faulted in
+    anew, ~0.2 ms at turn 300 of ``bench/hooks.py``, as glibc's heap does not reuse a freed
+    block for a slightly larger one), else a copy of its text."""
 
-    head: str
-    last: str
+    head: Text
+    last: Text
     ends: list[int]
     items: list[Any]
     marks: list[int]
@@ -125,13 +136,14 @@ class Prefixes:
         self._entries: tuple[_Entry, ...] = ()
         self.generation = 0
 
-    def match(self, text: str, start: int) -> tuple[_Entry | None, int]:
+    def match(self, text: str, start: int, raw: bytes | None = None) -> tuple[_Entry | None, int]:
         """The entry sharing the most leading elements with the list starting at
-        ``start`` in ``text``, and how many it shares (0: none)."""
+        ``start`` in ``text`` (whose bytes are ``raw`` if they are ASCII), and how many it
+        shares (0: none)."""
         best: _Entry | None = None
         best_k = 0
         for entry in reversed(self._entries):  # tuple: safe against a concurrent replacement
-            if len(entry.ends) > best_k and _restates(text, start, entry):
+            if len(entry.ends) > best_k and _restates(text, start, entry, raw):
                 best, best_k = entry, len(entry.ends)
         if best is not None or not self._entries:
             return best, best_k
@@ -141,7 +153,7 @@ class Prefixes:
         # may have come in between, so not only the newest).
         for entry in reversed(self._entries):
             k = len(entry.ends) - 1
-            if k > best_k and text.startswith(entry.head, start):
+            if k > best_k and _at(text, raw, start, entry.head):
                 best, best_k = entry, k
         if best is not None:
             return best, best_k
@@ -151,7 +163,7 @@ class Prefixes:
         lo, hi = 0, len(entry.ends) - 2  # the answer is in [lo, hi]: not even the head matched
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if text.startswith(entry.head[:entry.ends[mid - 1]], start):
+            if _at(text, raw, start, entry.head[:entry.ends[mid - 1]]):
                 lo = mid
             else:
                 hi = mid - 1
@@ -164,16 +176,17 @@ class Prefixes:
         lead = listed.lead
         if not listed.complete or len(messages) != lead + listed.marks[-1] or len(nodes) != len(messages):
             return
-        start, ends = listed.start, listed.ends
+        start, ends, raw = listed.start, listed.ends, listed.raw
         cut = start + (ends[-2] if len(ends) > 1 else 0)
-        entry = _Entry(listed.text[start:cut], listed.text[cut:start + ends[-1]], ends,
+        whole: Any = memoryview(raw) if raw is not None else listed.text
+        entry = _Entry(whole[start:cut], whole[cut:start + ends[-1]], ends,
                        listed.items, listed.marks, messages[lead:], tuple(messages[:lead]), list(nodes))
         # A request the new one extends is superseded by it, and so is the one it was read
         # from when it restates all of that one but the last element (the element Claude Code
         # took its marker from): kept, every turn of such a loop would hold a copy of the
         # whole history until ENTRIES of them are.
         source = listed.source if listed.source is not None and listed.known >= len(listed.source.ends) - 1 else None
-        kept = tuple(e for e in self._entries if e is not source and not _restates(listed.text, start, e))
+        kept = tuple(e for e in self._entries if e is not source and not _restates(listed.text, start, e, raw))
         self._entries = (kept + (entry,))[-ENTRIES:]
 
     def clear(self) -> None:
@@ -185,9 +198,19 @@ class Prefixes:
         return len(self._entries)
 
 
-def _restates(text: str, start: int, entry: _Entry) -> bool:
+def _restates(text: str, start: int, entry: _Entry, raw: bytes | None = None) -> bool:
     """Whether the list at ``start`` in ``text`` begins with all of ``entry``'s text."""
-    return text.startswith(entry.head, start) and text.startswith(entry.last, start + len(entry.head))
+    return _at(text, raw, start, entry.head) and _at(text, raw, start + len(entry.head), entry.last)
+
+
+def _at(text: str, raw: bytes | None, start: int, piece: Text) -> bool:
+    """Whether ``piece`` stands at ``start`` in ``text`` (whose bytes are ``raw`` if they are
+    ASCII): a memory compare either way, a view compared with bytes without a copy."""
+    if type(piece) is str:
+        return text.startswith(piece, start)
+    if raw is not None:
+        return raw.startswith(piece, start)
+    return text.startswith(str(piece, "ascii"), start)  # an ASCII entry, a request that is not
 
 
 def touches(overrides: Iterable[Any], key: str) -> bool:
