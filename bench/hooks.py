@@ -34,6 +34,7 @@ import importlib.util
 import inspect
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -109,6 +110,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-hooks-"))
     reply = ("The answer, at length. " * (args.chunk // 23 + 1))[:args.chunk]
     rows: list[dict[str, int]] = []
+    faulted: list[int] = []  # minor page faults per request (fresh pages of new blocks)
     upstream = socket.create_server(("127.0.0.1", 0))  # listening is all Reach's probe needs
     with upstream, taddons.context(*script.addons) as tctx:
         tctx.configure(script.addons[0], intercept_trace_dir=str(work), confdir=str(work / "conf"), intercept_drain_timeout=0,
@@ -165,6 +167,7 @@ def main() -> int:
                 payload = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": f"{k} {filler}"}]}).encode()
             flow = tflow.tflow(req=http.Request.make("POST", URL, payload, auth), client_conn=tflow.tclient_conn())
             per.clear()
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             run("requestheaders", flow)
             run("request", flow)
             if flow.response is not None:
@@ -199,6 +202,7 @@ def main() -> int:
                 per["stream: the last three (the commit)"] += t3 - t2
             run("response", flow)
             rows.append(dict(per))
+            faulted.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
             if args.mode == "rollout":
                 messages.append({"role": "assistant", "content": reply})
         gc.callbacks.remove(collected)
@@ -221,7 +225,8 @@ def main() -> int:
         total = statistics.median(sum(v for key, v in r.items() if not key.startswith("gc")) for r in band) / 1e3
         collector = {key: statistics.mean(r.get(key, 0) for r in band) / 1e3 for key in keys if key.startswith("gc")}
         print(f"\nrequests {lo + 1}-{hi}: all hooks {total:.0f} (median)"
-              + "".join(f"; {key} {v:.0f} (mean)" for key, v in sorted(collector.items())))
+              + "".join(f"; {key} {v:.0f} (mean)" for key, v in sorted(collector.items()))
+              + f"; page faults {statistics.median(faulted[lo:hi]):.0f} a request (median)")
         for key, v in sorted(hooks.items(), key=lambda kv: -kv[1]):
             if v >= 5:
                 print(f"  {key:40s} {v:8.1f}")
