@@ -20,13 +20,14 @@ request takes the delivered content, so the graph holds what the model read and 
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from interceptor.addons.hookrun import HookFailure, call, effective_request
-from interceptor.addons.memory import Chain, Handed, Remembered, digest, kept
+from interceptor.addons.memory import Chain, Copies, Handed, Remembered, digest, kept
 from interceptor.dialects.base import RewriteError, Slot
 from interceptor.dialects.body import Edit
 from interceptor.trace.hooks import HookContext, HookSpec
@@ -103,6 +104,9 @@ def _walk(ex: Exchange, messages: list[Message]) -> tuple[int, int | None]:
             return k, parent
         parent = node
     return len(messages), parent
+
+
+_same = operator.is_
 
 
 class Undeliverable(Exception):
@@ -220,8 +224,8 @@ def _check(spec: HookSpec, before: Request, after: Request, known: int) -> list[
             raise HookFailure(spec, f"a request hook may not change the request's {name}")
     changed: list[int] = []
     for i, (b, a) in enumerate(zip(before.messages, after.messages)):
-        if a == b:
-            continue
+        if (a.__class__ is b.__class__ and a.__dict__ == b.__dict__) or a == b:
+            continue  # Message.__eq__ compares the dicts: the same without a call per message
         where = f"message {i} ({b.role})"
         if not isinstance(a, Message) or a.role != b.role:
             raise HookFailure(spec, f"{where}: a request hook may not replace a message or change its role")
@@ -252,7 +256,7 @@ async def run_hooks(specs: tuple[HookSpec, ...], ctx: HookContext, request: Requ
     current = request
     changed_by: dict[int, list[HookSpec]] = {}
     for spec in specs:
-        given, copies = _given(current, request, known, handed.by_hook.pop(spec.name, {}) if handed else {})
+        given, copies = _given(current, request, known, handed.by_hook.pop(spec.name, None) if handed else None)
         result = await call(spec, ctx, given)
         if result is None:
             result = given
@@ -266,26 +270,31 @@ async def run_hooks(specs: tuple[HookSpec, ...], ctx: HookContext, request: Requ
     return current, changed_by
 
 
-def _given(current: Request, request: Request, known: int,
-           before: dict[int, tuple[Message, Message]]) -> tuple[Request, dict[int, tuple[Message, Message]]]:
+def _given(current: Request, request: Request, known: int, before: Copies | None) -> tuple[Request, Copies]:
     """A copy of ``current`` for a hook, and the copies of ``request``'s first ``known``
-    messages in it by their message's id: ``before``'s where they are of the same message
-    object, new ones for the rest. ``current``'s first ``known`` messages are equal to
-    ``request``'s (a hook before that changed one failed)."""
-    copies: dict[int, tuple[Message, Message]] = {}
-    messages: list[Message] = []
-    for i, message in enumerate(current.messages):
-        if i >= known:
-            messages.append(copied(message))
-            continue
-        stored = request.messages[i]
-        held = before.get(id(stored))
-        copy = held[1] if held is not None and held[0] is stored else copied(stored)
-        copies[id(stored)] = (stored, copy)
-        messages.append(copy)
+    messages in it (``Copies``): ``before``'s where they are of the same message object, new
+    ones for the rest. ``current``'s first ``known`` messages are equal to ``request``'s (a
+    hook before that changed one failed). Usually ``before`` was handed for the same objects
+    in the same order and the request goes on from them: its lists are kept and only the
+    rest copied, without a lookup per message (~0.26 ms at turn 300 of ``bench/hooks.py
+    --hooks``)."""
+    stored = request.messages
+    if before is not None and len(before.stored) <= known and all(map(_same, before.stored, stored)):
+        held = before  # ``before`` was taken out of ``Handed``: its lists are this call's to grow
+    else:  # another order (a fork, an edited history): by object, where it was handed one
+        by_id = {id(m): c for m, c in zip(before.stored, before.copies)} if before is not None else {}
+        held = Copies()  # ``before`` holds its messages alive: an id found is the same object
+        for message in stored[:known]:
+            held.stored.append(message)
+            held.copies.append(by_id.get(id(message)) or copied(message))
+    for message in stored[len(held.stored):known]:
+        held.stored.append(message)
+        held.copies.append(copied(message))
+    messages = held.copies[:known]
+    messages += [copied(m) for m in current.messages[known:]]
     given = copied(current.model_copy(update={"messages": []}))
     given.messages = messages
-    return given, copies
+    return given, held
 
 
 STOPS = "\0request stops"  # Handed's key for the copies request stops are handed
@@ -300,7 +309,7 @@ def for_stops(ex: Exchange) -> Request | None:
     request = effective_request(ex)
     if request is None:
         return None
-    given, copies = _given(request, request, len(request.messages), ex.session.handed.by_hook.pop(STOPS, {}))
+    given, copies = _given(request, request, len(request.messages), ex.session.handed.by_hook.pop(STOPS, None))
     ex.session.handed.by_hook[STOPS] = copies
     return given
 
@@ -309,7 +318,7 @@ def kept_for_stops(ex: Exchange) -> None:
     """After the request stops: their copies are kept only if every one is still its
     message's equal (a stop that changed one gets fresh copies next time)."""
     copies = ex.session.handed.by_hook.get(STOPS)
-    if copies and any(copy != stored for stored, copy in copies.values()):
+    if copies and any(copy != stored for stored, copy in zip(copies.stored, copies.copies)):
         ex.session.handed.by_hook.pop(STOPS, None)
 
 

@@ -138,6 +138,16 @@ class Memory:
                 self.others.setdefault(((trace.nodes[node].parent, ()), entry.original_hash), entry)
 
 
+@dataclass(slots=True)
+class Copies:
+    """The stored messages one hook was last handed copies of, and those copies, in the order
+    handed: the next request's stored messages are usually these very objects, in this order,
+    and then more (``intercept._given``)."""
+
+    stored: list[Message] = field(default_factory=list)
+    copies: list[Message] = field(default_factory=list)
+
+
 @dataclass
 class Handed:
     """The copies of a session's stored messages each request hook was last handed (and
@@ -153,7 +163,7 @@ class Handed:
     anyway, so a copy a hook changed later is caught before it is believed. A hook that
     fails has its copies dropped."""
 
-    by_hook: dict[str, dict[int, tuple[Message, Message]]] = field(default_factory=dict)
+    by_hook: dict[str, Copies] = field(default_factory=dict)
     # The copies the hooks' context was last handed of the branch (``HookContext.messages``).
     _branch: dict[int, tuple[Message, Message]] = field(default_factory=dict, repr=False)
 
