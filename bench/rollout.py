@@ -29,7 +29,9 @@ that streams SSE through, as the proxy does).
   recognition), exported with ``git archive`` and run from there (omit with ``--before none``);
 - ``proxy``: this checkout;
 - ``no relay`` (with ``--relay-off``): this checkout with ``intercept_drain_timeout=0``, so
-  mitmproxy talks to the upstream itself: the relay's loopback hop told apart from the addons.
+  mitmproxy talks to the upstream itself: the relay's loopback hop told apart from the addons;
+- ``env`` (with ``--env NAME=VALUE``): this checkout with that variable in its environment
+  (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, say), for a process setting no option can make.
 
 Each proxy session imposes a model (so every request is rewritten, as in an evaluation).
 Per turn and path: the wall time of the request, and the CPU time all of the mitmdump
@@ -134,6 +136,7 @@ def main() -> int:
     ap.add_argument("--band", type=int, default=25, help="turns per band of the table")
     ap.add_argument("--before", default=None, help="a git revision, or 'none'")
     ap.add_argument("--relay-off", action="store_true", help="also this checkout without the relay")
+    ap.add_argument("--env", metavar="NAME=VALUE", help="also this checkout with NAME=VALUE in its environment")
     ap.add_argument("--dialect", choices=tuple(URLS), default="chat")
     ap.add_argument("--hooks", action="store_true", help="each proxy session has a request hook (a redaction)")
     ap.add_argument("--stream", action="store_true", help="Chat: every turn streamed (SSE; bare with the stream script)")
@@ -171,6 +174,9 @@ def main() -> int:
     procs["proxy"] = MitmProcess(workdir=work / "proxy", options=opts, env=env)
     if args.relay_off:
         procs["no relay"] = MitmProcess(workdir=work / "norelay", options={**opts, "intercept_drain_timeout": 0}, env=env)
+    if args.env:
+        name, _, value = args.env.partition("=")
+        procs["env"] = MitmProcess(workdir=work / "env", options=opts, env={**env, name: value})
     names = ["direct", *procs]
     cpu: dict[str, list[int]] = {n: [] for n in procs}
     lat: dict[str, list[float]] = {n: [] for n in names}
