@@ -61,11 +61,12 @@ def session_context(session: Session, messages: list[Message] | None = None, **w
     ``where`` the request's dialect, call and endpoint, or the tool route's phase."""
     trace = session.recorder.trace
     hooks = session.config.hooks
-    # The branch as it is now, read here on the event loop (a plain hook reads its context in
-    # a worker thread, while the loop may be committing); only its copies are made on reading.
-    branch = trace.messages if messages is None else messages
+    # The branch as it is now, taken here on the event loop (a plain hook reads its context in
+    # a worker thread, while the loop may be committing): a list that only grows, and its
+    # length now. Its copies are made only on reading.
+    shared, n = trace.messages_now() if messages is None else (messages, len(messages))
     return _Context(
-        lambda: session.handed.branch(branch),
+        lambda: session.handed.branch(shared[:n]),
         session_id=session.id, task=dict(session.config.task), agent=dict(session.config.agent),
         info=dict(session.config.info), config=dict(hooks.config) if hooks else {},
         num_turns=trace.num_turns, num_input_tokens=trace.num_input_tokens,

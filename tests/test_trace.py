@@ -174,6 +174,7 @@ def test_input_tokens_kept_count_equals_a_count_from_every_call(tmp_path_factory
     r = Rollout(tmp_path_factory.mktemp("inputs") / "t.msgpack")
     history = [SYSTEM, Message(role="user", content="start")]
     sent = []  # each call's prompt, reply and other choice
+    taken = []  # each turn's branch as a hook's context takes it, and as it was then
     for k, (op, at, n) in enumerate(steps):
         prompt, reply, choices = history, Message(role="assistant", content=f"reply {k}"), []
         if op == "fork":
@@ -193,6 +194,10 @@ def test_input_tokens_kept_count_equals_a_count_from_every_call(tmp_path_factory
         assert trace.num_output_tokens == sum(c.usage.output_tokens for c in trace.calls if c.usage is not None)
         last = next(c.node for c in reversed(trace.calls) if c.node is not None)
         assert trace.messages == [trace.nodes[i].message for i in trace.path(last)]
+        # what a hook's context took of it (a shared list and its length) reads the same
+        # whatever later turns do: the list only grows at its end
+        taken.append((*trace.messages_now(), trace.messages))
+        assert all(shared[:n] == then for shared, n, then in taken)
         sent.append((prompt, reply, choices[0].message if choices else None))
         # the harness goes on from the reply (or, now and then, from the other choice)
         went = choices[0].message if choices and at % 2 else reply
