@@ -46,7 +46,7 @@ _LONG = 4096
 
 
 def blank(data: bytes, pos: int = 0) -> int:
-    """``data.find(b"\n\n", pos)``: where the first pair of LFs from ``pos`` starts, or -1."""
+    """``data.find(b"\\n\\n", pos)``: where the first pair of LFs from ``pos`` starts, or -1."""
     find = data.find
     i = find(b"\n", pos)
     while i >= 0 and data[i + 1:i + 2] != b"\n":
@@ -55,7 +55,7 @@ def blank(data: bytes, pos: int = 0) -> int:
 
 
 def lf_split(data: bytes) -> list[bytes]:
-    """``data.split(b"\n")``."""
+    """``data.split(b"\\n")``."""
     if len(data) < _LONG:
         return data.split(b"\n")
     out, pos, find = [], 0, data.find
