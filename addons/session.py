@@ -195,8 +195,7 @@ class Session:
         kept = [last for last in self.last_prompts if not _above(nodes, last, leaf)]
         for last in kept:
             last.ids = None
-        prior = Prior(read, leaf, node, lambda into: recorder.prompt_ids(leaf, node, into),
-                      lambda: recorder.holds(leaf, node), ids if type(ids) is KnownIds else None)
+        prior = Prior(read, leaf, node, recorder, ids if type(ids) is KnownIds else None)
         self.last_prompts = (prior, *kept)[:PROMPTS_KEPT]
 
     @property

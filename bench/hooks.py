@@ -18,8 +18,9 @@ collects token ids and the answer is vLLM's to the request as the proxy rewrote 
 prompt's ids by a template whose renderings are prefixes of each other, ``bench/trace_turns.py``'s;
 each token's id and logprob), as ``bench/rollout.py --collect-tokens``. ``--stream``: every
 turn streamed, its chunks (one event each, as the simulator writes them) through the stream
-callable the Tee sets, timed as ``stream``. Prints, for the first and the last band of turns,
-the median per hook, largest first, and the sum of all hooks.
+callable the Tee sets, its first chunk (the prompt's ids), the chunks between and the last
+three (the commit) timed apart. Prints, for the first and the last band of turns, the median
+per hook, largest first, the sum of all hooks and the minor page faults per request.
 
 What this leaves out is what only a real mitmdump does: TLS, HTTP framing, the event loop's
 round trips and the relay's loopback hop (bench/rollout.py and bench/relay.py measure those).
@@ -98,7 +99,7 @@ def main() -> int:
     args = ap.parse_args()
     from provider import Reply, openai_chat, tokens
     from provider.turn import Turn
-    from trace_turns import ROLE_IDS
+    from trace_turns import template_ids
     os.environ[KEY_ENV] = "sk-bench-real-key"
     script = load_script()
     from interceptor.addons.gctuning import GcTuning
@@ -174,10 +175,7 @@ def main() -> int:
                 raise SystemExit(f"turn {k} was answered by the proxy: {flow.response.content[:200]!r}")
             if args.collect_tokens or args.stream:  # the simulator's answer to the request as rewritten
                 sent = json.loads(flow.request.content)
-                ids = None
-                if args.collect_tokens:
-                    ids = [i for m in sent["messages"]
-                           for i in (ROLE_IDS[m["role"]], *tokens.ids(tokens.split(m["content"])))] + [ROLE_IDS["assistant"]]
+                ids = template_ids(sent["messages"]) if args.collect_tokens else None
                 turn = Turn({**sent, "stream": args.stream}, Reply(text=reply, prompt_token_ids=ids), default_model=MODEL)
             if args.stream:
                 chunks = openai_chat.stream_events(turn)

@@ -76,6 +76,17 @@ def cpu_between(before: dict[str, int], after: dict[str, int]) -> int:
 ROLE_IDS = {"system": 200_001, "user": 200_002, "assistant": 200_003, "tool": 200_004}
 
 
+def template_ids(messages: list[dict]) -> list[int]:
+    """The prompt's token ids by this bench's chat template: ``[role] text`` per message, then
+    ``[assistant]``, so the renderings of a growing conversation are prefixes of each other."""
+    from provider import tokens
+
+    ids = []
+    for m in messages:
+        ids += [ROLE_IDS[m["role"]], *tokens.ids(tokens.split(m["content"]))]
+    return ids + [ROLE_IDS["assistant"]]
+
+
 def serve(text: str = REPLY) -> None:
     """The simulator for this bench, in its own process: always the same long reply; asked
     for token ids, it plays vLLM with a chat template whose renderings of a conversation
@@ -84,15 +95,11 @@ def serve(text: str = REPLY) -> None:
     import signal
 
     from provider import ProviderSimulator, Reply
-    from provider import tokens
 
     def reply(record) -> Reply:
         if not record.json.get("return_token_ids"):
             return Reply(text=text, input_tokens=1, output_tokens=1)
-        ids = []
-        for m in record.json["messages"]:
-            ids += [ROLE_IDS[m["role"]], *tokens.ids(tokens.split(m["content"]))]
-        return Reply(text=text, prompt_token_ids=ids + [ROLE_IDS["assistant"]], output_tokens=1)
+        return Reply(text=text, prompt_token_ids=template_ids(record.json["messages"]), output_tokens=1)
 
     sim = ProviderSimulator(default=reply).start()
     print(f"listening on {sim.base_url}", flush=True)

@@ -21,9 +21,9 @@ differently, a nested key of the same name) is read whole, as before.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import xxhash
 
@@ -49,12 +49,20 @@ class PromptRead:
     count: int  # ids in it
 
 
+class Record(Protocol):
+    """Where a prior's ids are held (``trace.Recorder``)."""
+
+    def prompt_ids(self, leaf: int, node: MessageNode, into: list[int]) -> bool: ...
+
+    def holds(self, leaf: int, node: MessageNode) -> bool: ...
+
+
 @dataclass(slots=True)
 class Prior:
     """The array the session's last committed answer carried, and where the record holds its
-    ids: along the graph path to ``leaf``, which was ``node``. ``fill`` appends them to the
-    list it is given, or says False when the record no longer has them (a rollback, a
-    released trace); ``holds`` says whether it still has them.
+    ids: along the graph path to ``leaf``, which was ``node``, in ``record`` (the session's
+    ``Recorder``: its ``prompt_ids`` appends them to a list, or says False when the record no
+    longer has them, a rollback or a released trace; its ``holds`` says whether it still has).
 
     ``ids``: the very list that answer's Response carried, handed on once (``known``) to the
     next prompt that begins with it, which extends it in place. Joining ~70,000 ids from the
@@ -67,8 +75,7 @@ class Prior:
     read: PromptRead
     leaf: int
     node: MessageNode
-    fill: Callable[[list[int]], bool]
-    holds: Callable[[], bool]
+    record: Record
     ids: KnownIds | None = None
 
     def known(self) -> KnownIds | None:
@@ -77,11 +84,11 @@ class Prior:
         its own), else joined from the path's nodes; None if the record no longer holds them."""
         count = self.read.count
         out, self.ids = self.ids, None
-        if out is not None and len(out) == count and self.holds():
+        if out is not None and len(out) == count and self.record.holds(self.leaf, self.node):
             out.leaf, out.node, out.count = self.leaf, self.node, count
             return out
         out = KnownIds(self.leaf, self.node)
-        if self.fill(out) and len(out) == count:
+        if self.record.prompt_ids(self.leaf, self.node, out) and len(out) == count:
             out.count = count
             return out
         return None

@@ -42,7 +42,20 @@ def _prior(payload: bytes, held: list[int] | None) -> Prior:
     """The prior of an answer whose ids the record holds as ``held`` (None: no longer)."""
     _, read = prompt_ids.load(payload)
     assert read is not None
-    return Prior(read, 0, None, lambda into: held is not None and (into.extend(held) or True), lambda: held is not None)
+    return Prior(read, 0, None, _Held(held))
+
+
+class _Held:
+    """A record that holds ``held`` as a prior's ids (None: no longer)."""
+
+    def __init__(self, held: list[int] | None) -> None:
+        self.held = held
+
+    def prompt_ids(self, leaf, node, into: list[int]) -> bool:
+        return self.holds(leaf, node) and (into.extend(self.held) or True)
+
+    def holds(self, leaf, node) -> bool:
+        return self.held is not None
 
 
 @settings(max_examples=300, deadline=None)
