@@ -1,7 +1,7 @@
 """Which addon hook costs what, per request, in process: a growing rollout and a fixed 20 KB body.
 
     .venv/bin/python bench/hooks.py [--turns 300] [--mode rollout|fixed] [--band 25] [--hooks] [--malloc-heap MIB]
-                                    [--collect-tokens] [--stream]
+                                    [--collect-tokens] [--stream] [--memory]
 
 Every hook of ``addons/interception.py``'s list, in its order, on ``tflow`` flows (mitmproxy's
 ``taddons``; no sockets, no TLS, the relay off, since there is no upstream to relay to), with
@@ -20,7 +20,8 @@ each token's id and logprob), as ``bench/rollout.py --collect-tokens``. ``--stre
 turn streamed, its chunks (one event each, as the simulator writes them) through the stream
 callable the Tee sets, its first chunk (the prompt's ids), the chunks between and the last
 three (the commit) timed apart. Prints, for the first and the last band of turns, the median
-per hook, largest first, the sum of all hooks and the minor page faults per request.
+per hook, largest first, the sum of all hooks and the minor page faults per request;
+``--memory``: what the live session keeps of its token ids and logprobs at the end.
 
 What this leaves out is what only a real mitmdump does: TLS, HTTP framing, the event loop's
 round trips and the relay's loopback hop (bench/rollout.py and bench/relay.py measure those).
@@ -83,6 +84,27 @@ def answer(i: int, reply: str) -> bytes:
                        "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}}).encode()
 
 
+def token_memory(trace, session) -> dict[str, str]:
+    """The bytes a live session's token data holds: the nodes' ``token_ids``, ``mask`` and
+    ``logprobs`` lists and the list the next prompt extends (``Prior.ids``), and the int and
+    float objects in them, each object counted once (``sys.getsizeof``)."""
+    lists = 0
+    objects: dict[int, int] = {}
+    ids = 0
+    kept = [getattr(p, "ids", None) for p in session.last_prompts]
+    for values in [v for n in trace.nodes for v in (n.token_ids, n.mask, n.logprobs)] + kept:
+        if values is None:
+            continue
+        lists += sys.getsizeof(values)
+        for x in values:
+            if type(x) is not bool:
+                objects.setdefault(id(x), sys.getsizeof(x))
+    ids = sum(len(n.token_ids) for n in trace.nodes if n.token_ids is not None)
+    return {"ids on the nodes": str(ids), "lists": f"{lists / 1e6:.2f} MB",
+            "int and float objects": f"{len(objects)} ({sum(objects.values()) / 1e6:.2f} MB)",
+            "in all": f"{(lists + sum(objects.values())) / 1e6:.2f} MB"}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--turns", type=int, default=300)
@@ -96,6 +118,8 @@ def main() -> int:
     ap.add_argument("--collect-tokens", action="store_true",
                     help="the session collects token ids; the answer is vLLM's, with the prompt's ids")
     ap.add_argument("--stream", action="store_true", help="every answer streamed through the Tee's stream callable")
+    ap.add_argument("--memory", action="store_true",
+                    help="at the end, what the session keeps of its token ids and logprobs (objects and lists)")
     args = ap.parse_args()
     from provider import Reply, openai_chat, tokens
     from provider.turn import Turn
@@ -211,10 +235,14 @@ def main() -> int:
         if args.collect_tokens and args.mode == "rollout" and len(trace.branches[0].token_ids or ()) != len(ids) + len(
                 tokens.split(reply)):
             raise SystemExit("the trace's branch does not hold every token id")
+        if args.memory:
+            kept = token_memory(trace, session)
         script.registry.seal_all("bench")
         script.registry.store.close()
     shutil.rmtree(work, ignore_errors=True)
 
+    if args.memory:
+        print("what the live session kept of its tokens at the end: " + ", ".join(f"{k} {v}" for k, v in kept.items()))
     print(f"{args.mode}, {args.turns} requests, last body {len(payload) / 1e3:.0f} KB; CPU of this thread, us")
     for lo, hi in ((0, args.band), (args.turns - args.band, args.turns)):
         band = rows[lo:hi]

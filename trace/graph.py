@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from interceptor.trace.messages import Message, cached_hash, message_hash, restated_hash
 from interceptor.trace.model import MessageNode, Trace
+from interceptor.trace.shared import shared
 
 
 @dataclass
@@ -157,6 +158,13 @@ class Graph:
             consumed -= len(nodes[last].token_ids)
             tail = prompt_token_ids[consumed:]
 
+        if tail or type(prompt_token_ids) is KnownIds:
+            # Kept as long as the session lives: each id the process's one object (trace/shared.py),
+            # in the prompt's list too when the session keeps it for the next prompt
+            # (``KnownIds``: its first ``count`` are the nodes' already).
+            start = min(prompt_token_ids.count, consumed) if type(prompt_token_ids) is KnownIds else consumed
+            shared(prompt_token_ids, start)
+            tail = prompt_token_ids[consumed:]
         new = prompt[k:]
         for j, message in enumerate(new):
             ids = None
@@ -353,7 +361,7 @@ class Graph:
                 return cand
         node = MessageNode(
             parent=parent, message=reply, sampled=True, timestamp=now,
-            token_ids=token_ids,
+            token_ids=shared(token_ids),
             mask=[True] * len(token_ids) if token_ids is not None else None,
             logprobs=logprobs,
         )

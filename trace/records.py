@@ -56,6 +56,7 @@ from interceptor.trace.model import (
     Timing,
     Trace,
 )
+from interceptor.trace.shared import shared
 
 
 # An integer beyond msgpack's 64 bits is written as this extension type holding its decimal
@@ -173,6 +174,7 @@ def node_from_record(data: dict[str, Any]) -> tuple[int, MessageNode]:
     data = dict(data)
     index = data.pop("i")
     node = MessageNode.model_validate(data)
+    shared(node.token_ids)  # a trainer holds many traces' ids at once: one object per value
     if node.mask is None and node.token_ids is not None:
         node.mask = [node.sampled] * len(node.token_ids)
     return index, node
