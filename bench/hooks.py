@@ -183,6 +183,9 @@ def main() -> int:
                 "proxy-authorization": "Basic " + base64.b64encode(f"session:{session.model_secret}".encode()).decode()}
         messages = [{"role": "system", "content": "You are a patient assistant."}]
         filler = "x" * 20_000
+        # One connection for the rollout, as a harness's keep-alive client: each request on it
+        # settles the last answer's (Retry keeps a connection's answers until then).
+        conn = tflow.tclient_conn()
         for k in range(args.turns):
             if args.mode == "rollout":
                 said = f"{SECRET} " if args.hooks and k % 10 == 0 else ""
@@ -190,7 +193,7 @@ def main() -> int:
                 payload = json.dumps({"model": "gpt-4o", "messages": messages}).encode()
             else:
                 payload = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": f"{k} {filler}"}]}).encode()
-            flow = tflow.tflow(req=http.Request.make("POST", URL, payload, auth), client_conn=tflow.tclient_conn())
+            flow = tflow.tflow(req=http.Request.make("POST", URL, payload, auth), client_conn=conn)
             per.clear()
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             run("requestheaders", flow)
