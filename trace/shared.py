@@ -14,12 +14,14 @@ written of them; only where the objects live changes.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 #: Ids below this share an object (the largest vocabularies in use are ~262,000: Gemma's);
 #: the table costs 36 bytes an entry up to the largest id seen (~9.4 MB at 262,144).
 CAP = 1 << 19
-_TABLE: list[int] = list(range(257))  # the small ints CPython already shares
+_TABLE: list[int] = list(range(257))  # the small ints CPython already shares; _TABLE[i] is i
+_GROWING = threading.Lock()
 
 
 def shared(ids: Any, start: int = 0) -> Any:
@@ -41,7 +43,9 @@ def shared(ids: Any, start: int = 0) -> Any:
             return rest
         if not isinstance(high, int) or high >= CAP:
             return rest
-        _TABLE.extend(range(len(_TABLE), high + 1))
+        with _GROWING:  # two threads growing at once (read_trace in one) must not append twice
+            if high >= len(_TABLE):
+                _TABLE.extend(range(len(_TABLE), high + 1))
         out = _mapped(rest)
         if out is None:  # an id far below 0
             return rest
