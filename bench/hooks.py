@@ -90,7 +90,6 @@ def token_memory(trace, session) -> dict[str, str]:
     float objects in them, each object counted once (``sys.getsizeof``)."""
     lists = 0
     objects: dict[int, int] = {}
-    ids = 0
     kept = [getattr(p, "ids", None) for p in session.last_prompts]
     for values in [v for n in trace.nodes for v in (n.token_ids, n.mask, n.logprobs)] + kept:
         if values is None:

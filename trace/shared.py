@@ -3,9 +3,11 @@
 A ``collect_tokens`` session keeps every token id of its graph in memory while it lives (the
 nodes' ``token_ids``, and the list the next prompt extends, ``dialects/prompt_ids.py``). Each
 id a JSON parser makes is an int object of its own (CPython caches only -5..256): 28 bytes,
-plus the list's 8-byte pointer. At turn 300 of ``bench/rollout.py --collect-tokens`` (~95,000
-ids) that was 2.65 MB of int objects in one session, nearly half of all it kept for its
-tokens, though a vocabulary has at most a few hundred thousand distinct ids. So the ids a
+plus the list's 8-byte pointer. At turn 300 of ``bench/hooks.py --collect-tokens --memory``
+(~95,000 ids) that was 2.65 MB of int objects on the nodes and ~1.25 MB more in the kept
+prompt list (its restated replies' ids, parsed apart from the completions'): half of the
+7.72 MB the session kept for its tokens, though a vocabulary has at most a few hundred
+thousand distinct ids. So the ids a
 node is given are replaced, in place, by one shared object per value from a table that grows
 to the largest id seen (``CAP`` bounds it: an id past it, or below 0, stays as it is, so an
 upstream's odd id cannot make the table large). The values are equal and so is every record
