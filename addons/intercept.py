@@ -20,20 +20,20 @@ request takes the delivered content, so the graph holds what the model read and 
 from __future__ import annotations
 
 import bisect
-import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from interceptor.addons.hookrun import HookFailure, call, effective_request
-from interceptor.addons.memory import Chain, Copies, Handed, Remembered, digest, kept
+from interceptor.addons.memory import Chain, Copies, Handed, LastPass, Remembered, digest, kept
 from interceptor.dialects.base import RewriteError, Slot
 from interceptor.dialects.body import Edit
 from interceptor.trace.hooks import HookContext, HookSpec
 from interceptor.trace.ids import new_id
 from interceptor.trace.messages import Message, Request, copied, message_hash
 from interceptor.trace.model import Rewrite
+from interceptor.trace.prefix import alike, identical
 
 if TYPE_CHECKING:
     from interceptor.addons.exchange import Exchange
@@ -106,9 +106,6 @@ def _walk(ex: Exchange, messages: list[Message]) -> tuple[int, int | None]:
     return len(messages), parent
 
 
-_same = operator.is_
-
-
 class Undeliverable(Exception):
     """A remembered rewrite applies to a request it cannot be written into (a translated
     body, a dialect with no slot for the message): forwarding the original would let the
@@ -121,27 +118,35 @@ def remembered(ex: Exchange) -> None:
     a few dictionary lookups per message when it does: a tool result is looked up by its
     call id first, another message by its hash first, and only a message that may be an
     original has its chain made; the nodes come from the request's scan where it knows them
-    (each checked to be its message's child of the one before), else from the graph."""
+    (each checked to be its message's child of the one before), else from the graph. The
+    messages a request shares with the session's last one, as objects, get what they got
+    then (``LastPass``); only the rest are looked at."""
     memory = ex.session.memory
     if not memory or ex.request is None:
         return
     messages = list(ex.request.messages)
     recorder = ex.session.recorder
     others = bool(memory.others)
+    first = ex.prefix_len  # the messages before it a chain took from the record: not the body's
+    # Kept for the next request: the whole history as the harness sent it (no chain, nothing
+    # carried in from a warm-up), with the parents followed (``others``).
+    last, p = _going_on(ex, messages) if others and first == 0 and not ex.carried else (None, 0)
+    keeping, memory.last = last, None  # kept once this request's pass is through (not after an Undeliverable)
     nodes = recorder.scan_path(ex.listed, messages) if others else []
     stored = recorder.trace.nodes
-    first = ex.prefix_len  # the messages before it a chain took from the record: not the body's
-    slots: list[Slot | None] | None = None
-    parent: int | None = None
+    slots: Sequence[Slot | None] | None = None
+    parent: int | None = last.parents[p - 1] if p else None
     tail: list[str] = []
     on_graph = True  # every message so far is a node
-    changed = False
-    for i, message in enumerate(messages):
-        h = (message.__pydantic_private__["_hash"] or message_hash(message)) if others else None
+    changed = p > 0 and bool(last.hits)
+    for i in range(p, len(messages)):
+        message = sent = messages[i]
+        h = sent_hash = (message.__pydantic_private__["_hash"] or message_hash(message)) if others else None
         hit = None
         if i >= first and ((message.role == "tool" and message.tool_call_id) or memory.may_hold(h)):
             hit = memory.find(message, (parent, tuple(tail)), h)
-        if hit is not None and hit not in ex.carried:
+        delivered = hit is not None and hit not in ex.carried
+        if delivered:
             slots = slots_of(ex) if slots is None else slots
             if slots is None or slots[i] is None:
                 where = ("a translated body" if ex.translation is not None
@@ -172,11 +177,51 @@ def remembered(ex: Exchange) -> None:
                 node = recorder.child(parent, message)
         if node is not None:
             parent = node
+            if last is not None:
+                last.add(sent, node, sent_hash)
+                if delivered:
+                    last.hits.append((i, hit, hit.last[1], hit.last[2], messages[i]))
         else:
             on_graph = False
             tail.append(h)
+            last = None  # it keeps the leading nodes only
+    memory.last = keeping
     if changed:
         ex.request = ex.request.model_copy(update={"messages": messages})
+
+
+def _going_on(ex: Exchange, messages: list[Message]) -> tuple[LastPass, int]:
+    """The session's ``LastPass`` cut to the leading messages this request shares with
+    it (the same objects or equal ones, none of them the first message of a key remembered
+    since, each rewrite among them at the same slot), those rewrites delivered again into
+    ``messages`` and ``ex``; and how many messages it covers: where the caller's pass
+    begins. A new one and 0 when there is none to go on from."""
+    memory, recorder = ex.session.memory, ex.session.recorder
+    generation = recorder.prefixes.generation  # bumped by a rollback or a release
+    last = memory.last
+    if last is None or last.generation != generation:
+        return LastPass(generation, len(memory.log)), 0
+    p = alike(last.sent, messages)
+    for kind, key in memory.log[last.seen:]:  # a rewrite remembered since: from its key's first message on
+        at = (last.calls if kind == "call" else last.hashes).get(key)
+        if at is not None and at < p:
+            p = at
+    last.seen = len(memory.log)
+    slots: Sequence[Slot | None] | None = None
+    for i, _, slot, _, _ in last.hits:
+        if i >= p:
+            break
+        slots = slots_of(ex) if slots is None else slots
+        if slots is None or slots[i] != slot:  # the pass finds out what to do with it
+            p = i
+            break
+    last.cut(p)
+    last.sent[:p] = messages[:p]  # the objects the next request's scan hands back
+    for i, hit, _, edits, delivered in last.hits:
+        messages[i] = delivered
+        ex.edits += edits
+        ex.carried.append(hit)
+    return last, p
 
 
 def _deliver(ex: Exchange, slot: Slot, message: Message, hit: Remembered) -> Message:
@@ -279,8 +324,13 @@ def _given(current: Request, request: Request, known: int, before: Copies | None
     rest copied, without a lookup per message (~0.26 ms at turn 300 of ``bench/hooks.py
     --hooks``)."""
     stored = request.messages
-    if before is not None and len(before.stored) <= known and all(map(_same, before.stored, stored)):
-        held = before  # ``before`` was taken out of ``Handed``: its lists are this call's to grow
+    same = identical(before.stored, stored[:known]) if before is not None else 0
+    if before is not None and same >= len(before.stored) - 1:
+        # ``before`` was taken out of ``Handed``: its lists are this call's to grow. Its last
+        # message may be another object now: the first restatement of a reply is parsed anew,
+        # and the remembered list holds the node's own from then on (Recorder._as_held).
+        held = before
+        del held.stored[same:], held.copies[same:]
     else:  # another order (a fork, an edited history): by object, where it was handed one
         by_id = {id(m): c for m, c in zip(before.stored, before.copies)} if before is not None else {}
         held = Copies()  # ``before`` holds its messages alive: an id found is the same object

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from interceptor.trace.escape import utf8
-from interceptor.trace.messages import Message, Part, canonical_json, copied
+from interceptor.trace.messages import Message, Part, canonical_json, copied, message_hash
 from interceptor.trace.model import Rewrite, Trace
 
 KEEP_BYTES = 64 * 1024  # intercept_rewrite_keep_bytes' default
@@ -93,6 +93,10 @@ class Memory:
     _tool_ids: set[str] = field(default_factory=set, repr=False)
     # The message hashes ``others`` holds a rewrite under, whatever the chain.
     _other_hashes: set[str] = field(default_factory=set, repr=False)
+    # Every key a rewrite was remembered under, in order: ("call", a tool call id) or
+    # ("hash", an original's message hash). ``LastPass`` reads what was added since it was made.
+    log: list[tuple[str, str]] = field(default_factory=list, repr=False)
+    last: LastPass | None = field(default=None, repr=False)  # the last request's (intercept.remembered)
 
     def __bool__(self) -> bool:
         return bool(self.tools or self.others or self.by_call)
@@ -123,9 +127,16 @@ class Memory:
         if key is not None:
             self.tools[key] = entry
             self._tool_ids.add(key[0])
+            self.log.append(("call", key[0]))
         else:
             self.others[(chain, original_hash)] = entry
             self._other_hashes.add(original_hash)
+            self.log.append(("hash", original_hash))
+
+    def decide(self, tool_call_id: str, entry: Remembered) -> None:
+        """The tool route's decision for a call, whatever result the harness sends for it."""
+        self.by_call[tool_call_id] = entry
+        self.log.append(("call", tool_call_id))
 
     def settle(self, entries: list[Remembered], trace: Trace) -> None:
         """After a commit: a message keyed by a chain is now a node, so its plain key is
@@ -136,6 +147,56 @@ class Memory:
                 continue
             if node < len(trace.nodes):
                 self.others.setdefault(((trace.nodes[node].parent, ()), entry.original_hash), entry)
+                self.log.append(("hash", entry.original_hash))
+
+
+@dataclass(slots=True, eq=False)
+class LastPass:
+    """What ``intercept.remembered`` made of a session's last request, kept for the next.
+
+    A harness restates its history: the next request's leading messages are this one's
+    (mostly the very objects its scan made, trace/prefix.py), and they were nodes, under the
+    same parents, then. The rewrites delivered among them are delivered again, and nothing
+    else of them is looked at: looking up every message of the history was ~1 ms a turn at
+    turn 300 of ``bench/hooks.py --hooks`` (600 messages, a Python pass over each; issue 16).
+    What can make a shared message's answer differ is checked instead: a rewrite remembered
+    since (``Memory.log``, against the first message of its key here), a graph rolled back
+    or released (the prefixes' ``generation``), a slot elsewhere in the body (each rewrite's
+    is compared).
+
+    Only the leading messages that were nodes are kept: the rest may have become nodes, or
+    originals of a rewrite, since. ``sent[i]`` is message i as the request sent it and
+    ``parents[i]`` its node."""
+
+    generation: int  # the recorder's ``prefixes.generation`` when made
+    seen: int = 0  # how much of ``Memory.log`` was taken into account
+    sent: list[Message] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    # The rewrites delivered among them, in order: the position, the rewrite, the slot, the
+    # edits that wrote it and the message delivered (``Remembered.last``'s).
+    hits: list[tuple[int, Remembered, Any, list[Any], Message]] = field(default_factory=list)
+    hashes: dict[str, int] = field(default_factory=dict)  # message hash (as sent) -> first position
+    calls: dict[str, int] = field(default_factory=dict)  # tool call id -> first position
+
+    def add(self, sent: Message, node: int, sent_hash: str) -> None:
+        i = len(self.sent)
+        self.sent.append(sent)
+        self.parents.append(node)
+        self.hashes.setdefault(sent_hash, i)
+        if sent.role == "tool" and sent.tool_call_id:
+            self.calls.setdefault(sent.tool_call_id, i)
+
+    def cut(self, p: int) -> None:
+        """Keep the first ``p`` positions."""
+        for i, message in enumerate(self.sent[p:], p):
+            h = message_hash(message)  # cached on the message: ``add`` was given it
+            if self.hashes.get(h) == i:
+                del self.hashes[h]
+            if message.role == "tool" and self.calls.get(message.tool_call_id) == i:
+                del self.calls[message.tool_call_id]
+        del self.sent[p:], self.parents[p:]
+        while self.hits and self.hits[-1][0] >= p:
+            self.hits.pop()
 
 
 @dataclass(slots=True)

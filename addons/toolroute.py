@@ -162,7 +162,7 @@ class ToolRoute:
         record = rewrite_record(tool, new, names, memory.keep_bytes if body.phase == "after" else 0,
                                 by=TOOL_ROUTE, reason=action)
         entry = Remembered(record, new.content, new.is_error, message_hash(tool))
-        memory.by_call[body.tool_call_id] = entry
+        memory.decide(body.tool_call_id, entry)
         return self._answer(entry), names
 
     @staticmethod

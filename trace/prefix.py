@@ -29,6 +29,8 @@ ours.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from dataclasses import dataclass, field
 from collections.abc import Iterable
 from typing import Any
@@ -217,3 +219,21 @@ def touches(overrides: Iterable[Any], key: str) -> bool:
     """Whether any of ``overrides`` (objects with a dotted ``key``) changed the list ``key``:
     its elements may then have been changed in place, and must not be shared."""
     return any(o.key.split(".", 1)[0] == key for o in overrides)
+
+
+def identical(a: list[Any], b: list[Any]) -> int:
+    """The index of the first item that is not the same object in ``a`` and ``b`` (the
+    shorter one's length if there is none), in one pass in C that reads no item: a restated
+    history is mostly the very objects its last request's scan made (issue 16)."""
+    return next(itertools.compress(itertools.count(), map(operator.is_not, a, b)), min(len(a), len(b)))
+
+
+def alike(a: list[Any], b: list[Any]) -> int:
+    """The index of the first item that is neither the same object in ``a`` and ``b`` nor
+    equal (the shorter one's length if there is none): ``identical``'s pass in C, and an
+    equality test in Python only where the objects differ (a restated reply parsed anew,
+    a lead message the scan does not keep)."""
+    for k in itertools.compress(itertools.count(), map(operator.is_not, a, b)):
+        if a[k] != b[k]:
+            return k
+    return min(len(a), len(b))
