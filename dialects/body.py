@@ -40,6 +40,10 @@ class Edit:
     path: tuple[str | int, ...]
     value: Any
     run: tuple[int, int] | None = None
+    # The message list's element this edit was last the only one in, as it was and as written:
+    # a remembered rewrite's edits are handed to every later request that restates the
+    # original (addons/intercept.py), whose element is then the same text, written the same.
+    made: tuple[str, str] | None = field(default=None, compare=False, repr=False)
 
     def apply(self, data: Any, fresh: set[int] | None = None) -> None:
         """Make the same change in the parsed ``data`` (a dict of the body's keys). Every
@@ -171,9 +175,17 @@ def _splice_listed(text: str, start: int, ends: list[int], edits: list[tuple[tup
         if mine is None:
             out.append(",".join(_dumps(v) for v in run.value))
             copied = start + ends[run.run[1] - 1]
-        else:
-            value, copied = _splice(text, begin, mine)
-            out.append(value)
+            continue
+        end = start + ends[k]
+        made = mine[0][1].made if len(mine) == 1 else None
+        if made is not None and len(made[0]) == end - begin and text.startswith(made[0], begin):
+            out.append(made[1])  # the same element with the same edit: the same text (~15 us an edit less)
+            copied = end
+            continue
+        value, copied = _splice(text, begin, mine)
+        out.append(value)
+        if len(mine) == 1 and copied == end:
+            mine[0][1].made = (text[begin:end], value)
     close = _skip(text, start + ends[-1])
     out.append((copied, close + 1))
 
