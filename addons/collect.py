@@ -562,8 +562,9 @@ class Collect:
         for key in added:
             ex.overrides.append(Override(key, body.get(key), True, REASON))
             body[key] = True
-        content = None if present else with_true_keys(flow.request.content or b"", added)
-        flow.request.content = content if content is not None else _dumps(body)
+        if not ex.unwritten:  # else Stops writes the body, these keys with the rest (Exchange.unwritten)
+            content = None if present else with_true_keys(flow.request.content or b"", added)
+            flow.request.content = content if content is not None else _dumps(body)
         # Plain bytes back, so events can be cut and rewritten as they pass.
         flow.request.headers["accept-encoding"] = "identity"
         ex.call_id = ex.call_id or new_id()  # the rewrite record names the call

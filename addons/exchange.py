@@ -117,6 +117,11 @@ class Exchange:
     parsed: Body | None = None
     carried: list[Remembered] = field(default_factory=list)  # the rewrites this request carries
     edits: list[Edit] = field(default_factory=list)  # where they go in the body (``parsed``)
+    # The body's overrides are not in ``flow.request.content`` yet: Stops writes them with the
+    # hooks' edits, as one body (a hooked model request; writing it twice, a copy of the whole
+    # history each, was ~0.1 ms at turn 300). Until then the content is the harness's bytes,
+    # and only a flow Stops admitted (``Step.ADMITTED``) may leave.
+    unwritten: bool = False
     # For sessions with response hooks only: the answer held back until they decide (Hold).
     hold: Held | None = None
 

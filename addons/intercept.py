@@ -437,12 +437,13 @@ def rewrite_record(old: Message, new: Message, hooks: list[str], keep: int, *, b
 
 
 def spliced(ex: Exchange) -> bytes | None:
-    """The body with the edits in, or None if there are none: the keys the overrides (and
-    Collect) changed written from the parsed body, the edited values written anew, every
-    other byte the harness's. The edits reach the parsed body only now, last in the body
-    first, so a run of blocks replaced by more or fewer never shifts an index still to come
-    (each edit's path is into the body as the harness sent it)."""
-    if not ex.edits or ex.parsed is None or ex.body is None:
+    """The body with the edits in, or None if there are none and the body is written
+    already (``Exchange.unwritten``): the keys the overrides (and Collect) changed written
+    from the parsed body, the edited values written anew, every other byte the harness's.
+    The edits reach the parsed body only now, last in the body first, so a run of blocks
+    replaced by more or fewer never shifts an index still to come (each edit's path is into
+    the body as the harness sent it)."""
+    if ex.parsed is None or ex.body is None or not (ex.edits or ex.unwritten and ex.overrides):
         return None
     fresh: set[int] = set()  # the containers copied on the way so far
     for edit in sorted(ex.edits, key=lambda e: (*e.path, *(e.run or ())), reverse=True):

@@ -93,7 +93,7 @@ def _depth(text: str) -> int:
 def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path: str = "",
             translated: Translation | None = None, refused: Refused | None = None,
             prefixes: Prefixes | None = None, recorded: Callable[[str], bool] | None = None,
-            cap: int | None = None) -> Prepared:
+            cap: int | None = None, write: bool = True) -> Prepared:
     """Parse, understand and rewrite one request body. Pure, so that a large body can be
     handled in a worker thread while the event loop keeps serving other sessions. A changed
     body is spliced: only the top-level keys an override names are written anew, the
@@ -116,9 +116,12 @@ def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path
 
     The session's network policy is applied first, in the harness's dialect (before any
     translation): ``recorded`` says whether a provider-held answer id is one this session
-    recorded (such a chain is kept)."""
+    recorded (such a chain is kept).
+
+    ``write`` False: a model request's changed body is left to its caller to write
+    (``Exchange.unwritten``); ``content`` is then None, ``parsed`` and ``overrides`` say it."""
     try:
-        return _prepare(raw, dialect, kind, config, path, translated, refused, prefixes, recorded, cap)
+        return _prepare(raw, dialect, kind, config, path, translated, refused, prefixes, recorded, cap, write)
     except RecursionError:
         return Prepared(refusal="request body is nested too deeply to be read; no model API "
                                 "accepts JSON nested hundreds of levels deep")
@@ -128,7 +131,7 @@ def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path
 
 def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path: str,
              translated: Translation | None, refused: Refused | None, prefixes: Prefixes | None,
-             recorded: Callable[[str], bool] | None, cap: int | None) -> Prepared:
+             recorded: Callable[[str], bool] | None, cap: int | None, write: bool) -> Prepared:
     listed = dialect.message_list if kind == "model" else None
     try:
         parsed = parse_body(raw, listed, prefixes if listed else None)
@@ -166,7 +169,7 @@ def _prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, pat
             out.overrides += dialect.clamp_max_tokens(body, cap)
     else:
         out.overrides = _network(out, dialect, body, config, recorded) + dialect.side_overrides(body, config.model)
-    if out.overrides:
+    if out.overrides and (write or out.request is None):
         out.content = parsed.encode({o.key.split(".", 1)[0] for o in out.overrides})
     return out
 
@@ -269,9 +272,11 @@ class Rewrite:
         recorder = ex.session.recorder
         prefixes = recorder.prefixes
         config = ex.session.config
+        # A hooked model request's body is written once, by Stops, with the hooks' edits.
+        write = not (hooked and ex.translation is None)
         args = (raw, ex.dialect, ex.route.kind, config, flow.request.path, ex.translation, self.refused,
                 prefixes, lambda rid: recorder.conversation(rid) is not None,
-                output_cap(config.limits, recorder.trace))
+                output_cap(config.limits, recorder.trace), write)
         prepared = await asyncio.to_thread(prepare, *args) if len(raw) > OFF_LOOP else prepare(*args)
         if prepared.refusal is not None:
             refuse(flow, error_response(ex.dialect, 400, prepared.refusal))
@@ -293,6 +298,7 @@ class Rewrite:
         ex.body = prepared.body
         if hooked and prepared.request is not None and prepared.source is None:
             ex.parsed = prepared.parsed  # kept only where a hook may splice into it (not a translation)
+            ex.unwritten = not write
         ex.stream = prepared.stream
         ex.requested_model = prepared.requested_model
         if prepared.search_only:

@@ -147,6 +147,7 @@ class Stops:
             content = intercept.spliced(ex)
             if content is not None:
                 flow.request.content = content
+                ex.unwritten = False
             ex.done |= Step.ADMITTED
             return
         flow.response = json_response(400, refusal_body(ex, stop), headers={"x-interceptor-stop": stop.condition})
