@@ -116,6 +116,10 @@ class Exchange:
     # a rewrite splices in only what it changes.
     parsed: Body | None = None
     carried: list[Remembered] = field(default_factory=list)  # the rewrites this request carries
+    # What ``intercept.remembered`` found of ``request.messages`` on the graph: that list, how
+    # many leading messages are nodes, the node of the last, and the graph's node count and
+    # prefixes generation then (the hooks' ``_walk`` takes it while the graph is as it was).
+    walked: tuple[list[Message], int, int | None, int, int] | None = None
     edits: list[Edit] = field(default_factory=list)  # where they go in the body (``parsed``)
     # The body's overrides are not in ``flow.request.content`` yet: Stops writes them with the
     # hooks' edits, as one body (a hooked model request; writing it twice, a copy of the whole

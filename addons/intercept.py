@@ -93,9 +93,15 @@ def slots_of(ex: Exchange) -> Sequence[Slot | None] | None:
 
 def _walk(ex: Exchange, messages: list[Message]) -> tuple[int, int | None]:
     """The number of leading messages the graph holds, and the node of the last of them:
-    those the request's scan knows are checked against their nodes (``Recorder.held_path``),
-    only the rest are looked up one by one."""
+    what ``remembered`` found for these very messages while the graph has not changed since
+    (a pass over every node of the history, ~0.15 ms a hooked turn at turn 300, saved);
+    else those the request's scan knows are checked against their nodes
+    (``Recorder.held_path``), only the rest looked up one by one."""
     recorder = ex.session.recorder
+    walked = ex.walked
+    if (walked is not None and walked[0] is messages and walked[3] == len(recorder.trace.nodes)
+            and walked[4] == recorder.prefixes.generation):
+        return walked[1], walked[2]
     path = recorder.held_path(ex.listed, messages)
     parent = path[-1] if path else None
     for k in range(len(path), len(messages)):
@@ -138,6 +144,7 @@ def remembered(ex: Exchange) -> None:
     parent: int | None = last.parents[p - 1] if p else None
     tail: list[str] = []
     on_graph = True  # every message so far is a node
+    on, above = p, parent  # how many leading messages are nodes, and the last of them (once one is not)
     changed = p > 0 and bool(last.hits)
     for i in range(p, len(messages)):
         message = sent = messages[i]
@@ -177,17 +184,21 @@ def remembered(ex: Exchange) -> None:
                 node = recorder.child(parent, message)
         if node is not None:
             parent = node
+            on = i + 1
             if last is not None:
                 last.add(sent, node, sent_hash)
                 if delivered:
                     last.hits.append((i, hit, hit.last[1], hit.last[2], messages[i]))
         else:
-            on_graph = False
+            if on_graph:
+                on_graph, above = False, parent
             tail.append(h)
             last = None  # it keeps the leading nodes only
     memory.last = keeping
     if changed:
         ex.request = ex.request.model_copy(update={"messages": messages})
+    if others:
+        ex.walked = (ex.request.messages, on, parent if on_graph else above, len(stored), recorder.prefixes.generation)
 
 
 def _going_on(ex: Exchange, messages: list[Message]) -> tuple[LastPass, int]:

@@ -19,6 +19,7 @@ import json
 import textwrap
 
 import httpx
+import openai
 import pytest
 
 from interceptor.trace import read_trace
@@ -254,3 +255,38 @@ def test_a_hooked_request_carries_the_sessions_settings_whether_or_not_a_hook_re
     trace = read_trace(s["trace_path"])
     assert len(trace.branches) == 1 and problems(trace) == []
     check_branch_tokens(trace, vllm)
+
+
+MEDDLE = """
+from interceptor.hooks import Request, intercept
+
+@intercept
+def meddle(request: Request):
+    for m in request.messages:
+        if m.role == "user" and "SECRET" in m.text():
+            m.content = m.text().replace("SECRET", "[redacted]")
+    if request.messages[-1].text() == "now meddle":
+        request.messages[-2].content = "a reply the hook made up"  # the restated reply: a node already
+    return request
+"""
+
+
+def test_the_messages_a_hook_may_change_begin_after_the_last_node(session, msim, mproxy, tmp_path):
+    """In a session that remembers a rewrite (the pass ``remembered`` made is what the hooks'
+    walk takes), the first message a hook may change is the first one the graph does not
+    hold: changing the restated reply just before it is a hook error naming it as in the
+    conversation already, and nothing is forwarded."""
+    (tmp_path / "meddle.py").write_text(MEDDLE)
+    s = session(hooks={"module": str(tmp_path / "meddle.py")})
+    oai, _ = session_clients(s)
+    msim.script(Reply(text="one"), Reply(text="two"), Reply(text="never"))
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hello, SECRET"}]
+    for follow_up in ("go on", "now meddle"):
+        r = oai.chat.completions.create(model="gpt-4o", messages=messages)
+        messages += [{"role": "assistant", "content": r.choices[0].message.content},
+                     {"role": "user", "content": follow_up}]
+    with pytest.raises(openai.InternalServerError) as e:
+        oai.chat.completions.create(model="gpt-4o", messages=messages)
+    assert e.value.body["type"] == "hook_error"
+    assert "message 4 (assistant) is in the conversation already" in e.value.message
+    assert len(msim.model_requests()) == 2
