@@ -19,7 +19,7 @@ from interceptor.trace import ModelCall
 from interceptor.trace.ids import new_id
 from interceptor.trace.messages import Response, ResponseError, Sampling
 from interceptor.trace.model import Rewrite
-from interceptor.trace.prefix import touches
+from interceptor.trace.prefix import identical, touches
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,18 @@ def first_carried(ex: Exchange, call: ModelCall) -> list[Remembered]:
     return new
 
 
+def _held(ex: Exchange) -> int | None:
+    """How many leading messages of the request ``intercept.remembered`` found to be nodes,
+    if the graph has not changed since and the request still begins with those very
+    messages (a hook's rewrite makes a new list, of the same objects up to its first new
+    message); None when that is not known."""
+    walked, trace = ex.walked, ex.session.recorder.trace
+    if walked is None or walked[3] != len(trace.nodes) or walked[4] != ex.session.recorder.prefixes.generation:
+        return None
+    messages = ex.request.messages
+    return walked[1] if messages is walked[0] or identical(walked[0], messages) >= walked[1] else None
+
+
 def commit(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: ResponseError | None = None,
            *, status: int | None = None, delivered: Response | None = None, rewrite: Rewrite | None = None,
            withheld: ResponseError | None = None) -> None:
@@ -116,7 +128,7 @@ def commit(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: 
                 recorder.prefixes.clear()  # changed after Rewrite: its elements are not as sent
                 listed = None
             recorder.commit_turn(ex.request, response, call, listed, rewrites=rewrites,
-                                 delivered=delivered.message if delivered is not None else None)
+                                 delivered=delivered.message if delivered is not None else None, held=_held(ex))
             ex.turn = call.id
             if ex.prompt_read is not None and call.node is not None and response.prompt_token_ids is not None:
                 ex.session.remember_prompt(ex.prompt_read, call.node, response.prompt_token_ids)

@@ -183,6 +183,14 @@ def test_a_rewrite_remembered_since_the_last_request_applies_to_a_message_it_had
     assert [[m["content"] for m in r.json["messages"] if m["role"] == "tool"] for r in requests] == [
         [], ["a.txt"], [], ["a.txt"], ["decided by the route"]]
     assert all(r.json["messages"][0]["content"] == "[redacted]" for r in requests)
+    # The graph holds what each turn read: the last one's branch forks at the tool result.
+    assert mproxy.api("DELETE", f"sessions/{s['id']}")[0] == 200
+    trace = read_trace(s["trace_path"])
+    assert problems(trace) == []
+    read = {tuple(m.text() for m in b.messages if m.role == "tool") for b in trace.branches}
+    assert read == {(), ("a.txt",), ("decided by the route",)}
+    last = next(b for b in trace.branches if b.calls[-1] == trace.calls[-1].id)
+    assert [m.text() for m in last.messages if m.role == "tool"] == ["decided by the route"]
 
 
 def test_a_history_written_anew_each_turn_gets_its_own_bytes_back(session, msim, mproxy, tmp_path):

@@ -109,7 +109,7 @@ class Recorder:
 
     def commit_turn(self, request: Request, response: Response, call: ModelCall,
                     listed: Listed | None = None, rewrites: list[Rewrite] = (),
-                    delivered: Message | None = None) -> ModelCall:
+                    delivered: Message | None = None, held: int | None = None) -> ModelCall:
         """Add the turn's new nodes and its sampled reply, link ``call`` to the reply
         (``call.node``), fill what the call lacks from the response, append and record.
 
@@ -121,7 +121,9 @@ class Recorder:
         first carried by this request) follow the turn, each naming the node its
         ``position`` became. ``delivered``: what a response hook gave the harness instead of
         the sampled reply, a non-sampled sibling (``call.delivered_node``); a response
-        rewrite among ``rewrites`` is named after it."""
+        rewrite among ``rewrites`` is named after it. ``held``: how many leading messages
+        the caller found to be nodes on this graph as it is now (a hooked request's pass,
+        ``intercept.remembered``), so that they are not compared with their nodes again."""
         if self._released is not None:
             # The graph is gone (see ``release``); the exchange still goes on the record.
             call.error = call.error or ResponseError(
@@ -131,7 +133,7 @@ class Recorder:
         trace = self._trace
         mark = (len(trace.nodes), len(trace.calls), len(trace.tool_sets), self._last_tools)
         try:
-            record = self._turn(request, response, call, listed, delivered)
+            record = self._turn(request, response, call, listed, delivered, held)
             self._append(record, sync=self.fsync == "turn")
         except Exception as e:  # noqa: BLE001 - one bad exchange must not end the record
             # Atomic: the turn is in memory and queued for the file, or in neither and an
@@ -178,7 +180,8 @@ class Recorder:
             self.record_rewrite(rewrite)
 
     def _turn(self, request: Request, response: Response, call: ModelCall,
-              listed: Listed | None = None, delivered: Message | None = None) -> dict[str, Any]:
+              listed: Listed | None = None, delivered: Message | None = None,
+              held: int | None = None) -> dict[str, Any]:
         trace = self._trace
         messages = request.messages
         sent = _sent(listed, messages)
@@ -188,7 +191,7 @@ class Recorder:
         if listed is not None:
             known = self._known(listed, sent)
             if sent is not messages:  # what was delivered: the nodes hold it, or are not used
-                known = known[:self._held(messages, known)]
+                known = known[:held if held is not None else self._held(messages, known)]
         turn = self._graph.add_turn(
             messages,
             response.message,
