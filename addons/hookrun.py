@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from interceptor.trace.hooks import HookContext, HookSpec
-from interceptor.trace.messages import Message, Request
+from interceptor.trace.messages import Message, ReadOnly, Request
 
 if TYPE_CHECKING:
     from interceptor.addons.exchange import Exchange
@@ -98,6 +98,8 @@ async def call(spec: HookSpec, ctx: HookContext, value: Any = None) -> Any:
         if spec.is_async:
             return await spec.fn(**kwargs)
         return await asyncio.to_thread(spec.fn, **kwargs)
+    except ReadOnly as e:  # it changed a message the conversation holds: says which
+        raise HookFailure(spec, str(e)) from e
     except Exception as e:  # the evaluator's code: any error is a hook error
         raise HookFailure(spec, f"raised {type(e).__name__}: {e}") from e
 

@@ -31,7 +31,7 @@ from interceptor.dialects.base import RewriteError, Slot
 from interceptor.dialects.body import Edit
 from interceptor.trace.hooks import HookContext, HookSpec
 from interceptor.trace.ids import new_id
-from interceptor.trace.messages import Message, Request, copied, message_hash
+from interceptor.trace.messages import Message, Request, copied, message_hash, read_only
 from interceptor.trace.model import Rewrite
 from interceptor.trace.prefix import alike, identical
 
@@ -270,8 +270,11 @@ def _decided(ex: Exchange, message: Message) -> bool:
     return bool(by_call) and message.role == "tool" and message.tool_call_id in by_call
 
 
-def _check(spec: HookSpec, before: Request, after: Request, known: int) -> list[int]:
-    """The messages ``spec`` changed; HookFailure for any change a hook may not make."""
+def _check(spec: HookSpec, before: Request, after: Request, known: int,
+           handed: list[Message] | None = None) -> list[int]:
+    """The messages ``spec`` changed; HookFailure for any change a hook may not make.
+    ``handed``: the read-only copies the hook was handed of the first ``known`` messages;
+    those still in their places are unchanged, and are not compared."""
     if len(after.messages) != len(before.messages):
         raise HookFailure(spec, f"a request hook may not add or remove messages "
                                 f"({len(before.messages)} before, {len(after.messages)} after)")
@@ -279,7 +282,8 @@ def _check(spec: HookSpec, before: Request, after: Request, known: int) -> list[
         if getattr(after, name) != getattr(before, name):
             raise HookFailure(spec, f"a request hook may not change the request's {name}")
     changed: list[int] = []
-    for i, (b, a) in enumerate(zip(before.messages, after.messages)):
+    start = min(identical(after.messages, handed), known) if handed is not None else 0
+    for i, (b, a) in enumerate(zip(before.messages[start:], after.messages[start:]), start):
         if (a.__class__ is b.__class__ and a.__dict__ == b.__dict__) or a == b:
             continue  # Message.__eq__ compares the dicts: the same without a call per message
         where = f"message {i} ({b.role})"
@@ -318,22 +322,24 @@ async def run_hooks(specs: tuple[HookSpec, ...], ctx: HookContext, request: Requ
             result = given
         elif not isinstance(result, Request):
             raise HookFailure(spec, f"a request hook returns a Request or None, not {type(result).__name__}")
-        for i in _check(spec, current, result, known):
+        for i in _check(spec, current, result, known, copies.copies):
             changed_by.setdefault(i, []).append(spec)
-        if handed is not None:  # none of the stored messages changed: their copies are as made
+        if handed is not None:  # read-only: their copies are as made
             handed.by_hook[spec.name] = copies
         current = result
     return current, changed_by
 
 
-def _given(current: Request, request: Request, known: int, before: Copies | None) -> tuple[Request, Copies]:
+def _given(current: Request, request: Request, known: int, before: Copies | None,
+           read: bool = True) -> tuple[Request, Copies]:
     """A copy of ``current`` for a hook, and the copies of ``request``'s first ``known``
     messages in it (``Copies``): ``before``'s where they are of the same message object, new
     ones for the rest. ``current``'s first ``known`` messages are equal to ``request``'s (a
-    hook before that changed one failed). Usually ``before`` was handed for the same objects
-    in the same order and the request goes on from them: its lists are kept and only the
-    rest copied, without a lookup per message (~0.26 ms at turn 300 of ``bench/hooks.py
-    --hooks``)."""
+    hook before that changed one failed). Those copies are ``read_only`` (``read``; a
+    request hook may not change them, so they need no comparing afterwards); the rest are
+    plain. Usually ``before`` was handed for the same objects in the same order and the
+    request goes on from them: its lists are kept and only the rest copied, without a lookup
+    per message (~0.26 ms at turn 300 of ``bench/hooks.py --hooks``)."""
     stored = request.messages
     same = identical(before.stored, stored[:known]) if before is not None else 0
     if before is not None and same >= len(before.stored) - 1:
@@ -345,12 +351,15 @@ def _given(current: Request, request: Request, known: int, before: Copies | None
     else:  # another order (a fork, an edited history): by object, where it was handed one
         by_id = {id(m): c for m, c in zip(before.stored, before.copies)} if before is not None else {}
         held = Copies()  # ``before`` holds its messages alive: an id found is the same object
-        for message in stored[:known]:
+        for i, message in enumerate(stored[:known]):
+            copy = by_id.get(id(message))
+            if copy is None or read and copy.__pydantic_private__.get("_at") != i:  # it names its index
+                copy = read_only(message, i) if read else copied(message)
             held.stored.append(message)
-            held.copies.append(by_id.get(id(message)) or copied(message))
-    for message in stored[len(held.stored):known]:
-        held.stored.append(message)
-        held.copies.append(copied(message))
+            held.copies.append(copy)
+    for i in range(len(held.stored), known):
+        held.stored.append(stored[i])
+        held.copies.append(read_only(stored[i], i) if read else copied(stored[i]))
     messages = held.copies[:known]
     messages += [copied(m) for m in current.messages[known:]]
     given = copied(current.model_copy(update={"messages": []}))
@@ -370,7 +379,8 @@ def for_stops(ex: Exchange) -> Request | None:
     request = effective_request(ex)
     if request is None:
         return None
-    given, copies = _given(request, request, len(request.messages), ex.session.handed.by_hook.pop(STOPS, None))
+    given, copies = _given(request, request, len(request.messages), ex.session.handed.by_hook.pop(STOPS, None),
+                           read=False)
     ex.session.handed.by_hook[STOPS] = copies
     return given
 

@@ -216,13 +216,14 @@ class Handed:
 
     A hook is handed a copy of the request (it may change it in place, and the proxy's
     messages are the graph's), and copying a 600-message history every turn was ~10 ms at
-    turn 300 (issue 16). A message the graph holds may not change at all (any change is the
-    hook's error), so after a call that changed none of them, the same copies are handed to
-    that hook next turn, for the same message objects (a request's known messages are the
-    very objects its scan remembered, trace/prefix.py): only the new messages are copied.
-    The check that the hook changed no stored message compares each copy with its message
-    anyway, so a copy a hook changed later is caught before it is believed. A hook that
-    fails has its copies dropped."""
+    turn 300 (issue 16). A message the graph holds may not change at all, so a request
+    hook's copies of them are ``read_only`` (a change raises where it is made, the hook's
+    error) and the same copies are handed to that hook next turn, for the same message
+    objects (a request's known messages are the very objects its scan remembered,
+    trace/prefix.py): only the new messages are copied, and only they and a stored one the
+    hook replaced in the list are compared after the call. Request stops are handed plain
+    copies, each compared with its message after the stops (``kept_for_stops``). A hook
+    that fails has its copies dropped."""
 
     by_hook: dict[str, Copies] = field(default_factory=dict)
     # The copies the hooks' context was last handed of the branch (``HookContext.messages``).

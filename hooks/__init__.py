@@ -9,6 +9,6 @@ file can be imported and unit-tested on its own.
 """
 
 from interceptor.trace.hooks import HookContext, HookError, intercept, stop
-from interceptor.trace.messages import Message, Part, Request, Response
+from interceptor.trace.messages import Message, Part, ReadOnly, Request, Response
 
-__all__ = ["HookContext", "HookError", "Message", "Part", "Request", "Response", "intercept", "stop"]
+__all__ = ["HookContext", "HookError", "Message", "Part", "ReadOnly", "Request", "Response", "intercept", "stop"]

@@ -202,7 +202,11 @@ def test_only_the_changed_content_is_re_encoded(redacting, msim, mproxy):
 
 @pytest.mark.parametrize("change, says", [
     ("request.messages.append(Message(role='user', content='more'))", "may not add or remove messages"),
-    ("request.messages[0].content = 'a new task'", "is in the conversation already"),
+    ("request.messages[0].content = 'a new task'", "message 0 (user) is in the conversation already"),
+    ("request.messages[1].tool_calls[0].arguments = '{}'", "in the conversation already cannot change"),
+    ("request.messages[1].tool_calls.append(request.messages[1].tool_calls[0])", "in the conversation already"),
+    ("request.messages[0] = request.messages[0].model_copy(update={'content': 'a new task'})",
+     "message 0 (user) is in the conversation already"),
     ("request.messages[-1].tool_call_id = 'other'", "only content and is_error may change, not tool_call_id"),
     ("request.tools = []", "may not change the request's tools"),
     ("request.messages[-1].is_error = True", "chat has no error flag"),
@@ -235,7 +239,7 @@ def test_what_a_hook_may_not_change_is_a_hook_error(session, msim, mproxy, tmp_p
 
 KEEPER = """
 import json, pathlib
-from interceptor.hooks import HookContext, Request, intercept
+from interceptor.hooks import HookContext, ReadOnly, Request, intercept
 
 kept = []
 
@@ -243,21 +247,26 @@ kept = []
 def keeper(request: Request, ctx: HookContext):
     log = pathlib.Path(ctx.config["log"])
     first = request.messages[0]
-    n = len(log.read_text().splitlines())
+    n = len([line for line in log.read_text().splitlines() if "call" in line])
     seen = [i for i, m in enumerate(kept) if m is first]
     with log.open("a") as f:
         f.write(json.dumps({"call": n, "same_as": seen}) + "\\n")
-    if n == ctx.config["meddle_at"]:
-        kept[-1].content = "a task the hook made up"  # a copy it was handed on the call before
     kept.append(first)
+    if n == ctx.config["meddle_at"]:
+        try:
+            kept[-2].content = "a task the hook made up"  # a copy it was handed on the call before
+        except ReadOnly as e:
+            with log.open("a") as f:
+                f.write(json.dumps({"refused": str(e)}) + "\\n")
+            raise
 """
 
 
 def test_a_hook_is_handed_the_same_copies_and_a_changed_one_is_caught(session, msim, mproxy, tmp_path):
     """Each turn a hook is handed the same copies of the messages the graph holds (only the
-    new ones are copied anew); one it changed after it was handed them is caught as the
-    hook's error when it is handed again, and the next call gets fresh copies. The model
-    only ever reads the harness's messages."""
+    new ones are copied anew), read-only: changing one, even one handed on an earlier call,
+    raises ``ReadOnly`` where it is changed, the hook's error, and the next call gets fresh
+    copies. The model only ever reads the harness's messages."""
     log = tmp_path / "keeper.log"
     log.write_text("")
     s = session(hooks={"module": hooks_file(tmp_path, KEEPER, "keeper_hooks.py"),
@@ -265,10 +274,13 @@ def test_a_hook_is_handed_the_same_copies_and_a_changed_one_is_caught(session, m
     oai, _ = session_clients(s)
     msim.script(*[Reply(text=f"answer {k}") for k in range(6)])
     chat_turns(oai, "the task", 6)
-    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
     # Call 0 has no stored message; from call 2 on the first message is a copy handed before
-    # (the one call 1 was handed), until call 3 broke it; call 4 has fresh ones.
-    assert [c["same_as"] for c in calls] == [[], [], [1], [1, 2], [], [4]]
+    # (the one call 1 was handed), until call 3 tried to change it; call 4 has fresh ones.
+    assert [c["same_as"] for c in lines if "call" in c] == [[], [], [1], [1, 2], [], [4]]
+    assert [c["refused"] for c in lines if "refused" in c] == [
+        "message 0 (user) is in the conversation already; a request hook may change only the new user and "
+        "tool messages"]
     assert [r.json["messages"][0]["content"] for r in msim.model_requests()] == ["the task"] * 6
     trace = sealed(mproxy, s)
     assert [c.error is None for c in trace.calls] == [True] * 6  # pass: the request went on
