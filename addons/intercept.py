@@ -136,8 +136,10 @@ def remembered(ex: Exchange) -> None:
     first = ex.prefix_len  # the messages before it a chain took from the record: not the body's
     # Kept for the next request: the whole history as the harness sent it (no chain, nothing
     # carried in from a warm-up), with the parents followed (``others``).
-    last, p = _going_on(ex, messages) if others and first == 0 and not ex.carried else (None, 0)
-    keeping, memory.last = last, None  # kept once this request's pass is through (not after an Undeliverable)
+    keep = others and first == 0 and not ex.carried and bool(messages)
+    key = message_hash(messages[0]) if keep else None  # the conversation's (``Memory.passes``)
+    last, p = _going_on(ex, messages, memory.take_pass(key)) if keep else (None, 0)
+    keeping = last  # kept once this request's pass is through (not after an Undeliverable)
     nodes = recorder.scan_path(ex.listed, messages) if others else []
     stored = recorder.trace.nodes
     slots: Sequence[Slot | None] | None = None
@@ -194,22 +196,22 @@ def remembered(ex: Exchange) -> None:
                 on_graph, above = False, parent
             tail.append(h)
             last = None  # it keeps the leading nodes only
-    memory.last = keeping
+    if keeping is not None:
+        memory.keep_pass(key, keeping)
     if changed:
         ex.request = ex.request.model_copy(update={"messages": messages})
     if others:
         ex.walked = (ex.request.messages, on, parent if on_graph else above, len(stored), recorder.prefixes.generation)
 
 
-def _going_on(ex: Exchange, messages: list[Message]) -> tuple[LastPass, int]:
-    """The session's ``LastPass`` cut to the leading messages this request shares with
+def _going_on(ex: Exchange, messages: list[Message], last: LastPass | None) -> tuple[LastPass, int]:
+    """The conversation's ``LastPass`` cut to the leading messages this request shares with
     it (the same objects or equal ones, none of them the first message of a key remembered
     since, each rewrite among them at the same slot), those rewrites delivered again into
     ``messages`` and ``ex``; and how many messages it covers: where the caller's pass
     begins. A new one and 0 when there is none to go on from."""
     memory, recorder = ex.session.memory, ex.session.recorder
     generation = recorder.prefixes.generation  # bumped by a rollback or a release
-    last = memory.last
     if last is None or last.generation != generation:
         return LastPass(generation, len(memory.log)), 0
     p = alike(last.sent, messages)

@@ -34,6 +34,7 @@ from interceptor.trace.messages import Message, Part, canonical_json, copied, me
 from interceptor.trace.model import Rewrite, Trace
 
 KEEP_BYTES = 64 * 1024  # intercept_rewrite_keep_bytes' default
+PASSES = 8  # conversations a session keeps a LastPass for
 
 
 def content_text(content: str | list[Part]) -> str:
@@ -96,7 +97,17 @@ class Memory:
     # Every key a rewrite was remembered under, in order: ("call", a tool call id) or
     # ("hash", an original's message hash). ``LastPass`` reads what was added since it was made.
     log: list[tuple[str, str]] = field(default_factory=list, repr=False)
-    last: LastPass | None = field(default=None, repr=False)  # the last request's (intercept.remembered)
+    # The last request's pass of each conversation (``intercept.remembered``), by the hash of
+    # its first message: a main agent and its sub-agents take turns on one session.
+    passes: dict[str | None, LastPass] = field(default_factory=dict, repr=False)
+
+    def take_pass(self, key: str | None) -> LastPass | None:
+        return self.passes.pop(key, None)
+
+    def keep_pass(self, key: str | None, last: LastPass) -> None:
+        self.passes[key] = last
+        while len(self.passes) > PASSES:
+            del self.passes[next(iter(self.passes))]  # the conversation heard from least lately
 
     def __bool__(self) -> bool:
         return bool(self.tools or self.others or self.by_call)
@@ -159,7 +170,9 @@ class LastPass:
     same parents, then. The rewrites delivered among them are delivered again, and nothing
     else of them is looked at: looking up every message of the history was ~1 ms a turn at
     turn 300 of ``bench/hooks.py --hooks`` (600 messages, a Python pass over each; issue 16).
-    What can make a shared message's answer differ is checked instead: a rewrite remembered
+    One is kept per conversation of the session (``Memory.passes``, by its first message):
+    a main agent and the sub-agents it starts take turns. What can make a shared message's
+    answer differ is checked instead: a rewrite remembered
     since (``Memory.log``, against the first message of its key here), a graph rolled back
     or released (the prefixes' ``generation``), a slot elsewhere in the body (each rewrite's
     is compared).

@@ -298,3 +298,32 @@ def test_the_messages_a_hook_may_change_begin_after_the_last_node(session, msim,
     assert e.value.body["type"] == "hook_error"
     assert "message 4 (assistant) is in the conversation already" in e.value.message
     assert len(msim.model_requests()) == 2
+
+
+def test_a_main_agent_and_its_sub_agent_take_turns(session, msim, mproxy, tmp_path):
+    """Two conversations on one session, turn about (a main agent and a sub-agent it
+    started, each with its own system prompt), each redacted every other turn: every request
+    of either reads each redaction at its place and no SECRET, the hook is shown each
+    original once, and the trace holds the two conversations, one branch each."""
+    s, log = _redacting(session, tmp_path)
+    oai, _ = session_clients(s)
+    msim.script(*[Reply(text=f"reply {k}") for k in range(16)])
+    agents = {name: [{"role": "system", "content": f"You are the {name} agent."}] for name in ("main", "sub")}
+    texts = []
+    for k in range(16):
+        messages = agents["main" if k % 2 == 0 else "sub"]
+        messages.append({"role": "user", "content": f"turn {k}: SECRET {k}" if k % 4 < 2 else f"turn {k}"})
+        texts.append([m["content"] for m in messages if m["role"] == "user"])
+        r = oai.chat.completions.create(model="gpt-4o", messages=messages)
+        messages.append({"role": "assistant", "content": r.choices[0].message.content})
+    requests = msim.model_requests()
+    originals = []
+    for k, (request, sent) in enumerate(zip(requests, texts)):
+        assert "SECRET" not in json.dumps(request.json), k
+        assert texts_of(request.json) == [t.replace("SECRET", REDACTED) for t in sent], k
+        originals += [t for t in sent if "SECRET" in t and t not in originals]
+    assert [json.loads(line) for line in log.read_text().splitlines()] == originals
+    assert mproxy.api("DELETE", f"sessions/{s['id']}")[0] == 200
+    trace = read_trace(s["trace_path"])
+    assert len(trace.branches) == 2 and problems(trace) == []
+    assert len(trace.request_rewrites) == len(originals) == 8
