@@ -36,8 +36,10 @@ that streams SSE through, as the proxy does).
 Each proxy session imposes a model (so every request is rewritten, as in an evaluation).
 Per turn and path: the wall time of the request, and the CPU time all of the mitmdump
 process's threads used (``/proc/<pid>/task/*/schedstat``) from just before the request to
-5 ms after the answer (the trace writer's share lands in that window). Reported: CPU per
-turn in bands of turns, the ratio of the last band to the first, and the latency each proxy
+5 ms after the answer (the trace writer's share lands in that window), and the minor page
+faults the process took in that window (``/proc/<pid>/stat``: pages touched for the first
+time, a fresh block's). Reported: CPU per turn in bands of turns, the ratio of the last band
+to the first, the page faults per turn, and the latency each proxy
 adds to direct (p50 and p99 per band); then, paired turn by turn, this checkout minus each
 other path in the first and last band (CPU and latency: the same request through both within
 a second, so a shared machine's load mostly cancels; the A/B figure to read). Afterwards each proxy's trace is read back: one
@@ -124,6 +126,12 @@ def load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def minflt(pid: int) -> int:
+    """The process's minor page faults so far, all threads (``/proc/<pid>/stat``, field 10)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
 def quantile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -179,6 +187,7 @@ def main() -> int:
         procs["env"] = MitmProcess(workdir=work / "env", options=opts, env={**env, name: value})
     names = ["direct", *procs]
     cpu: dict[str, list[int]] = {n: [] for n in procs}
+    faults: dict[str, list[int]] = {n: [] for n in procs}
     lat: dict[str, list[float]] = {n: [] for n in names}
     loads = [load()]
     try:
@@ -227,12 +236,14 @@ def main() -> int:
                 for n in order:
                     pid = procs[n].proc.pid if n in procs else None
                     before_ns = cpu_ns(pid) if pid else None
+                    before_faults = minflt(pid) if pid else None
                     t0 = time.perf_counter()
                     got = send(n, payload if n in sessions else asked, sessions[n]["model_secret"] if n in sessions else "sk-unused")
                     lat[n].append(time.perf_counter() - t0)
                     if pid:
                         time.sleep(0.005)
                         cpu[n].append(cpu_between(before_ns, cpu_ns(pid)))
+                        faults[n].append(minflt(pid) - before_faults)
                     assert got == reply, (n, got[:60])
                 messages.append({"role": "assistant", "content": reply})
                 if k % 50 == 49:
@@ -276,6 +287,11 @@ def main() -> int:
             medians.append(statistics.median(xs))
             cells.append(f"{medians[-1]:.2f} ({quantile(xs, 0.1):.2f}-{quantile(xs, 0.9):.2f})")
         print(f"| {n} | " + " | ".join(cells) + f" | {medians[-1] / medians[0]:.2f} |")
+    print()
+    print("| minor page faults per turn: median | " + " | ".join(heads) + " |")
+    print("|---" * (len(heads) + 1) + "|")
+    for n in procs:
+        print(f"| {n} | " + " | ".join(f"{statistics.median(faults[n][lo:hi]):.0f}" for lo, hi in bands) + " |")
     print()
     print("| added latency over direct, ms: p50 / p99 | " + " | ".join(heads) + " | all turns |")
     print("|---" * (len(heads) + 2) + "|")
