@@ -318,7 +318,7 @@ async def run_hooks(specs: tuple[HookSpec, ...], ctx: HookContext, request: Requ
     current = request
     changed_by: dict[int, list[HookSpec]] = {}
     for spec in specs:
-        given, copies = _given(current, request, known, handed.by_hook.pop(spec.name, None) if handed else None)
+        given, copies = _given(current, request, known, handed.take(spec.name, request.messages) if handed else None)
         result = await call(spec, ctx, given)
         if result is None:
             result = given
@@ -327,7 +327,7 @@ async def run_hooks(specs: tuple[HookSpec, ...], ctx: HookContext, request: Requ
         for i in _check(spec, current, result, known, copies.copies):
             changed_by.setdefault(i, []).append(spec)
         if handed is not None:  # read-only: their copies are as made
-            handed.by_hook[spec.name] = copies
+            handed.keep(spec.name, request.messages, copies)
         current = result
     return current, changed_by
 
@@ -381,18 +381,19 @@ def for_stops(ex: Exchange) -> Request | None:
     request = effective_request(ex)
     if request is None:
         return None
-    given, copies = _given(request, request, len(request.messages), ex.session.handed.by_hook.pop(STOPS, None),
-                           read=False)
-    ex.session.handed.by_hook[STOPS] = copies
+    handed = ex.session.handed
+    given, copies = _given(request, request, len(request.messages), handed.take(STOPS, request.messages), read=False)
+    handed.keep(STOPS, request.messages, copies)
     return given
 
 
 def kept_for_stops(ex: Exchange) -> None:
     """After the request stops: their copies are kept only if every one is still its
     message's equal (a stop that changed one gets fresh copies next time)."""
-    copies = ex.session.handed.by_hook.get(STOPS)
+    messages = ex.request.messages if ex.request is not None else []
+    copies = ex.session.handed.kept(STOPS, messages)
     if copies and any(copy != stored for stored, copy in zip(copies.stored, copies.copies)):
-        ex.session.handed.by_hook.pop(STOPS, None)
+        ex.session.handed.take(STOPS, messages)
 
 
 async def rewrite(ex: Exchange, ctx: HookContext) -> None:

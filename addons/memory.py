@@ -35,6 +35,7 @@ from interceptor.trace.model import Rewrite, Trace
 
 KEEP_BYTES = 64 * 1024  # intercept_rewrite_keep_bytes' default
 PASSES = 8  # conversations a session keeps a LastPass for
+HANDED = 32  # (hook, conversation) pairs a session keeps a hook's copies for
 
 
 def content_text(content: str | list[Part]) -> str:
@@ -238,7 +239,26 @@ class Handed:
     copies, each compared with its message after the stops (``kept_for_stops``). A hook
     that fails has its copies dropped."""
 
-    by_hook: dict[str, Copies] = field(default_factory=dict)
+    # By hook and conversation (its first message's hash, as ``Memory.passes``): a main agent
+    # and its sub-agents take turns, and one set of copies a hook would be copied anew at
+    # every switch. Up to ``HANDED``, the least lately handed dropped first.
+    by_hook: dict[tuple[str, str | None], Copies] = field(default_factory=dict)
+
+    @staticmethod
+    def _key(name: str, messages: list[Message]) -> tuple[str, str | None]:
+        return name, message_hash(messages[0]) if messages else None
+
+    def take(self, name: str, messages: list[Message]) -> Copies | None:
+        """The copies hook ``name`` was last handed in this conversation, no longer kept."""
+        return self.by_hook.pop(self._key(name, messages), None)
+
+    def keep(self, name: str, messages: list[Message], copies: Copies) -> None:
+        self.by_hook[self._key(name, messages)] = copies
+        while len(self.by_hook) > HANDED:
+            del self.by_hook[next(iter(self.by_hook))]
+
+    def kept(self, name: str, messages: list[Message]) -> Copies | None:
+        return self.by_hook.get(self._key(name, messages))
     # The copies the hooks' context was last handed of the branch (``HookContext.messages``).
     _branch: dict[int, tuple[Message, Message]] = field(default_factory=dict, repr=False)
 

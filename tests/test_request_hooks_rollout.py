@@ -327,3 +327,38 @@ def test_a_main_agent_and_its_sub_agent_take_turns(session, msim, mproxy, tmp_pa
     trace = read_trace(s["trace_path"])
     assert len(trace.branches) == 2 and problems(trace) == []
     assert len(trace.request_rewrites) == len(originals) == 8
+
+
+SAME = """
+import json, pathlib
+from interceptor.hooks import HookContext, Request, intercept
+
+last = {}
+
+@intercept
+def same(request: Request, ctx: HookContext):
+    first = request.messages[0]
+    with pathlib.Path(ctx.config["log"]).open("a") as f:
+        f.write(json.dumps([first.content, last.get(first.content) is first]) + "\\n")
+    last[first.content] = first
+"""
+
+
+def test_each_conversation_keeps_its_hooks_copies(session, msim, mproxy, tmp_path):
+    """Turn about, a main agent and a sub-agent: a hook is handed, in each, the copies it was
+    handed in that conversation's last turn (not copies made anew at every switch)."""
+    log = tmp_path / "same.log"
+    (tmp_path / "same.py").write_text(SAME)
+    s = session(hooks={"module": str(tmp_path / "same.py"), "config": {"log": str(log)}})
+    oai, _ = session_clients(s)
+    msim.script(*[Reply(text=f"reply {k}") for k in range(8)])
+    agents = {name: [{"role": "system", "content": name}] for name in ("main", "sub")}
+    for k in range(8):
+        messages = agents["main" if k % 2 == 0 else "sub"]
+        messages.append({"role": "user", "content": f"turn {k}"})
+        r = oai.chat.completions.create(model="gpt-4o", messages=messages)
+        messages.append({"role": "assistant", "content": r.choices[0].message.content})
+    # A conversation's system prompt is new on its first turn (a plain copy) and stored from
+    # its second (a read-only copy made then); from its third on, the hook gets that copy.
+    assert [json.loads(line) for line in log.read_text().splitlines()] == [
+        ["main", False], ["sub", False]] * 2 + [["main", True], ["sub", True]] * 2
