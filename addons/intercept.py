@@ -224,6 +224,8 @@ def _going_on(ex: Exchange, messages: list[Message], last: LastPass | None) -> t
     for i, _, slot, _, _ in last.hits:
         if i >= p:
             break
+        if last.sent[i] is messages[i]:
+            continue  # the same element of a remembered list (trace/prefix.py): the same slot
         slots = slots_of(ex) if slots is None else slots
         if slots is None or slots[i] != slot:  # the pass finds out what to do with it
             p = i
@@ -343,13 +345,16 @@ def _given(current: Request, request: Request, known: int, before: Copies | None
     request goes on from them: its lists are kept and only the rest copied, without a lookup
     per message (~0.26 ms at turn 300 of ``bench/hooks.py --hooks``)."""
     stored = request.messages
-    same = identical(before.stored, stored[:known]) if before is not None else 0
+    same = alike(before.stored, stored[:known]) if before is not None else 0
     if before is not None and same >= len(before.stored) - 1:
         # ``before`` was taken out of ``Handed``: its lists are this call's to grow. Its last
-        # message may be another object now: the first restatement of a reply is parsed anew,
-        # and the remembered list holds the node's own from then on (Recorder._as_held).
+        # message may be another now: the first restatement of a reply is parsed anew, and
+        # the remembered list holds the node's own from then on (Recorder._as_held). An equal
+        # message that is another object (Anthropic's system prompt, parsed every turn) keeps
+        # its copy, which equals it.
         held = before
         del held.stored[same:], held.copies[same:]
+        held.stored[:] = stored[:same]
     else:  # another order (a fork, an edited history): by object, where it was handed one
         by_id = {id(m): c for m, c in zip(before.stored, before.copies)} if before is not None else {}
         held = Copies()  # ``before`` holds its messages alive: an id found is the same object
