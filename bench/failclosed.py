@@ -48,11 +48,14 @@ def before_rev() -> str:
 
 
 def package_dir(tree: Path, into: Path) -> Path:
-    """A directory that, on PYTHONPATH, makes ``interceptor`` the package in ``tree``."""
+    """A directory that, on PYTHONPATH, makes ``interceptor`` the package in ``tree``: every
+    subpackage of it (one left out is found in this checkout by the editable install, and
+    an old tree would run with this checkout's ``interceptor.hooks``)."""
     pkg = into / "interceptor"
     pkg.mkdir(parents=True)
-    for name in ("addons", "dialects", "trace", "scripts"):
-        (pkg / name).symlink_to(tree / name)
+    for name in ("addons", "client", "dialects", "hooks", "scripts", "trace"):
+        if (tree / name / "__init__.py").exists():
+            (pkg / name).symlink_to(tree / name)
     return into
 
 

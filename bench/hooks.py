@@ -77,7 +77,11 @@ def load_script():
     return module
 
 
-def answer(i: int, reply: str) -> bytes:
+def answer(i: int, reply: str, dialect: str = "chat") -> bytes:
+    if dialect == "anthropic":
+        return json.dumps({"id": f"msg_{i}", "type": "message", "role": "assistant", "model": MODEL,
+                           "content": [{"type": "text", "text": reply}], "stop_reason": "end_turn",
+                           "usage": {"input_tokens": 10, "output_tokens": 10}}).encode()
     return json.dumps({"id": f"chatcmpl-{i}", "object": "chat.completion", "created": 1, "model": MODEL,
                        "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
                                     "finish_reason": "stop"}],
@@ -117,9 +121,15 @@ def main() -> int:
     ap.add_argument("--collect-tokens", action="store_true",
                     help="the session collects token ids; the answer is vLLM's, with the prompt's ids")
     ap.add_argument("--stream", action="store_true", help="every answer streamed through the Tee's stream callable")
+    ap.add_argument("--dialect", choices=("chat", "anthropic"), default="chat",
+                    help="anthropic: Claude Code's shape (bench/rollout.py's request_body), a JSON answer; "
+                         "not with --collect-tokens or --stream")
     ap.add_argument("--memory", action="store_true",
                     help="at the end, what the session keeps of its token ids and logprobs (objects and lists)")
     args = ap.parse_args()
+    if args.dialect != "chat" and (args.collect_tokens or args.stream):
+        ap.error("--dialect anthropic is JSON answers without token ids")
+    from rollout import URLS, request_body
     from provider import Reply, openai_chat, tokens
     from provider.turn import Turn
     from trace_turns import template_ids
@@ -179,6 +189,7 @@ def main() -> int:
             loop.run_until_complete(phase(hook, flow))
 
         auth = {"authorization": f"Bearer {session.model_secret}", "content-type": "application/json",
+                "x-api-key": session.model_secret, "anthropic-version": "2023-06-01",
                 "proxy-authorization": "Basic " + base64.b64encode(f"session:{session.model_secret}".encode()).decode()}
         messages = [{"role": "system", "content": "You are a patient assistant."}]
         filler = "x" * 20_000
@@ -189,10 +200,11 @@ def main() -> int:
             if args.mode == "rollout":
                 said = f"{SECRET} " if args.hooks and k % 10 == 0 else ""
                 messages.append({"role": "user", "content": (f"turn {k}: {said}" + "please go on. " * (args.chunk // 14 + 1))[:args.chunk]})
-                payload = json.dumps({"model": "gpt-4o", "messages": messages}).encode()
+                payload = request_body(args.dialect, messages, k)
             else:
                 payload = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": f"{k} {filler}"}]}).encode()
-            flow = tflow.tflow(req=http.Request.make("POST", URL, payload, auth), client_conn=conn)
+            flow = tflow.tflow(req=http.Request.make("POST", URLS[args.dialect] if args.mode == "rollout" else URL,
+                                                     payload, auth), client_conn=conn)
             per.clear()
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             run("requestheaders", flow)
@@ -207,7 +219,7 @@ def main() -> int:
                 chunks = openai_chat.stream_events(turn)
                 flow.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
             else:
-                body = openai_chat.json_body(turn) if args.collect_tokens else answer(k, reply)
+                body = openai_chat.json_body(turn) if args.collect_tokens else answer(k, reply, args.dialect)
                 flow.response = http.Response.make(200, body, {"content-type": "application/json"})
             run("responseheaders", flow)
             if args.stream:
