@@ -125,8 +125,8 @@ def remembered(ex: Exchange) -> None:
     call id first, another message by its hash first, and only a message that may be an
     original has its chain made; the nodes come from the request's scan where it knows them
     (each checked to be its message's child of the one before), else from the graph. The
-    messages a request shares with the session's last one, as objects, get what they got
-    then (``LastPass``); only the rest are looked at."""
+    leading messages a request shares with its conversation's last one (the same objects,
+    or equal ones) get what they got then (``LastPass``); only the rest are looked at."""
     memory = ex.session.memory
     if not memory or ex.request is None:
         return
@@ -337,8 +337,8 @@ async def run_hooks(specs: tuple[HookSpec, ...], ctx: HookContext, request: Requ
 def _given(current: Request, request: Request, known: int, before: Copies | None,
            read: bool = True) -> tuple[Request, Copies]:
     """A copy of ``current`` for a hook, and the copies of ``request``'s first ``known``
-    messages in it (``Copies``): ``before``'s where they are of the same message object, new
-    ones for the rest. ``current``'s first ``known`` messages are equal to ``request``'s (a
+    messages in it (``Copies``): ``before``'s where they are of the same message object (or,
+    in the leading run, an equal one), new ones for the rest. ``current``'s first ``known`` messages are equal to ``request``'s (a
     hook before that changed one failed). Those copies are ``read_only`` (``read``; a
     request hook may not change them, so they need no comparing afterwards); the rest are
     plain. Usually ``before`` was handed for the same objects in the same order and the

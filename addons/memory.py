@@ -164,7 +164,7 @@ class Memory:
 
 @dataclass(slots=True, eq=False)
 class LastPass:
-    """What ``intercept.remembered`` made of a session's last request, kept for the next.
+    """What ``intercept.remembered`` made of a conversation's last request, kept for the next.
 
     A harness restates its history: the next request's leading messages are this one's
     (mostly the very objects its scan made, trace/prefix.py), and they were nodes, under the
@@ -173,10 +173,9 @@ class LastPass:
     turn 300 of ``bench/hooks.py --hooks`` (600 messages, a Python pass over each; issue 16).
     One is kept per conversation of the session (``Memory.passes``, by its first message):
     a main agent and the sub-agents it starts take turns. What can make a shared message's
-    answer differ is checked instead: a rewrite remembered
-    since (``Memory.log``, against the first message of its key here), a graph rolled back
-    or released (the prefixes' ``generation``), a slot elsewhere in the body (each rewrite's
-    is compared).
+    answer differ is checked instead: a rewrite remembered since (``Memory.log``, against
+    the first message of its key here), a graph rolled back or released (the prefixes'
+    ``generation``), another slot for a rewrite at an equal message that is another object.
 
     Only the leading messages that were nodes are kept: the rest may have become nodes, or
     originals of a rewrite, since. ``sent[i]`` is message i as the request sent it and
