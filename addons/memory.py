@@ -35,7 +35,7 @@ from interceptor.trace.model import Rewrite, Trace
 
 KEEP_BYTES = 64 * 1024  # intercept_rewrite_keep_bytes' default
 PASSES = 8  # conversations a session keeps a LastPass for
-HANDED = 32  # (hook, conversation) pairs a session keeps a hook's copies for
+HANDED = 8  # (hook, conversation) pairs a session keeps a hook's copies for (~0.54 MB each at 600 messages)
 
 
 def content_text(content: str | list[Part]) -> str:

@@ -141,3 +141,44 @@ def test_a_second_refusal_reaches_the_harness(make_session, sim, mproxy):
            [["temperature", "top_p"], ["top_p"]]
     trace = sealed(mproxy, session)
     assert [c.status for c in trace.calls] == [400, 400]
+
+
+REDACT = """
+from interceptor.hooks import Request, intercept
+
+@intercept
+def redact(request: Request):
+    for m in request.messages:
+        if m.role == "user" and "SECRET" in m.text():
+            m.content = m.text().replace("SECRET", "[redacted]")
+    return request
+"""
+
+
+@pytest.mark.parametrize("api", ["chat", "messages"])
+def test_the_second_attempt_carries_what_a_request_hook_rewrote(make_session, sim, mproxy, tmp_path, api):
+    """A request hook rewrote the request (a redaction, then the same one restated, spliced
+    in from memory) and the provider refused a parameter the proxy set: the attempt sent
+    once more without it still carries the rewrite, so the model never reads the original."""
+    model = unknown_model()
+    sim.refuse = {model: {"temperature"}}
+    (tmp_path / "redact.py").write_text(REDACT)
+    session = make_session(model=model, sampling={"temperature": 0.5}, hooks={"module": str(tmp_path / "redact.py")})
+    oai, claude = session_clients(session)
+    messages = [{"role": "user", "content": "the key is SECRET"}]
+    for follow_up in ("go on", None):
+        if api == "chat":
+            reply = oai.chat.completions.create(model="gpt-4o", messages=messages).choices[0].message.content
+        else:
+            reply = claude.messages.create(model="claude-x", max_tokens=100, messages=messages).content[0].text
+        if follow_up:
+            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": follow_up}]
+    requests = sim.model_requests()
+    # first: refused (temperature), then once more without it; second: right the first time.
+    assert [("temperature" in r.json, r.refusal is not None) for r in requests] == \
+           [(True, True), (False, False), (False, False)]
+    for r in requests:
+        assert "SECRET" not in r.body.decode() and "[redacted]" in r.body.decode()
+    trace = sealed(mproxy, session)
+    assert [c.status for c in trace.calls] == [400, 200, 200]
+    assert "SECRET" not in str([n.message.model_dump() for n in trace.nodes])
