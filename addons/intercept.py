@@ -275,14 +275,17 @@ def _decided(ex: Exchange, message: Message) -> bool:
 
 
 def _check(spec: HookSpec, before: Request, after: Request, known: int,
-           handed: list[Message] | None = None) -> list[int]:
+           handed: list[Message] | None = None, tools: list[Any] | None = None) -> list[int]:
     """The messages ``spec`` changed; HookFailure for any change a hook may not make.
     ``handed``: the read-only copies the hook was handed of the first ``known`` messages;
-    those still in their places are unchanged, and are not compared."""
+    those still in their places are unchanged, and are not compared; so are ``tools``, the
+    read-only copy of the tools it was handed, while the request still holds it."""
     if len(after.messages) != len(before.messages):
         raise HookFailure(spec, f"a request hook may not add or remove messages "
                                 f"({len(before.messages)} before, {len(after.messages)} after)")
     for name in _SAME:
+        if name == "tools" and tools is not None and after.tools is tools:
+            continue
         if getattr(after, name) != getattr(before, name):
             raise HookFailure(spec, f"a request hook may not change the request's {name}")
     changed: list[int] = []
@@ -326,7 +329,7 @@ async def run_hooks(specs: tuple[HookSpec, ...], ctx: HookContext, request: Requ
             result = given
         elif not isinstance(result, Request):
             raise HookFailure(spec, f"a request hook returns a Request or None, not {type(result).__name__}")
-        for i in _check(spec, current, result, known, copies.copies):
+        for i in _check(spec, current, result, known, copies.copies, copies.tools_copy):
             changed_by.setdefault(i, []).append(spec)
         if handed is not None:  # read-only: their copies are as made
             handed.keep(spec.name, request.messages, copies)
@@ -369,8 +372,14 @@ def _given(current: Request, request: Request, known: int, before: Copies | None
         held.copies.append(read_only(stored[i], i) if read else copied(stored[i]))
     messages = held.copies[:known]
     messages += [copied(m) for m in current.messages[known:]]
-    given = copied(current.model_copy(update={"messages": []}))
+    given = copied(current.model_copy(update={"messages": [], "tools": []}))
     given.messages = messages
+    tools = current.tools
+    if read and before is not None and before.tools_copy is not None and (before.tools is tools or before.tools == tools):
+        held.tools, held.tools_copy = tools, before.tools_copy
+    else:
+        held.tools, held.tools_copy = tools, read_only(tools) if read else None
+    given.tools = held.tools_copy if read else copied(tools)
     return given, held
 
 

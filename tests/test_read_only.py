@@ -15,7 +15,7 @@ import pickle
 import pytest
 
 from interceptor.hooks import ReadOnly
-from interceptor.trace.messages import Message, Part, Reasoning, ToolCall, message_hash, read_only
+from interceptor.trace.messages import Message, Part, Reasoning, Tool, ToolCall, message_hash, read_only
 
 MESSAGES = [
     Message(role="user", content="plain text"),
@@ -57,6 +57,25 @@ def test_a_read_only_copy_is_its_message_and_cannot_change(message):
     with pytest.raises(ReadOnly, match=f"message 7 \\({message.role}\\) is in the conversation already"):
         ro.content = "x"
     assert ro == message == original  # nothing changed, the original least of all
+
+
+def test_a_read_only_copy_of_a_read_only_copy_is_read_only():
+    again = read_only(read_only(MESSAGES[2], 1), 1)
+    assert again == MESSAGES[2]
+    for change in CHANGES:
+        with pytest.raises(ReadOnly):
+            change(again)
+
+
+def test_tools_are_read_only_too():
+    tool = Tool(name="bash", description="run", parameters={"type": "object", "properties": {"cmd": {"type": "string"}}})
+    [ro] = read_only([tool])
+    assert ro == tool and tool == ro
+    with pytest.raises(ReadOnly, match="tool 'bash': a request hook may not change the request's tools"):
+        ro.description = "other"
+    with pytest.raises(ReadOnly, match="the request's tools"):
+        ro.parameters["properties"]["cmd"]["type"] = "integer"
+    assert copy.deepcopy(ro) == tool and type(copy.deepcopy(ro)) is Tool
 
 
 def test_nested_values_cannot_change():

@@ -203,12 +203,14 @@ def test_only_the_changed_content_is_re_encoded(redacting, msim, mproxy):
 @pytest.mark.parametrize("change, says", [
     ("request.messages.append(Message(role='user', content='more'))", "may not add or remove messages"),
     ("request.messages[0].content = 'a new task'", "message 0 (user) is in the conversation already"),
-    ("request.messages[1].tool_calls[0].arguments = '{}'", "in the conversation already cannot change"),
+    ("request.messages[1].tool_calls[0].arguments = '{}'", "part of a message in the conversation already"),
     ("request.messages[1].tool_calls.append(request.messages[1].tool_calls[0])", "in the conversation already"),
     ("request.messages[0] = request.messages[0].model_copy(update={'content': 'a new task'})",
      "message 0 (user) is in the conversation already"),
     ("request.messages[-1].tool_call_id = 'other'", "only content and is_error may change, not tool_call_id"),
     ("request.tools = []", "may not change the request's tools"),
+    ("request.tools[0].description = 'other'", "tool 'bash': a request hook may not change the request's tools"),
+    ("request.tools[0].parameters['properties'] = {}", "may not change"),
     ("request.messages[-1].is_error = True", "chat has no error flag"),
 ])
 def test_what_a_hook_may_not_change_is_a_hook_error(session, msim, mproxy, tmp_path, change, says):

@@ -335,18 +335,23 @@ from interceptor.hooks import HookContext, Request, intercept
 
 last = {}
 
+tools = {}
+
 @intercept
 def same(request: Request, ctx: HookContext):
     first = request.messages[0]
     with pathlib.Path(ctx.config["log"]).open("a") as f:
-        f.write(json.dumps([first.content, last.get(first.content) is first]) + "\\n")
+        f.write(json.dumps([first.content, last.get(first.content) is first,
+                            tools.get(first.content) is request.tools]) + "\\n")
     last[first.content] = first
+    tools[first.content] = request.tools
 """
 
 
 def test_each_conversation_keeps_its_hooks_copies(session, msim, mproxy, tmp_path):
     """Turn about, a main agent and a sub-agent: a hook is handed, in each, the copies it was
-    handed in that conversation's last turn (not copies made anew at every switch)."""
+    handed in that conversation's last turn (not copies made anew at every switch), of the
+    messages and of the tools."""
     log = tmp_path / "same.log"
     (tmp_path / "same.py").write_text(SAME)
     s = session(hooks={"module": str(tmp_path / "same.py"), "config": {"log": str(log)}})
@@ -356,9 +361,11 @@ def test_each_conversation_keeps_its_hooks_copies(session, msim, mproxy, tmp_pat
     for k in range(8):
         messages = agents["main" if k % 2 == 0 else "sub"]
         messages.append({"role": "user", "content": f"turn {k}"})
-        r = oai.chat.completions.create(model="gpt-4o", messages=messages)
+        r = oai.chat.completions.create(model="gpt-4o", messages=messages, tools=TOOLS)
         messages.append({"role": "assistant", "content": r.choices[0].message.content})
     # A conversation's system prompt is new on its first turn (a plain copy) and stored from
     # its second (a read-only copy made then); from its third on, the hook gets that copy.
+    # The tools (the same each turn) get the read-only copy made on its first turn.
     assert [json.loads(line) for line in log.read_text().splitlines()] == [
-        ["main", False], ["sub", False]] * 2 + [["main", True], ["sub", True]] * 2
+        ["main", False, False], ["sub", False, False], ["main", False, True], ["sub", False, True]] + [
+        ["main", True, True], ["sub", True, True]] * 2

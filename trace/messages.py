@@ -245,13 +245,13 @@ def copied(value: Any) -> Any:
 
 
 class ReadOnly(TypeError):
-    """A request hook changed a message the conversation already holds: raised where the
-    change is made. A hook may change only the request's new user and tool messages; the
-    others are handed as ``read_only`` copies."""
+    """A request hook changed a message the conversation already holds, or the request's
+    tools: raised where the change is made. A hook may change only the request's new user
+    and tool messages; the others, and the tools, are handed as ``read_only`` copies."""
 
 
-_NESTED = ("a message in the conversation already cannot change (this is part of one); "
-           "a request hook may change only the new user and tool messages")
+_NESTED = ("this is part of a message in the conversation already, or of the request's tools, which a "
+           "request hook may not change; it may change only the new user and tool messages")
 
 
 def _refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -296,6 +296,8 @@ def _refuse_field(self: Any, name: str, value: Any = None) -> None:
         at = (self.__pydantic_private__ or {}).get("_at")
         raise ReadOnly(f"message {at} ({self.role}) is in the conversation already; a request hook may change "
                        "only the new user and tool messages")
+    if isinstance(self, Tool):
+        raise ReadOnly(f"tool {self.name!r}: a request hook may not change the request's tools")
     raise ReadOnly(_NESTED)
 
 
@@ -339,7 +341,7 @@ def read_only(value: Any, at: int | None = None) -> Any:
     if isinstance(value, dict):
         return _Dict({k: read_only(v) for k, v in value.items()})
     if isinstance(value, _Model):
-        cls = _READ_ONLY.get(type(value))
+        cls = _READ_ONLY.get(type(value)) or (type(value) if type(value) in _THAWED else None)
         if cls is None:
             return copied(value)
         new = object.__new__(cls)
@@ -354,7 +356,7 @@ def read_only(value: Any, at: int | None = None) -> Any:
     return copy.deepcopy(value)
 
 
-_READ_ONLY: dict[type, type] = {cls: _read_only_class(cls) for cls in (Message, Part, ToolCall, Reasoning)}
+_READ_ONLY: dict[type, type] = {cls: _read_only_class(cls) for cls in (Message, Part, ToolCall, Reasoning, Tool)}
 _THAWED: dict[type, type] = {ro: cls for cls, ro in _READ_ONLY.items()}
 
 
