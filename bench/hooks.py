@@ -1,7 +1,7 @@
 """Which addon hook costs what, per request, in process: a growing rollout and a fixed 20 KB body.
 
     .venv/bin/python bench/hooks.py [--turns 300] [--mode rollout|fixed] [--band 25] [--hooks] [--malloc-heap MIB]
-                                    [--collect-tokens] [--stream] [--memory]
+                                    [--collect-tokens] [--stream] [--memory] [--dialect chat|anthropic] [--tools]
 
 Every hook of ``addons/interception.py``'s list, in its order, on ``tflow`` flows (mitmproxy's
 ``taddons``; no sockets, no TLS, the relay off, since there is no upstream to relay to), with
@@ -121,6 +121,8 @@ def main() -> int:
     ap.add_argument("--collect-tokens", action="store_true",
                     help="the session collects token ids; the answer is vLLM's, with the prompt's ids")
     ap.add_argument("--stream", action="store_true", help="every answer streamed through the Tee's stream callable")
+    ap.add_argument("--tools", action="store_true",
+                    help="every request advertises Claude Code's nine tools (tests/fixtures/claude-code-requests/)")
     ap.add_argument("--dialect", choices=("chat", "anthropic"), default="chat",
                     help="anthropic: Claude Code's shape (bench/rollout.py's request_body), a JSON answer; "
                          "not with --collect-tokens or --stream")
@@ -130,6 +132,13 @@ def main() -> int:
     if args.dialect != "chat" and (args.collect_tokens or args.stream):
         ap.error("--dialect anthropic is JSON answers without token ids")
     from rollout import URLS, request_body
+    tools = None
+    if args.tools:
+        captured = json.loads((ROOT / "tests/fixtures/claude-code-requests/interleaved-system-2.1.197.json").read_text())
+        tools = captured.get("body", captured)["tools"]
+        if args.dialect == "chat":
+            tools = [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                                       "parameters": t["input_schema"]}} for t in tools]
     from provider import Reply, openai_chat, tokens
     from provider.turn import Turn
     from trace_turns import template_ids
@@ -201,6 +210,8 @@ def main() -> int:
                 said = f"{SECRET} " if args.hooks and k % 10 == 0 else ""
                 messages.append({"role": "user", "content": (f"turn {k}: {said}" + "please go on. " * (args.chunk // 14 + 1))[:args.chunk]})
                 payload = request_body(args.dialect, messages, k)
+                if tools is not None:
+                    payload = json.dumps({**json.loads(payload), "tools": tools}).encode()
             else:
                 payload = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": f"{k} {filler}"}]}).encode()
             flow = tflow.tflow(req=http.Request.make("POST", URLS[args.dialect] if args.mode == "rollout" else URL,
