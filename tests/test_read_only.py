@@ -27,17 +27,27 @@ MESSAGES = [
     Message(role="tool", tool_call_id="c1", content="out", is_error=True),
 ]
 
-CHANGES = [
+CHANGES = [  # each changes every message of MESSAGES
     lambda m: setattr(m, "content", "changed"),
-    lambda m: setattr(m, "is_error", True),
+    lambda m: setattr(m, "is_error", not m.is_error),
     lambda m: delattr(m, "content"),
     lambda m: m.tool_calls.append(ToolCall(id="x", name="y")),
     lambda m: m.reasoning.extend([Reasoning(text="more")]),
-    lambda m: m.tool_calls.clear(),
-    lambda m: m.content.append(Part(text="more")) if isinstance(m.content, list) else m.tool_calls.insert(0, 1),
-    lambda m: m.content.__setitem__(0, Part(text="x")) if isinstance(m.content, list) else m.reasoning.pop(),
-    lambda m: m.content.__delitem__(0) if isinstance(m.content, list) else m.tool_calls.sort(),
-    lambda m: setattr(m.content[0], "text", "x") if isinstance(m.content, list) else m.tool_calls.reverse(),
+    lambda m: m.tool_calls.insert(0, ToolCall(id="x", name="y")),
+    lambda m: m.content.append(Part(text="more")) if isinstance(m.content, list) else m.reasoning.insert(0, 1),
+    lambda m: m.content.__setitem__(0, Part(text="x")) if isinstance(m.content, list) else m.tool_calls.__iadd__([1]),
+    lambda m: m.content.__delitem__(0) if isinstance(m.content, list) else m.reasoning.__iadd__([1]),
+    lambda m: setattr(m.content[0], "text", "x") if isinstance(m.content, list) else setattr(m, "order", ["content"]),
+]
+
+SAME = [  # each sets what is there already: no change, no error (a redaction run over every message)
+    lambda m: setattr(m, "content", copy.deepcopy(m.content)),
+    lambda m: setattr(m, "is_error", m.is_error),
+    lambda m: m.tool_calls.extend([]),
+    lambda m: m.tool_calls.sort(key=lambda t: 0),
+    lambda m: m.reasoning.__iadd__([]),
+    lambda m: m.content.__setitem__(0, copy.deepcopy(m.content[0])) if isinstance(m.content, list) else None,
+    lambda m: setattr(m.content[0], "text", m.content[0].text) if isinstance(m.content, list) else None,
 ]
 
 
@@ -56,6 +66,8 @@ def test_a_read_only_copy_is_its_message_and_cannot_change(message):
             change(ro)
     with pytest.raises(ReadOnly, match=f"message 7 \\({message.role}\\) is in the conversation already"):
         ro.content = "x"
+    for same in SAME:
+        same(ro)
     assert ro == message == original  # nothing changed, the original least of all
 
 

@@ -369,3 +369,37 @@ def test_each_conversation_keeps_its_hooks_copies(session, msim, mproxy, tmp_pat
     assert [json.loads(line) for line in log.read_text().splitlines()] == [
         ["main", False, False], ["sub", False, False], ["main", False, True], ["sub", False, True]] + [
         ["main", True, True], ["sub", True, True]] * 2
+
+
+EVERY = """
+from interceptor.hooks import Request, intercept
+
+@intercept
+def every(request: Request):
+    for m in request.messages:  # every tool result, the stored ones too (redacted already: the same text)
+        if m.role == "tool":
+            m.content = m.text().replace("SECRET", "[redacted]")
+    return request
+"""
+
+
+def test_a_hook_that_sets_every_message_to_what_it_holds_is_no_error(session, msim, mproxy, tmp_path):
+    """A hook that runs its redaction over every tool result, the stored ones included, sets
+    those to the text they hold already (they were redacted when new): that changes nothing,
+    so it is no hook error, though the stored ones are handed read-only."""
+    (tmp_path / "every.py").write_text(EVERY)
+    s = session(hooks={"module": str(tmp_path / "every.py")})
+    oai, _ = session_clients(s)
+    msim.script(*[Reply(tool_calls=[ToolCall(name="bash", arguments={"cmd": f"cat {k}"}, id=f"call_{k}")])
+                  for k in range(3)], Reply(text="done"))
+    messages = [{"role": "user", "content": "look"}]
+    for k in range(4):
+        r = oai.chat.completions.create(model="gpt-4o", messages=messages, tools=TOOLS)
+        messages.append(r.choices[0].message.model_dump(exclude_none=True))
+        if k < 3:
+            messages.append({"role": "tool", "tool_call_id": f"call_{k}", "content": f"SECRET {k}"})
+    sent = [[m["content"] for m in r.json["messages"] if m["role"] == "tool"] for r in msim.model_requests()]
+    assert sent == [[f"[redacted] {j}" for j in range(k)] for k in range(4)]
+    assert mproxy.api("DELETE", f"sessions/{s['id']}")[0] == 200
+    trace = read_trace(s["trace_path"])
+    assert all(c.error is None for c in trace.calls) and len(trace.branches) == 1

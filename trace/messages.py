@@ -254,16 +254,32 @@ _NESTED = ("this is part of a message in the conversation already, or of the req
            "request hook may not change; it may change only the new user and tool messages")
 
 
-def _refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
-    raise ReadOnly(_NESTED)
+def _unchanged(base: type, name: str) -> Any:
+    """``base``'s method ``name`` for a read-only container: tried on a plain copy, and
+    refused (``ReadOnly``) only if that changed it. A hook that sets what is there already
+    (a redaction run over every message, the stored ones redacted before) changes nothing,
+    as before read-only copies, when it was compared after the call."""
+    method = getattr(base, name)
+
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        trial = base(self)
+        result = method(trial, *args, **kwargs)
+        if trial != self:
+            raise ReadOnly(_NESTED)
+        return self if result is trial else result
+
+    guarded.__name__ = name
+    return guarded
 
 
 class _List(list):
     """A list no method changes; its copies are plain lists."""
 
     __slots__ = ()
-    append = extend = insert = pop = remove = clear = sort = reverse = _refuse
-    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+    for _name in ("append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
+                  "__setitem__", "__delitem__", "__iadd__", "__imul__"):
+        locals()[_name] = _unchanged(list, _name)
+    del _name
 
     def __copy__(self) -> list:
         return list(self)
@@ -279,7 +295,9 @@ class _Dict(dict):
     """A dict no method changes; its copies are plain dicts."""
 
     __slots__ = ()
-    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
+    for _name in ("__setitem__", "__delitem__", "__ior__", "clear", "pop", "popitem", "setdefault", "update"):
+        locals()[_name] = _unchanged(dict, _name)
+    del _name
 
     def __copy__(self) -> dict:
         return dict(self)
@@ -291,7 +309,11 @@ class _Dict(dict):
         return (dict, (dict(self),))
 
 
-def _refuse_field(self: Any, name: str, value: Any = None) -> None:
+def _refuse_field(self: Any, name: str, *value: Any) -> None:
+    """A read-only model's ``__setattr__`` (and ``__delattr__``): setting a field to what it
+    holds already changes nothing and passes (see ``_unchanged``); anything else is refused."""
+    if value and name in self.__dict__ and self.__dict__[name] == value[0]:
+        return
     if isinstance(self, Message):
         at = (self.__pydantic_private__ or {}).get("_at")
         raise ReadOnly(f"message {at} ({self.role}) is in the conversation already; a request hook may change "
