@@ -11,11 +11,11 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from interceptor.dialects import Route
 from interceptor.dialects.base import Override
-from interceptor.trace.messages import Request
+from interceptor.trace.messages import Message, Request
 from interceptor.trace.model import ReplaySource
 from interceptor.trace.prefix import Listed
 
@@ -70,6 +70,22 @@ class Step(enum.Flag):
     ADMITTED = enum.auto()  # the rollout is not stopped and its limits let it through (Stops)
 
 
+class Walked(NamedTuple):
+    """What ``intercept.remembered`` found of a request's messages on the graph: how many
+    leading ones are nodes (``on``) and the node of the last (``last``). The hooks' walk and
+    the commit take it instead of a pass of their own while the graph is as it was then."""
+
+    messages: list[Message]  # the list it was found for
+    on: int
+    last: int | None
+    nodes: int  # the graph's node count then
+    generation: int  # the recorder's prefixes generation then (a rollback or release bumps it)
+
+    def current(self, recorder: Any) -> bool:
+        """Whether the graph has not changed since: no node added, no rollback, no release."""
+        return self.nodes == len(recorder.trace.nodes) and self.generation == recorder.prefixes.generation
+
+
 @dataclass(eq=False)
 class Exchange:
     session: Session
@@ -116,10 +132,7 @@ class Exchange:
     # a rewrite splices in only what it changes.
     parsed: Body | None = None
     carried: list[Remembered] = field(default_factory=list)  # the rewrites this request carries
-    # What ``intercept.remembered`` found of ``request.messages`` on the graph: that list, how
-    # many leading messages are nodes, the node of the last, and the graph's node count and
-    # prefixes generation then (the hooks' ``_walk`` takes it while the graph is as it was).
-    walked: tuple[list[Message], int, int | None, int, int] | None = None
+    walked: Walked | None = None  # what ``intercept.remembered`` found of ``request.messages``
     edits: list[Edit] = field(default_factory=list)  # where they go in the body (``parsed``)
     # The body's overrides are not in ``flow.request.content`` yet: Stops writes them with the
     # hooks' edits, as one body (a hooked model request; writing it twice, a copy of the whole

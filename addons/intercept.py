@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from interceptor.addons.hookrun import HookFailure, call, effective_request
-from interceptor.addons.memory import Chain, Copies, Handed, LastPass, Remembered, digest, kept
+from interceptor.addons.memory import Chain, Copies, Handed, LastPass, Remembered, conversation, digest, kept
 from interceptor.dialects.base import RewriteError, Slot
 from interceptor.dialects.body import Edit
 from interceptor.trace.hooks import HookContext, HookSpec
@@ -34,6 +34,8 @@ from interceptor.trace.ids import new_id
 from interceptor.trace.messages import Message, Request, copied, message_hash, read_only
 from interceptor.trace.model import Rewrite
 from interceptor.trace.prefix import alike, identical
+
+from interceptor.addons.exchange import Walked
 
 if TYPE_CHECKING:
     from interceptor.addons.exchange import Exchange
@@ -99,9 +101,8 @@ def _walk(ex: Exchange, messages: list[Message]) -> tuple[int, int | None]:
     (``Recorder.held_path``), only the rest looked up one by one."""
     recorder = ex.session.recorder
     walked = ex.walked
-    if (walked is not None and walked[0] is messages and walked[3] == len(recorder.trace.nodes)
-            and walked[4] == recorder.prefixes.generation):
-        return walked[1], walked[2]
+    if walked is not None and walked.messages is messages and walked.current(recorder):
+        return walked.on, walked.last
     path = recorder.held_path(ex.listed, messages)
     parent = path[-1] if path else None
     for k in range(len(path), len(messages)):
@@ -137,7 +138,7 @@ def remembered(ex: Exchange) -> None:
     # Kept for the next request: the whole history as the harness sent it (no chain, nothing
     # carried in from a warm-up), with the parents followed (``others``).
     keep = others and first == 0 and not ex.carried and bool(messages)
-    key = message_hash(messages[0]) if keep else None  # the conversation's (``Memory.passes``)
+    key = conversation(messages) if keep else None
     last, p = _going_on(ex, messages, memory.take_pass(key)) if keep else (None, 0)
     keeping = last  # kept once this request's pass is through (not after an Undeliverable)
     nodes = recorder.scan_path(ex.listed, messages) if others else []
@@ -201,7 +202,8 @@ def remembered(ex: Exchange) -> None:
     if changed:
         ex.request = ex.request.model_copy(update={"messages": messages})
     if others:
-        ex.walked = (ex.request.messages, on, parent if on_graph else above, len(stored), recorder.prefixes.generation)
+        ex.walked = Walked(ex.request.messages, on, parent if on_graph else above, len(stored),
+                           recorder.prefixes.generation)
 
 
 def _going_on(ex: Exchange, messages: list[Message], last: LastPass | None) -> tuple[LastPass, int]:
@@ -356,8 +358,8 @@ def _given(current: Request, request: Request, known: int, before: Copies | None
         # message that is another object (Anthropic's system prompt, parsed every turn) keeps
         # its copy, which equals it.
         held = before
-        del held.stored[same:], held.copies[same:]
         held.stored[:] = stored[:same]
+        del held.copies[same:]
     else:  # another order (a fork, an edited history): by object, where it was handed one
         by_id = {id(m): c for m, c in zip(before.stored, before.copies)} if before is not None else {}
         held = Copies()  # ``before`` holds its messages alive: an id found is the same object

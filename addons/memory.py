@@ -62,6 +62,21 @@ def kept(content: str | list[Part], keep: int) -> tuple[Any, bool]:
     return data[:keep].decode("utf-8", "ignore"), True
 
 
+def conversation(messages: list[Message]) -> str | None:
+    """Which conversation of a session a request is in, for what is kept per conversation
+    (``Memory.passes``, ``Handed``): its first message's hash. A main agent and the
+    sub-agents it starts take turns on one session, each with its own system prompt."""
+    return message_hash(messages[0]) if messages else None
+
+
+def _keep(kept: dict[Any, Any], key: Any, value: Any, limit: int) -> None:
+    """``kept[key] = value`` (the caller took the key out first, so it goes last), then the
+    entries heard from least lately dropped down to ``limit``."""
+    kept[key] = value
+    while len(kept) > limit:
+        del kept[next(iter(kept))]
+
+
 Chain = tuple[int | None, tuple[str, ...]]  # the deepest stored node above, the hashes since
 
 
@@ -106,9 +121,7 @@ class Memory:
         return self.passes.pop(key, None)
 
     def keep_pass(self, key: str | None, last: LastPass) -> None:
-        self.passes[key] = last
-        while len(self.passes) > PASSES:
-            del self.passes[next(iter(self.passes))]  # the conversation heard from least lately
+        _keep(self.passes, key, last, PASSES)
 
     def __bool__(self) -> bool:
         return bool(self.tools or self.others or self.by_call)
@@ -250,16 +263,14 @@ class Handed:
 
     @staticmethod
     def _key(name: str, messages: list[Message]) -> tuple[str, str | None]:
-        return name, message_hash(messages[0]) if messages else None
+        return name, conversation(messages)
 
     def take(self, name: str, messages: list[Message]) -> Copies | None:
         """The copies hook ``name`` was last handed in this conversation, no longer kept."""
         return self.by_hook.pop(self._key(name, messages), None)
 
     def keep(self, name: str, messages: list[Message], copies: Copies) -> None:
-        self.by_hook[self._key(name, messages)] = copies
-        while len(self.by_hook) > HANDED:
-            del self.by_hook[next(iter(self.by_hook))]
+        _keep(self.by_hook, self._key(name, messages), copies, HANDED)
 
     def kept(self, name: str, messages: list[Message]) -> Copies | None:
         return self.by_hook.get(self._key(name, messages))

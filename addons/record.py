@@ -83,11 +83,11 @@ def _held(ex: Exchange) -> int | None:
     if the graph has not changed since and the request still begins with those very
     messages (a hook's rewrite makes a new list, of the same objects up to its first new
     message); None when that is not known."""
-    walked, trace = ex.walked, ex.session.recorder.trace
-    if walked is None or walked[3] != len(trace.nodes) or walked[4] != ex.session.recorder.prefixes.generation:
+    walked = ex.walked
+    if walked is None or not walked.current(ex.session.recorder):
         return None
     messages = ex.request.messages
-    return walked[1] if messages is walked[0] or identical(walked[0], messages) >= walked[1] else None
+    return walked.on if messages is walked.messages or identical(walked.messages, messages) >= walked.on else None
 
 
 def commit(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: ResponseError | None = None,

@@ -272,41 +272,24 @@ def _unchanged(base: type, name: str) -> Any:
     return guarded
 
 
-class _List(list):
-    """A list no method changes; its copies are plain lists."""
-
-    __slots__ = ()
-    for _name in ("append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
-                  "__setitem__", "__delitem__", "__iadd__", "__imul__"):
-        locals()[_name] = _unchanged(list, _name)
-    del _name
-
-    def __copy__(self) -> list:
-        return list(self)
-
-    def __deepcopy__(self, memo: dict) -> list:
-        return copy.deepcopy(list(self), memo)
-
-    def __reduce__(self) -> Any:
-        return (list, (list(self),))
+def _read_only_container(base: type) -> type:
+    """``base`` (list or dict) whose every changing method is ``_unchanged``'s; its copies,
+    deep copies and pickles are plain ``base``."""
+    changing = {list: ("append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
+                       "__setitem__", "__delitem__", "__iadd__", "__imul__"),
+                dict: ("__setitem__", "__delitem__", "__ior__", "clear", "pop", "popitem", "setdefault",
+                       "update")}[base]
+    return type(f"read_only_{base.__name__}", (base,), {
+        "__slots__": (), "__module__": __name__, "__doc__": f"A {base.__name__} no method changes.",
+        **{name: _unchanged(base, name) for name in changing},
+        "__copy__": lambda self: base(self),
+        "__deepcopy__": lambda self, memo: copy.deepcopy(base(self), memo),
+        "__reduce__": lambda self: (base, (base(self),)),
+    })
 
 
-class _Dict(dict):
-    """A dict no method changes; its copies are plain dicts."""
-
-    __slots__ = ()
-    for _name in ("__setitem__", "__delitem__", "__ior__", "clear", "pop", "popitem", "setdefault", "update"):
-        locals()[_name] = _unchanged(dict, _name)
-    del _name
-
-    def __copy__(self) -> dict:
-        return dict(self)
-
-    def __deepcopy__(self, memo: dict) -> dict:
-        return copy.deepcopy(dict(self), memo)
-
-    def __reduce__(self) -> Any:
-        return (dict, (dict(self),))
+_List = _read_only_container(list)
+_Dict = _read_only_container(dict)
 
 
 def _refuse_field(self: Any, name: str, *value: Any) -> None:
