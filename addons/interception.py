@@ -33,7 +33,8 @@ calls each hook in list order):
   exchange that asks for no stream is sent from the request hook and its answer, read whole,
   handed to mitmproxy (no loopback hop to the relay's server; streams still take it);
 - GcTuning: once started, what is alive is frozen out of the garbage collector's passes, so
-  a full collection does not stall every session (``intercept_gc_tuning``);
+  a full collection does not stall every session, and dead flows' bodies are collected after
+  every few MiB of them rather than after thousands of objects (``intercept_gc_tuning``);
 - Dispatch: mitmproxy's own walk over its ~40 addons for each flow event done from a plan
   (the addons that implement the hook, found once), in its order and with its error handling
   (``intercept_fast_dispatch``);
@@ -122,7 +123,7 @@ steps = guarded([
     Gate(settings),  # after every step, and never guarded: it is what answers their faults
     Annotate(), Status(registry),  # observers after the Gate (they see its answers too); never raise
     Fetch(relay),  # after the Gate and Annotate's look at it: a JSON answer fetched in the request hook
-    GcTuning(),  # its one hook is ``running``: after the addons above have started
+    GcTuning(),  # ``running``: after the addons above have started; ``response``/``error``: a flow ended
     MallocHeap(),  # ``running`` too: glibc's thresholds, set once
     Dispatch(),  # mitmproxy's walk over its addons per flow event, from a plan made once
     MallocTrim(registry),  # a sealed session's freed heap back to the system, off the event loop

@@ -39,7 +39,7 @@ process's threads used (``/proc/<pid>/task/*/schedstat``) from just before the r
 5 ms after the answer (the trace writer's share lands in that window), and the minor page
 faults the process took in that window (``/proc/<pid>/stat``: pages touched for the first
 time, a fresh block's). Reported: CPU per turn in bands of turns, the ratio of the last band
-to the first, the page faults per turn, and the latency each proxy
+to the first, the page faults per turn, the resident set at each band's end, and the latency each proxy
 adds to direct (p50 and p99 per band); then, paired turn by turn, this checkout minus each
 other path in the first and last band (CPU and latency: the same request through both within
 a second, so a shared machine's load mostly cancels; the A/B figure to read). Afterwards each proxy's trace is read back: one
@@ -132,6 +132,12 @@ def minflt(pid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[7])
 
 
+def rss_mb(pid: int) -> float:
+    """The process's resident set now, MB (``/proc/<pid>/status``, VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
 def quantile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -188,6 +194,7 @@ def main() -> int:
     names = ["direct", *procs]
     cpu: dict[str, list[int]] = {n: [] for n in procs}
     faults: dict[str, list[int]] = {n: [] for n in procs}
+    rss: dict[str, list[float]] = {n: [] for n in procs}  # at the end of each band
     lat: dict[str, list[float]] = {n: [] for n in names}
     loads = [load()]
     try:
@@ -246,6 +253,9 @@ def main() -> int:
                         faults[n].append(minflt(pid) - before_faults)
                     assert got == reply, (n, got[:60])
                 messages.append({"role": "assistant", "content": reply})
+                if (k + 1) % args.band == 0 or k + 1 == args.turns:
+                    for n, p in procs.items():
+                        rss[n].append(rss_mb(p.proc.pid))
                 if k % 50 == 49:
                     loads.append(load())
         last_request = len(payload)
@@ -292,6 +302,11 @@ def main() -> int:
     print("|---" * (len(heads) + 1) + "|")
     for n in procs:
         print(f"| {n} | " + " | ".join(f"{statistics.median(faults[n][lo:hi]):.0f}" for lo, hi in bands) + " |")
+    print()
+    print("| RSS at the band's end, MB | " + " | ".join(heads) + " |")
+    print("|---" * (len(heads) + 1) + "|")
+    for n in procs:
+        print(f"| {n} | " + " | ".join(f"{x:.0f}" for x in rss[n]) + " |")
     print()
     print("| added latency over direct, ms: p50 / p99 | " + " | ".join(heads) + " | all turns |")
     print("|---" * (len(heads) + 2) + "|")
