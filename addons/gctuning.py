@@ -24,12 +24,13 @@ the proxy held up to ~50 turns of dead ~360 KB bodies, its resident set grew 131
 and each turn's new blocks were fresh pages (100-200 faults a turn), where bare mitmdump's
 default threshold (700) frees them within a turn or two (docs/benchmarks.md). So the bodies
 of the flows that ended are counted (request and answer as mitmproxy holds them), and past
-``ENDED_BYTES`` one collection of the young generation (of the middle one too, when Python's
+``intercept_gc_collect_mib`` (2 by default) one collection of the young generation (of the middle one too, when Python's
 own next pass would take it) runs ``GRACE`` seconds after the hook that saw the end: by then
 mitmproxy has let the flow go, and the collection walks only what was allocated since the
 last one.
 
-``intercept_gc_tuning false`` keeps Python's defaults.
+``intercept_gc_tuning false`` keeps Python's defaults; ``intercept_gc_collect_mib 0`` keeps
+the tuning without the collections by bytes (the collector's object count alone, as before).
 """
 
 from __future__ import annotations
@@ -38,16 +39,16 @@ import asyncio
 import gc
 import logging
 
-from mitmproxy import ctx, http
+from mitmproxy import ctx, exceptions, http
 
 log = logging.getLogger(__name__)
 
 #: Allocations (net of frees) between young collections; Python's default is 700.
 THRESHOLD0 = 10_000
-#: Body bytes of ended flows after which the young generation is collected (measured in a
-#: 300-turn rollout: 2 MiB held the resident set to +16 MB, 8 MiB to +38, none to +55; the CPU
-#: per turn unchanged within the run's noise).
-ENDED_BYTES = 2 << 20
+#: MiB of ended flows' bodies after which the young generation is collected (measured in a
+#: 300-turn rollout, collecting on the next pass of the loop: 2 MiB held the resident set to
+#: +16 MB, 8 MiB to +38, none to +55; the CPU per turn unchanged within the run's noise).
+COLLECT_MIB = 2
 #: Seconds from the hook that saw a flow end to the collection: mitmproxy still holds the flow
 #: while it writes the answer (a collection on the next pass of the loop found every flow of
 #: tests/test_gctuning.py's rollout alive, and so moved it to the middle generation, whose
@@ -61,14 +62,27 @@ class GcTuning:
     def __init__(self) -> None:
         self._ended = 0  # body bytes of the flows ended since the last collection this asked for
         self._asked = False  # a collection is scheduled
+        self._budget = COLLECT_MIB << 20  # intercept_gc_collect_mib, in bytes
 
     def load(self, loader) -> None:
         loader.add_option(
             "intercept_gc_tuning", bool, True,
             "After start-up, freeze the objects alive (gc.freeze) and collect the young generation "
             f"every {THRESHOLD0} allocations, so the collector's full passes stay short, and after every "
-            f"{ENDED_BYTES >> 20} MiB of ended flows' bodies, so dead flows do not hold them; false: "
+            "intercept_gc_collect_mib of ended flows' bodies, so dead flows do not hold them; false: "
             "Python's defaults.")
+        loader.add_option(
+            "intercept_gc_collect_mib", int, COLLECT_MIB,
+            "With intercept_gc_tuning: MiB of ended flows' bodies (requests and answers) after which "
+            "the young generation is collected, since mitmproxy's flows are freed by the collector only "
+            "and its object count comes seldom when turns are large; 0: by the object count alone.")
+
+    def configure(self, updated) -> None:
+        if "intercept_gc_collect_mib" in updated:
+            mib = ctx.options.intercept_gc_collect_mib
+            if mib < 0:
+                raise exceptions.OptionsError(f"intercept_gc_collect_mib must be 0 (off) or more, got {mib}")
+            self._budget = mib << 20
 
     def running(self) -> None:
         global _done
@@ -94,7 +108,7 @@ class GcTuning:
         self._ended += len(flow.request.raw_content or b"")
         if flow.response is not None:
             self._ended += len(flow.response.raw_content or b"")
-        if self._ended < ENDED_BYTES or self._asked:
+        if not self._budget or self._ended < self._budget or self._asked:
             return
         try:
             loop = asyncio.get_running_loop()

@@ -85,12 +85,12 @@ def test_ended_bodies_past_the_budget_are_collected_once_the_hook_returns(fresh)
             small = _Cycle()
             dead = weakref.ref(small)
             del small
-            fresh.response(_ended(gctuning.ENDED_BYTES // 2))  # under the budget: nothing asked
+            fresh.response(_ended((gctuning.COLLECT_MIB << 20) // 2))  # under the budget: nothing asked
             await asyncio.sleep(2 * gctuning.GRACE)
             assert dead() is not None
-            fresh.error(_ended(gctuning.ENDED_BYTES // 2))  # the budget reached: asked, not run yet
+            fresh.error(_ended((gctuning.COLLECT_MIB << 20) // 2))  # the budget reached: asked, not run yet
             assert dead() is not None
-            fresh.response(_ended(gctuning.ENDED_BYTES))  # one collection for both
+            fresh.response(_ended((gctuning.COLLECT_MIB << 20)))  # one collection for both
             await asyncio.sleep(2 * gctuning.GRACE)
             assert dead() is None
             again = _Cycle()
@@ -103,7 +103,8 @@ def test_ended_bodies_past_the_budget_are_collected_once_the_hook_returns(fresh)
     asyncio.run(run())
 
 
-def test_off_asks_for_no_collection(fresh):
+@pytest.mark.parametrize("off", [{"intercept_gc_tuning": False}, {"intercept_gc_collect_mib": 0}])
+def test_off_asks_for_no_collection(fresh, off):
     import asyncio
     import weakref
 
@@ -111,20 +112,27 @@ def test_off_asks_for_no_collection(fresh):
 
     async def run() -> None:
         with taddons.context(fresh) as tctx:
-            tctx.configure(fresh, intercept_gc_tuning=False)
+            tctx.configure(fresh, **off)
             fresh.running()
             gc.disable()  # Python's own passes out of the way: only one this addon asked for counts
             try:
                 kept = _Cycle()
                 dead = weakref.ref(kept)
                 del kept
-                fresh.response(_ended(4 * gctuning.ENDED_BYTES))
+                fresh.response(_ended(4 * (gctuning.COLLECT_MIB << 20)))
                 await asyncio.sleep(2 * gctuning.GRACE)
                 assert dead() is not None
             finally:
                 gc.enable()
 
     asyncio.run(run())
+
+
+def test_a_negative_budget_is_refused(fresh):
+    from mitmproxy import exceptions
+
+    with taddons.context(fresh) as tctx, pytest.raises(exceptions.OptionsError, match="intercept_gc_collect_mib"):
+        tctx.configure(fresh, intercept_gc_collect_mib=-1)
 
 
 def _rss_mb(pid: int) -> float:
