@@ -370,8 +370,13 @@ class _Through(asyncio.Protocol):
                 await self._drain_down()
             data = await reader.read(READ)
             self.step(data)
-            if len(data) < READ:
-                break  # the reader's buffer is empty: the transport's callbacks come here now
+            if len(data) < READ and not reader.at_eof() and reader.exception() is None:
+                # The reader's buffer is empty: the transport's callbacks come here now. Not
+                # once the reader has seen the end or a failure: the transport told its
+                # protocol already and will not tell this one (a cut answer whose every byte
+                # and end were buffered before the relay read them hung here until the
+                # client gave up; its retries coalesced on it and hung too).
+                break
         if self.frame.done:
             return
         transport = self.up.writer.transport

@@ -19,7 +19,7 @@ import ssl
 
 import pytest
 
-from interceptor.addons.framing import LENGTH, Body
+from interceptor.addons.framing import CLOSE, LENGTH, Body
 from interceptor.addons.relay import BROKE, READ, Upstream, _Through
 from provider.tls import TestCA
 
@@ -231,5 +231,42 @@ def test_a_connection_closed_by_the_relay_mid_answer_breaks_it_and_the_reader_se
             await asyncio.wait_for(run, 10)
         await closed(up)
         shut(server, served, down, far)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["cut", "close-delimited"])
+def test_an_answer_whose_end_was_buffered_before_the_pass_through_began_ends(tls, kind):
+    """Every byte of the answer, and the upstream's close, reached the StreamReader before
+    ``run`` began (Fetch read the head in the request hook; the relay reads on only once
+    mitmproxy has brought the flow over): an answer cut short breaks, and one that ends with
+    its connection ends, at once. Handing the transport to ``_Through`` after the short read
+    hung both until the client gave up (its retries coalesced on it and hung too): the
+    transport had told the StreamReader of the close already and would not tell again."""
+    async def upstream(writer):
+        writer.write(b"a" * 200)
+        await writer.drain()
+        writer.close()
+
+    async def main():
+        server, up, down, far, served = await pair(upstream, tls)
+        for _ in range(200):  # the bytes and the end are in the StreamReader, not yet read
+            if up.reader._eof:  # (asyncio's own flag: at_eof() also wants the buffer empty)
+                break
+            await asyncio.sleep(0.005)
+        assert up.reader._eof and not up.reader.at_eof()
+        drain = Down()
+        through = _Through(drain, up, Body(LENGTH, 1000) if kind == "cut" else Body(CLOSE), down)
+        try:
+            await asyncio.wait_for(through.run(b""), 5)
+        except TimeoutError:  # an OSError, as BROKE's are: told apart first
+            pytest.fail("the pass-through waited for an end the transport had already told")
+        except BROKE:
+            assert kind == "cut"
+        else:
+            assert kind == "close-delimited"
+            assert await read_all(far, 200) == b"a" * 200
+        assert bytes(drain.buf) == b"a" * 200
+        shut(server, up, down, far)
 
     asyncio.run(main())
