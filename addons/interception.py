@@ -29,9 +29,10 @@ calls each hook in list order):
 - Gate: a claimed flow leaves only when every step completed; any addon's exception on it
   answers in the dialect's shape and forwards nothing (each addon above is ``guarded``);
 - Annotate, Status: what the proxy did, on each flow (mitmweb) and in a status line;
-- Fetch: the Relay's last request step, after the Gate and Annotate's look at the flow: an
-  exchange that asks for no stream is sent from the request hook and its answer, read whole,
-  handed to mitmproxy (no loopback hop to the relay's server; streams still take it);
+- Fetch: the Relay's last request step, after the Gate and Annotate's look at the flow: the
+  exchange is sent from the request hook; an answer that is not a stream, read whole, is
+  handed to mitmproxy (no loopback hop to the relay's server); a stream takes the hop, the
+  request's head only, its body gone upstream already;
 - GcTuning: once started, what is alive is frozen out of the garbage collector's passes, so
   a full collection does not stall every session, and dead flows' bodies are collected after
   every few MiB of them rather than after thousands of objects (``intercept_gc_tuning``);
@@ -122,7 +123,7 @@ steps = guarded([
 ]) + [
     Gate(settings),  # after every step, and never guarded: it is what answers their faults
     Annotate(), Status(registry),  # observers after the Gate (they see its answers too); never raise
-    Fetch(relay),  # after the Gate and Annotate's look at it: a JSON answer fetched in the request hook
+    Fetch(relay),  # after the Gate and Annotate's look at it: every exchange sent from the request hook
     GcTuning(),  # ``running``: after the addons above have started; ``response``/``error``: a flow ended
     MallocHeap(),  # ``running`` too: glibc's thresholds, set once
     Dispatch(),  # mitmproxy's walk over its addons per flow event, from a plan made once

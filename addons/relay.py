@@ -13,14 +13,16 @@ connection, and patching mitmproxy's layers would tie the proxy to their private
 
 So for a model POST the proxy owns the upstream connection, and mitmproxy stays what it is:
 
-- ``Fetch`` (below; the last request step, after the Gate): an exchange that asks for no
-  stream is sent on the relay's upstream connection from mitmproxy's request hook itself, and
-  its answer, read whole, becomes the flow's answer (mitmproxy runs the answer's hooks on it
-  and sends it). A JSON answer reaches the harness only whole anyway, so the loopback hop
-  below would only cost (a second HTTP exchange per turn, growing with the history). The
-  client going away meanwhile is looked for (mitmproxy holds that event until the hook
-  returns): the answer is read on, recorded as undelivered, its retry coalesced, as below.
-  An answer that is a stream after all goes on through the hop, never sent twice.
+- ``Fetch`` (below; the last request step, after the Gate): the exchange is sent on the
+  relay's upstream connection from mitmproxy's request hook itself. An answer that is not a
+  stream, read whole, becomes the flow's answer (mitmproxy runs the answer's hooks on it and
+  sends it): it reaches the harness only whole anyway, so the loopback hop below would only
+  cost (a second HTTP exchange per turn, growing with the history). The client going away
+  meanwhile is looked for (mitmproxy holds that event until the hook returns): the answer is
+  read on, recorded as undelivered, its retry coalesced, as below. A stream's head read, the
+  flow goes on through the hop with the request's head only (the body went upstream already;
+  ``Drain._lighten``, put back for observers at the answer's headers), and the relay passes
+  the stream down, never sending the request twice.
 - ``request`` (the last request step before the Gate) points the flow at this relay: a plain
   HTTP/1.1 server on 127.0.0.1 in the proxy's own event loop, with a one-use ticket header
   (random, removed before anything leaves). The relay sends the request to the real upstream
@@ -56,7 +58,8 @@ together, and an event that arrives alone still goes at once. The harness reads 
 Each read of a streamed answer is handled in the upstream transport's callback (``_Through``,
 once the StreamReader holds nothing more), not by a task woken per read: at a provider's pace
 every event is a read of its own. What is left is one loopback hop per streamed exchange: a
-second read and write per event (``docs/benchmarks.md``, "The relay" and "The relay's reads").
+second read and write per event, and the request's head (``docs/benchmarks.md``, "The relay"
+and "The relay's reads").
 ``intercept_drain_timeout=0`` turns the relay off: mitmproxy talks to the upstream itself, and
 an answer the client abandons is lost as before. Upstream-proxy modes and client certificates
 are left to mitmproxy (the relay would bypass them).
@@ -476,6 +479,7 @@ class Drain:
         self.fetching = False  # Fetch has the exchange in mitmproxy's request hook
         self.fetched = False  # Fetch read the answer whole and gave it to mitmproxy
         self.closed_out = False  # Fetch ended the exchange itself, the client gone, and killed the flow
+        self.kept: tuple[bytes, str] | None = None  # the body and length the loopback does not carry (``_lighten``)
         self._timer: asyncio.TimerHandle | None = None
         self._watching: asyncio.TimerHandle | None = None
         self._reading: asyncio.Future | None = None  # ``_read_on``
@@ -483,10 +487,33 @@ class Drain:
     # -- the flow's side --------------------------------------------------------------------
 
     def restore(self, flow: http.HTTPFlow) -> None:
-        """Observers (mitmweb, flow files, the log) see the upstream, not the relay."""
+        """Observers (mitmweb, flow files, the log) see the upstream, not the relay, and the
+        request as it was sent there."""
         t = self.target
         flow.request.data.host, flow.request.data.port, flow.request.scheme = t.host, t.port, t.scheme
         drop(flow.request.headers, (TICKET,))  # used (or never used): never sent anywhere again
+        self._unlighten(flow)
+
+    def _lighten(self) -> None:
+        """The request went upstream from Fetch and its answer is the relay's to pass down
+        (``sent``): the relay never reads the body mitmproxy sends it, so mitmproxy sends only
+        the head. A history-sized body crossed the loopback twice a streamed turn (mitmproxy's
+        write, the relay's read: +1.8 ms a turn over bare streaming mitmdump at a 363 KB
+        history, docs/benchmarks.md). Put back by ``restore`` at the answer's headers (or the
+        flow's error), before anything observes the flow again. A body framed otherwise than
+        by its length (chunked) is left as it is."""
+        req = self.flow.request
+        length = req.headers.get("content-length")
+        if self.kept is not None or length is None or "transfer-encoding" in req.headers or not req.raw_content:
+            return
+        self.kept = (req.raw_content, length)
+        req.data.content = b""
+        req.headers["content-length"] = "0"
+
+    def _unlighten(self, flow: http.HTTPFlow) -> None:
+        if self.kept is not None:
+            flow.request.data.content, flow.request.headers["content-length"] = self.kept
+            self.kept = None
 
     def meter(self, stream: Any) -> Any:
         return _Meter(stream, self) if stream else stream
@@ -633,7 +660,8 @@ class Drain:
             event = sent.event
             ctype = next((v.decode("latin-1") for k, v in event.headers if k == b"content-type"), "")
             if self.ex.wire.frames(event.status_code, ctype, self.ex.stream) is not None and not self.gone():
-                self.sent = sent  # a stream after all: the relay passes it down (``run``)
+                self.sent = sent  # a stream: the relay passes it down (``run``)
+                self._lighten()
                 return
             self._answered(sent)
             started = time.time()
@@ -1166,8 +1194,10 @@ class Fetch:
     the commit, Retry's capture), observers see the real upstream, the upstream connections
     are the relay's pool. A client that goes away meanwhile is seen by ``Drain._watch``: the
     answer is read on (``intercept_drain_timeout``), committed as undelivered, and a retry
-    coalesces on it, as a takeover does. Streams, held answers and requests with trailers go
-    through the relay as before. An error in here answers a 500 in the dialect's shape: the
+    coalesces on it, as a takeover does. A stream is sent from here too: once its head is
+    read, the flow goes to the relay carrying no body (``Drain._lighten``) and the relay
+    passes the stream down. Held answers and requests with trailers go through the relay as
+    before. An error in here answers a 500 in the dialect's shape: the
     request may have gone out, so it is never sent again.
     """
 
@@ -1184,7 +1214,7 @@ class Fetch:
             return
         ex = exchange_of(flow)
         drain = ex.drain if ex is not None else None
-        if (drain is None or drain.started or ex.stream or ex.hold is not None or flow.request.trailers
+        if (drain is None or drain.started or ex.hold is not None or flow.request.trailers
                 or not self.relay.holds(drain)):
             return
         try:

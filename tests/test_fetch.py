@@ -1,5 +1,6 @@
 """A JSON exchange is fetched in mitmproxy's request hook (addons/relay.py, ``Fetch``): no
-loopback hop, the same answer, the same record (issue 16).
+loopback hop, the same answer, the same record (issue 16). A stream is sent from there too,
+and the loopback carries only its request's head.
 
 The relay used to carry every model exchange as two HTTP exchanges, mitmproxy's with the
 relay on loopback and the relay's with the upstream. A JSON answer is read whole before any
@@ -31,6 +32,7 @@ from provider import Reply
 
 MESSAGES = [{"role": "user", "content": "count"}]
 FAULTS = Path(__file__).with_name("faults.py")
+LOOPBACK = Path(__file__).with_name("loopback.py")
 
 
 def server_connects(proxy) -> list[str]:
@@ -101,6 +103,44 @@ def test_json_exchanges_open_no_mitmproxy_connection_and_streams_go_through_the_
     assert [c.status for c in trace.calls] == [200] * 4 and trace.num_turns == 4
     assert [trace.nodes[c.node].message.text() for c in trace.calls] == ["one", "two", "three", "four"]
     assert all(c.delivered for c in trace.calls)
+
+
+def test_a_stream_is_sent_from_the_request_hook_and_the_loopback_carries_only_its_head(
+        sim, start_proxy, harness_env, tmp_path):
+    """A streamed turn's request goes upstream from Fetch; the relay passes the stream down
+    and never reads the body mitmproxy sends it, so mitmproxy sends an empty one: a 200 KB
+    history crossed the loopback twice a turn. The upstream gets the whole body, the harness
+    the stream, and every observer (the flow at the answer's headers and at its end, the
+    flow file) the request as it went upstream. Chat and Anthropic, two turns each."""
+    from mitmproxy.io import FlowReader
+
+    flows = tmp_path / "flows.out"
+    proxy = start_proxy({"save_stream_file": str(flows)}, extra_scripts=[LOOPBACK])
+    session = proxy.create_session(upstream={"base_url": sim.url("/v1")}, model="imposed")
+    harness_env(session["env"])
+    oai, ant = session_clients(session)
+    history = [{"role": "user", "content": "a long document: " + "word " * 40_000}]
+    sim.script(*[Reply(text=["stre", "amed"]) for _ in range(4)])
+    for k in range(2):
+        with oai.chat.completions.stream(model="m", messages=history + [{"role": "user", "content": f"c{k}"}]) as s:
+            assert s.get_final_completion().choices[0].message.content == "streamed"
+        with ant.messages.stream(model="c", max_tokens=16,
+                                 messages=history + [{"role": "user", "content": f"a{k}"}]) as s:
+            assert s.get_final_message().content[0].text == "streamed"
+    sent = sim.model_requests()
+    assert len(sent) == 4 and all(len(r.body) > 200_000 and r.json["model"] == "imposed" for r in sent)
+    log = proxy.log()
+    assert re.findall(r"LOOPBACK body=(\d+) length=(\S+)", log) == [("0", "0")] * 4
+    observed = re.findall(r"OBSERVED body=(\d+) length=(\S+) at=(\S+)", log)
+    assert len(observed) == 8  # the answer's headers and its end, per turn
+    bodies = [len(r.body) for r in sent]
+    upstream = sim.url("/v1").split("/")[2]  # the simulator's host:port, not the relay's
+    assert observed == [(str(n), str(n), upstream) for n in bodies for _ in range(2)]
+    proxy.stop()
+    with flows.open("rb") as f:
+        saved = [f for f in FlowReader(f).stream() if f.request.path.endswith(("/completions", "/messages"))]
+    assert [f.request.raw_content for f in saved] == [r.body for r in sent]
+    assert all(f.request.headers["content-length"] == str(len(f.request.raw_content)) for f in saved)
 
 
 def test_a_stream_answer_to_a_json_request_goes_down_as_it_came(sim, proxy, new_session, harness_env):
