@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from interceptor.addons.exchange import Walked
 from interceptor.addons.hookrun import HookFailure, call, effective_request
 from interceptor.addons.memory import Chain, Copies, Handed, LastPass, Remembered, conversation, digest, kept
 from interceptor.dialects.base import RewriteError, Slot
@@ -34,8 +35,6 @@ from interceptor.trace.ids import new_id
 from interceptor.trace.messages import Message, Request, copied, message_hash, read_only
 from interceptor.trace.model import Rewrite
 from interceptor.trace.prefix import alike, identical
-
-from interceptor.addons.exchange import Walked
 
 if TYPE_CHECKING:
     from interceptor.addons.exchange import Exchange

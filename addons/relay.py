@@ -641,9 +641,9 @@ class Drain:
     async def fetch(self) -> None:
         """Send the request and read the answer whole in mitmproxy's request hook (``Fetch``),
         and give it to mitmproxy as the flow's answer: the loopback hop's second HTTP exchange
-        is not made. An answer that turns out to be a stream is left to the relay: the flow
-        goes on to it, and ``run`` passes that answer down as it comes, never sending the
-        request again. See ``Fetch``."""
+        is not made. An answer that is a stream (asked for, or not) is left to the relay once
+        its head is read: the flow goes on to it without its body (``_lighten``), and ``run``
+        passes that answer down as it comes, never sending the request again. See ``Fetch``."""
         flow, req = self.flow, self.flow.request
         self.fetching = True
         self._watching = asyncio.get_running_loop().call_later(WATCH, self._watch)
