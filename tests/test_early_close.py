@@ -22,6 +22,11 @@ from interceptor.trace import read_trace
 from provider import Reply
 
 MESSAGES = [{"role": "user", "content": "count to three"}]
+# The simulator's Messages stream for three text pieces is nine events (message_start,
+# content_block_start, ping, three deltas, content_block_stop, message_delta, message_stop):
+# message_stop comes 3 s after message_delta, so a client that closes after message_delta has
+# closed before it even on a loaded machine (0.4 s was once not enough while CI ran beside).
+CLOSE_AFTER_DELTA = [0.2] * 7 + [3.0]
 
 
 def sealed_trace(proxy, session):
@@ -54,8 +59,8 @@ def one_undelivered_turn(trace, text: str):
 
 def test_anthropic_stream_abandoned_after_message_delta_is_one_whole_turn(sim, proxy, new_session, harness_env):
     """The anthropic SDK's caller stops at ``message_delta`` (as litellm does) and closes the
-    stream: ``message_stop`` comes 0.4 s later, read by the proxy itself."""
-    sim.script(Reply(text=["one ", "two ", "three"], delay=0.4))
+    stream: ``message_stop`` comes 3 s later, read by the proxy itself."""
+    sim.script(Reply(text=["one ", "two ", "three"], delay=CLOSE_AFTER_DELTA))
     session = new_session()
     harness_env(session["env"])
     _, ant = session_clients(session)
@@ -85,7 +90,7 @@ def test_litellm_sync_anthropic_stream_is_recorded_whole(sim, proxy, new_session
     """litellm's sync Anthropic stream closes the connection after ``message_delta``."""
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before the import: no price-list download
     litellm = pytest.importorskip("litellm", reason="the harness extra (mini-swe-agent) brings litellm")
-    sim.script(Reply(text=["one ", "two ", "three"], delay=0.4))
+    sim.script(Reply(text=["one ", "two ", "three"], delay=CLOSE_AFTER_DELTA))
     session = new_session()
     harness_env(session["env"])
     monkeypatch.setenv("SSL_VERIFY", str(session["env"]["SSL_CERT_FILE"]))
