@@ -10,7 +10,9 @@ with ``intercept_drain_timeout=0``, to tell the relay's cost per event from the 
 The paths alternate stream by stream (rotating order), so the machine's load hits them alike. Per stream: the CPU time of all of
 the mitmdump process's threads (``/proc/<pid>/task/*/schedstat``) from before the request
 to 5 ms after its end, divided by the events the client received. Reported: µs per event,
-median (p10-p90), and each proxy's excess over bare. Each proxy's trace is checked
+median (p10-p90), each proxy's excess over bare, and how many times the process's threads were
+put on a CPU per event (schedstat's run count: at a provider's pace each wake-up finds cold
+caches, so a wake-up more per event costs more than any code the event runs). Each proxy's trace is checked
 afterwards: one turn per stream, every reply whole.
 """
 
@@ -38,7 +40,7 @@ from failclosed import checkout_proxy  # noqa: E402
 from mitm import MitmProcess  # noqa: E402
 from overhead import KEY_ENV, start_simulator  # noqa: E402
 from rollout import load, quantile  # noqa: E402
-from trace_turns import cpu_between, cpu_ns, machine  # noqa: E402
+from trace_turns import cpu_between, cpu_ns, machine, runs  # noqa: E402
 
 from interceptor.trace import read_trace  # noqa: E402
 
@@ -110,6 +112,7 @@ def main() -> int:
     procs["proxy"] = MitmProcess(workdir=work / "proxy", options=opts, env=env)
     per_event: dict[str, list[float]] = {n: [] for n in procs}
     chunks: dict[str, list[int]] = {n: [] for n in procs}
+    woke: dict[str, list[float]] = {n: [] for n in procs}
     loads = [load()]
     try:
         for p in procs.values():
@@ -138,10 +141,11 @@ def main() -> int:
             for k in range(args.streams):
                 for n in names[k % len(names):] + names[:k % len(names)]:
                     pid = procs[n].proc.pid
-                    t0 = cpu_ns(pid)
+                    t0, r0 = cpu_ns(pid), runs(pid)
                     events, text, got = stream(n)
                     time.sleep(0.005)
                     per_event[n].append(cpu_between(t0, cpu_ns(pid)) / events / 1e3)
+                    woke[n].append(cpu_between(r0, runs(pid)) / events)
                     chunks[n].append(got)
                     assert text == "".join(pieces), (n, text[:60])
                 if k % 20 == 19:
@@ -158,12 +162,14 @@ def main() -> int:
           + (f", {args.gap_ms:g} ms between events" if args.gap_ms else ", events as fast as the simulator writes them")
           + (f"; before = {args.before}" if args.before != "none" else ""))
     print()
-    print("| path | CPU per event, µs: median (p10-p90) | over bare + stream, µs (medians) | HTTP chunks the client read per stream, median |")
-    print("|---|---|---|---|")
+    print("| path | CPU per event, µs: median (p10-p90) | over bare + stream, µs (medians) "
+          "| HTTP chunks the client read per stream, median | times a thread was woken, per event, median |")
+    print("|---|---|---|---|---|")
     bare = statistics.median(per_event["bare + stream"])
     for n, xs in per_event.items():
         m = statistics.median(xs)
-        print(f"| {n} | {m:.1f} ({quantile(xs, 0.1):.1f}-{quantile(xs, 0.9):.1f}) | {m - bare:+.1f} | {statistics.median(chunks[n]):.0f} |")
+        print(f"| {n} | {m:.1f} ({quantile(xs, 0.1):.1f}-{quantile(xs, 0.9):.1f}) | {m - bare:+.1f} "
+              f"| {statistics.median(chunks[n]):.0f} | {statistics.median(woke[n]):.2f} |")
     return 0
 
 
