@@ -5,7 +5,10 @@
 
 Paths, all live at once against one simulator process (``tests/provider``, run by this script
 with ``--serve``), every one a real process in its own session (so each gets its own
-autogroup share of a shared machine's CPU, as separate services would):
+autogroup share of a shared machine's CPU, as separate services would; until 2026-12-05
+``proxy`` was started by ``interceptor.client.Proxy`` in this script's session, sharing the
+clients' autogroup, and a mitmdump so started read 0.06-0.18 ms a rollout turn more at turn 300
+than the same in a session of its own, three runs of a variant of bench/rollout.py):
 
 - ``direct``: the simulator itself, no proxy (the floor every other path is compared with);
 - ``bare``: bare mitmdump, TLS intercepted for api.openai.com and mapped to the simulator
@@ -641,15 +644,18 @@ def start_paths(httpx, work: Path, sim_url: str, names: list[str], skipped: dict
         return Path_(name, what, URL, "gpt-4o", model, True, new_session=new, traces=traces, stop=stop, pids=pids)
 
     def plain() -> Path_:
-        """As ``make run`` starts it: one mitmdump with the script, no front."""
-        proxy = Proxy(upstreams=json.loads(upstreams), env=env, workdir=work / "plain", trace_dir=work / "traces-plain")
+        """As ``make run`` starts it: one mitmdump with the script, no front, in a session of its
+        own as the bare paths are (a terminal of its own, as a service would be; the evaluator's
+        ``Proxy.start`` would put it in this benchmark's session, and so in its autogroup)."""
+        m = MitmProcess(workdir=work / "plain", options={"intercept_upstreams": upstreams}, env=env, new_session=True)
         try:
-            proxy.start()
+            m.start()
+            proxy = Proxy.attach(m.url, m.admin_token)
         except Exception as e:  # noqa: BLE001 - said, and the run goes on
-            proxy.stop()
+            m.cleanup()
             raise Unavailable(f"mitmdump -s addons/interception.py did not start: {e}") from None
         return attached("proxy", proxy, "bench-proxy", "this proxy: one mitmdump -s addons/interception.py (make run), "
-                        "HTTPS_PROXY", proxy.stop, lambda: [proxy.pid])
+                        "HTTPS_PROXY", m.cleanup, lambda: [m.proc.pid])
 
     add("proxy", plain)
 
@@ -815,12 +821,13 @@ def bands(n: int, band: int) -> tuple[tuple[int, int], tuple[int, int]]:
     return (0, min(band, n)), (max(0, n - band), n)
 
 
-def minus_bare(lat: list[float], bare: list[float], lo_hi: tuple[int, int]) -> str:
-    """A path's latency minus bare mitmdump's for the same turn, over the turns ``lo_hi``:
-    median (p25..p75), ms; ``-`` for bare itself."""
-    if lat is bare:
+def minus_bare(xs: list[float], bare: list[float], lo_hi: tuple[int, int], unit: float = 1e3) -> str:
+    """A path's figure minus bare mitmdump's for the same turn, over the turns ``lo_hi``:
+    median (p25..p75), ms (``unit``: latency in seconds by default, ``1e-6`` for CPU in ns);
+    ``-`` for bare itself."""
+    if xs is bare:
         return "-"
-    d = [(a - b) * 1e3 for a, b in zip(lat[lo_hi[0]:lo_hi[1]], bare[lo_hi[0]:lo_hi[1]])]
+    d = [(a - b) * unit for a, b in zip(xs[lo_hi[0]:lo_hi[1]], bare[lo_hi[0]:lo_hi[1]])]
     return f"{med(d):+.2f} ({quantile(d, 0.25):+.2f}..{quantile(d, 0.75):+.2f})"
 
 
@@ -835,12 +842,17 @@ def rollout_table(paths: list[Path_], data: dict[str, dict[str, list[float]]], b
     # mostly cancel. The difference of two bands' p50s (the columns before) carries the
     # noise of both, several ms on a shared VM; the median of the per-turn differences is
     # the A/B estimate of what the path adds over bare mitmdump.
+    # Both latency and CPU are paired: bench/rollout.py reports the two, and a latency figure
+    # from one benchmark read against a CPU figure from the other once looked like a 0.6 ms
+    # disagreement between them (docs/benchmarks.md).
     bare = data.get("bare", {}).get("lat", [])
-    paired = len(bare) == n
+    bare_cpu = data.get("bare", {}).get("cpu", [])
+    paired = len(bare) == n and len(bare_cpu) == n
     rows = [f"| path | CPU per turn ms, turns {first[0] + 1}-{first[1]} | turns {last[0] + 1}-{last[1]} | last / first | "
             f"added p50 ms, first band | last band | added p99 ms, first band | last band | all turns p50 / p99 |"
-            + (" minus bare per turn, ms: median (p25..p75), first band | last band |" if paired else ""),
-            "|---" * (9 + 2 * paired) + "|"]
+            + (" latency minus bare per turn, ms: median (p25..p75), first band | last band "
+               "| CPU minus bare per turn, ms: median (p25..p75), first band | last band |" if paired else ""),
+            "|---" * (9 + 4 * paired) + "|"]
     for p in paths:
         d = data.get(p.name)
         if p.name == "direct" or not d or len(d["lat"]) != n:
@@ -855,7 +867,9 @@ def rollout_table(paths: list[Path_], data: dict[str, dict[str, list[float]]], b
         rows.append(f"| {p.name}{' ✗' if p.problems else ''} | {c1:.2f} | {c2:.2f} | {c2 / c1:.2f} | {at(first, 0.5):+.2f} | "
                     f"{at(last, 0.5):+.2f} | {at(first, 0.99):+.1f} | {at(last, 0.99):+.1f} | "
                     f"{quantile(added, 0.5) * 1e3:+.2f} / {quantile(added, 0.99) * 1e3:+.1f} |"
-                    + (" " + " | ".join(minus_bare(d["lat"], bare, b) for b in (first, last)) + " |" if paired else ""))
+                    + (" " + " | ".join([minus_bare(d["lat"], bare, b) for b in (first, last)]
+                                        + [minus_bare(d["cpu"], bare_cpu, b, 1e-6) if len(d["cpu"]) == n else "-"
+                                           for b in (first, last)]) + " |" if paired else ""))
     rows.append(f"\ndirect: median {med(direct) * 1e3:.2f} ms, p99 {quantile(direct, 0.99) * 1e3:.1f} ms")
     return rows
 
@@ -887,9 +901,12 @@ def summary_table(workloads: list[Workload], paths: list[Path_], cells: dict, da
         first, last = bands(len(direct), band)
         for label, fn in ((f"rollout: CPU per turn, ms, turns {first[0] + 1}-{first[1]} / {last[0] + 1}-{last[1]}",
                            lambda d: f"{med(d['cpu'][first[0]:first[1]]) / 1e6:.2f} / {med(d['cpu'][last[0]:last[1]]) / 1e6:.2f}"),
-                          (f"rollout: minus bare per turn, ms, median, turns {last[0] + 1}-{last[1]}",
+                          (f"rollout: latency minus bare per turn, ms, median, turns {last[0] + 1}-{last[1]}",
                            lambda d: minus_bare(d["lat"], data["bare"]["lat"], last).split(" ")[0]
                            if len(data.get("bare", {}).get("lat", [])) == len(direct) else "-"),
+                          (f"rollout: CPU minus bare per turn, ms, median, turns {last[0] + 1}-{last[1]}",
+                           lambda d: minus_bare(d["cpu"], data["bare"]["cpu"], last, 1e-6).split(" ")[0]
+                           if len(data.get("bare", {}).get("cpu", [])) == len(direct) == len(d["cpu"]) else "-"),
                           ("rollout: added p50 / p99, ms, all turns",
                            lambda d: (lambda a: f"{quantile(a, 0.5) * 1e3:+.2f} / {quantile(a, 0.99) * 1e3:+.1f}")(
                                [x - y for x, y in zip(d["lat"], direct)]))):

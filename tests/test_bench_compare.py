@@ -82,7 +82,8 @@ def test_the_rollout_pairs_each_turn_with_bare_mitmdump():
     rows = compare.rollout_table(paths, data, band=25)
     head, proxy_row = rows[0], next(r for r in rows if r.startswith("| proxy "))
     assert head.count("|") == proxy_row.count("|")
-    assert proxy_row.endswith("| +0.70 (+0.70..+0.70) | +0.70 (+0.70..+0.70) |")
+    # latency, then CPU (1 ms more than bare's every turn), each paired, first and last band
+    assert proxy_row.endswith("| +0.70 (+0.70..+0.70) | +0.70 (+0.70..+0.70) | +1.00 (+1.00..+1.00) | +1.00 (+1.00..+1.00) |")
     # without bare in the run, no paired columns
     rows = compare.rollout_table([paths[0], paths[2]], {k: data[k] for k in ("direct", "proxy")}, band=25)
     assert "minus bare" not in rows[0]
