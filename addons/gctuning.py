@@ -31,6 +31,17 @@ last one.
 
 ``intercept_gc_tuning false`` keeps Python's defaults; ``intercept_gc_collect_mib 0`` keeps
 the tuning without the collections by bytes (the collector's object count alone, as before).
+
+The ended flows are counted too: every ``FLOWS`` of them, whatever their size, the same
+collection. Python's own count of the young generation is allocations minus deallocations of
+*any* generation's objects (CPython's ``PyObject_GC_Del`` lowers it for an old object too), so
+when old objects are freed as fast as flows are made it never reaches its threshold. That is
+what a burst of seals does: each releases its session's graph (old objects freed by reference
+counting) over one control-API flow (~200 young objects of cyclic garbage). 300 seals left
+~67,000 objects in the young generation and 900 left ~240,000; the first collection after them
+walked and freed them all at once, a 70-300 ms stall of every stream on the loop
+(docs/benchmarks.md, "A burst of seals"). ``FLOWS`` flows is about the threshold's worth of
+their garbage, so under plain load this comes about when Python's own pass would have.
 """
 
 from __future__ import annotations
@@ -54,6 +65,9 @@ COLLECT_MIB = 2
 #: tests/test_gctuning.py's rollout alive, and so moved it to the middle generation, whose
 #: collection comes every tenth young one; three passes later each was free).
 GRACE = 0.02
+#: Ended flows after which the young generation is collected whatever their bodies' size: a
+#: dead flow leaves ~200 objects in cycles, so this is about ``THRESHOLD0``'s worth.
+FLOWS = 50
 
 _done = False  # per process: a reloaded script must not freeze the flows in flight
 
@@ -61,6 +75,7 @@ _done = False  # per process: a reloaded script must not freeze the flows in fli
 class GcTuning:
     def __init__(self) -> None:
         self._ended = 0  # body bytes of the flows ended since the last collection this asked for
+        self._flows = 0  # flows ended since then
         self._asked = False  # a collection is scheduled
         self._budget = COLLECT_MIB << 20  # intercept_gc_collect_mib, in bytes
 
@@ -74,8 +89,9 @@ class GcTuning:
         loader.add_option(
             "intercept_gc_collect_mib", int, COLLECT_MIB,
             "With intercept_gc_tuning: MiB of ended flows' bodies (requests and answers) after which "
-            "the young generation is collected, since mitmproxy's flows are freed by the collector only "
-            "and its object count comes seldom when turns are large; 0: by the object count alone.")
+            f"(and after every {FLOWS} ended flows) the young generation is collected, since mitmproxy's "
+            "flows are freed by the collector only and its object count comes seldom when turns are large "
+            "or sessions are sealed; 0: by the object count alone.")
 
     def configure(self, updated) -> None:
         if "intercept_gc_collect_mib" in updated:
@@ -105,10 +121,11 @@ class GcTuning:
     def _end(self, flow: http.HTTPFlow) -> None:
         if not _done:  # Python's defaults (intercept_gc_tuning false): its threshold frees them
             return
+        self._flows += 1
         self._ended += len(flow.request.raw_content or b"")
         if flow.response is not None:
             self._ended += len(flow.response.raw_content or b"")
-        if not self._budget or self._ended < self._budget or self._asked:
+        if self._asked or not self._budget or (self._ended < self._budget and self._flows < FLOWS):
             return
         try:
             loop = asyncio.get_running_loop()
@@ -123,5 +140,5 @@ class GcTuning:
         would take it: it counts young collections, manual ones too, and the next automatic
         one is far off)."""
         self._asked = False
-        self._ended = 0
+        self._ended = self._flows = 0
         gc.collect(1 if gc.get_count()[1] >= gc.get_threshold()[1] else 0)
