@@ -169,3 +169,41 @@ def test_the_turn_number_counts_committed_calls_in_any_order_of_answers():
     for k in (0, 2, 3, 6, 5, 3, 0):  # in order, then answers that finished late
         assert _turn_number(session, calls, k) == expected[k], k
     assert _turn_number(SimpleNamespace(state={}), calls, 6) == 5
+
+
+def test_the_last_minute_counts_only_the_flows_inside_it(monkeypatch):
+    """The line's "last minute" figures, kept as flows come and leave the window (not counted
+    again each tick), say what the window holds at every tick, however ticks and flows interleave."""
+    import types
+
+    from mitmproxy.test import tflow
+
+    from interceptor.addons import status as status_mod
+    from interceptor.addons.session import Registry
+
+    clock = [1000.0]
+    monkeypatch.setattr(status_mod.time, "monotonic", lambda: clock[0])
+    kinds = iter(["turn", "turn", "call", "turn", "replay", "turn"])
+    monkeypatch.setattr(status_mod, "outcome", lambda flow, numbers: types.SimpleNamespace(kind=next(kinds)))
+    st = status_mod.Status(Registry())
+    st.interval = 5
+
+    def at(t: float) -> str:
+        clock[0] = 1000.0 + t
+        return re.search(r"last minute (\d+) turns, (\d+) calls", st.line()).group(1, 2)
+
+    for t in (0, 10):
+        clock[0] = 1000.0 + t
+        st.response(tflow.tflow(resp=True))  # a turn counts as a turn and a call
+    assert at(20) == ("2", "2")
+    clock[0] = 1030.0
+    st.response(tflow.tflow(resp=True))  # a call
+    st.error(tflow.tflow(resp=True))  # a turn
+    assert at(65) == ("2", "3")  # the first turn left the window
+    assert at(80) == ("1", "2")  # and the second
+    clock[0] = 1085.0
+    st.response(tflow.tflow(resp=True))  # a replay
+    st.response(tflow.tflow(resp=True))  # a turn
+    assert at(95) == ("1", "1")  # what came at 30 left; the replay is no turn or call
+    assert at(200) == ("0", "0") and min(st.minute.values()) == 0
+    assert st.totals["turn"] == 4 and st.totals["replay"] == 1
