@@ -30,12 +30,14 @@ mitmproxy has let the flow go, and the collection walks only what was allocated 
 last one.
 
 ``intercept_gc_tuning false`` keeps Python's defaults; ``intercept_gc_collect_mib 0`` keeps
-the tuning without the collections by bytes (the collector's object count alone, as before).
+the tuning without the collections this addon asks for, by bytes or by flows (the collector's
+object count alone, as before).
 
 The ended flows are counted too: every ``FLOWS`` of them, whatever their size, the same
 collection. Python's own count of the young generation is allocations minus deallocations of
-*any* generation's objects (CPython's ``PyObject_GC_Del`` lowers it for an old object too), so
-when old objects are freed as fast as flows are made it never reaches its threshold. That is
+*any* generation's objects (CPython's ``PyObject_GC_Del`` lowers it for an old object too; on
+3.13, 300 young lists allocated and then 5,000 old ones freed leave the count at 0), so when old
+objects are freed as fast as flows are made it never reaches its threshold. That is
 what a burst of seals does: each releases its session's graph (old objects freed by reference
 counting) over one control-API flow (~200 young objects of cyclic garbage). 300 seals left
 ~67,000 objects in the young generation and 900 left ~240,000; the first collection after them

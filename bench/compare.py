@@ -841,11 +841,9 @@ def rollout_table(paths: list[Path_], data: dict[str, dict[str, list[float]]], b
     # second of each other, so the simulator's time for that body and the machine's load
     # mostly cancel. The difference of two bands' p50s (the columns before) carries the
     # noise of both, several ms on a shared VM; the median of the per-turn differences is
-    # the A/B estimate of what the path adds over bare mitmdump.
-    # Both latency and CPU are paired, as bench/rollout.py reports them: the difference of two
-    # CPU band medians (the columns before) carries both bands' noise, and read against
-    # bench/rollout.py's paired figure it once looked like a 0.6 ms disagreement between the
-    # two benchmarks (docs/benchmarks.md).
+    # the A/B estimate of what the path adds over bare mitmdump. CPU is paired the same way, as
+    # bench/rollout.py pairs it (two CPU band medians taken apart, read against its paired
+    # figure, once looked like a 0.6 ms disagreement between the benchmarks: docs/benchmarks.md).
     bare = data.get("bare", {}).get("lat", [])
     bare_cpu = data.get("bare", {}).get("cpu", [])
     paired = len(bare) == n and len(bare_cpu) == n

@@ -11,8 +11,8 @@ The paths alternate stream by stream (rotating order), so the machine's load hit
 the mitmdump process's threads (``/proc/<pid>/task/*/schedstat``) from before the request
 to 5 ms after its end, divided by the events the client received. Reported: µs per event,
 median (p10-p90), each proxy's excess over bare, and how many times the process's threads were
-put on a CPU per event (schedstat's run count: at a provider's pace each wake-up finds cold
-caches, so a wake-up more per event costs more than any code the event runs). Each proxy's trace is checked
+put on a CPU per event (schedstat's run count: at a provider's pace a wake-up finds cold
+caches, so one more per event would cost more than most code the event runs). Each proxy's trace is checked
 afterwards: one turn per stream, every reply whole.
 """
 
