@@ -532,8 +532,11 @@ class Drain:
 
     def take_over(self, flow: http.HTTPFlow) -> bool:
         """mitmproxy ended the flow with an error. True if this drain finishes the answer (the
-        client went away while the upstream answered, or after it had answered in full)."""
+        client went away while the upstream answered, or after it had answered in full).
+        Whichever: observers see the flow as it went upstream (``restore``, idempotent), not
+        the relay's address or the body ``_lighten`` kept back."""
         self.relay.forget(self)
+        self.restore(flow)
         if self.fetched and not self.taken and flow.response is not None and not self.ex.committed:
             # Fetched whole, and the client went away before mitmproxy ran the answer's hooks
             # (it looks for that when the request hook returns): finished as a takeover's.
@@ -544,7 +547,6 @@ class Drain:
         if self.ex.hold is not None and self.ex.hold.phase == "deliver":
             return False  # decided and on the record: the stages after the hold see the error
         self._left()
-        self.restore(flow)
         if self.sent is not None:  # Fetch left a stream to the relay, which the flow never reached
             sent, self.sent = self.sent, None
             self._reading = asyncio.ensure_future(self._read_on(sent))  # held: the loop keeps only weak refs
