@@ -480,3 +480,27 @@ def test_an_exchange_says_what_a_replay_is_in_one_place():
     assert not ex.replayed
     ex.replay_of = "call-1"
     assert ex.replayed
+
+
+def test_a_flow_that_errors_before_the_relay_has_it_shows_the_upstream_to_observers(world):
+    """The Relay pointed the flow at its loopback server (and ``_lighten`` kept the body back),
+    then mitmproxy ended the flow with an error before the relay had the request: observers
+    (flow files, mitmweb, the log) see the upstream's address and the body as the harness sent
+    it, no ticket, and the drain does not take the flow over (``Drain.take_over``)."""
+    from interceptor.addons.relay import TICKET, Relay
+    session = world.session()
+    flow = _turn(world, session)
+    sent = (flow.request.scheme, flow.request.host, flow.request.port, flow.request.raw_content)
+    relay = Relay(pipeline=None)  # type: ignore[arg-type]
+    relay.port = 9  # its loopback server's, as ``running`` sets it
+    relay.request(flow)
+    drain = exchange_of(flow).drain
+    assert drain is not None and (flow.request.host, flow.request.port) == ("127.0.0.1", 9)
+    assert TICKET in flow.request.headers
+    drain._lighten()  # as Fetch does for a stream it leaves to the relay
+    assert flow.request.raw_content == b"" and not drain.started
+    flow.error = mflow.Error("Client disconnected.")
+    assert drain.take_over(flow) is False
+    assert (flow.request.scheme, flow.request.host, flow.request.port, flow.request.raw_content) == sent
+    assert flow.request.headers["content-length"] == str(len(sent[3]))
+    assert TICKET not in flow.request.headers and not relay.holds(drain)
