@@ -278,7 +278,9 @@ class Registry:
         self.keep_sealed = keep_sealed
         self.rewrite_keep_bytes = KEEP_BYTES  # intercept_rewrite_keep_bytes
         self._released: deque[str] = deque()
-        self._dropped: dict[str, Path] = {}
+        # Dropped sessions' trace paths, as strings: one entry per session the process ever
+        # dropped, so as small as it can be (a Path is ~0.4 KB more, in four objects).
+        self._dropped: dict[str, str] = {}
         # intercept_worker: this process is one worker behind a front; every session id, trace
         # file and secret it makes starts with the tag, so the front routes by them without
         # knowing any session, and workers sharing one trace folder never pick the same name.
@@ -351,13 +353,15 @@ class Registry:
                     continue
                 self._by_model_secret.pop(old.model_secret, None)
                 self._by_state_secret.pop(old.state_secret, None)
-                self._dropped[old.id] = old.trace_path
+                self._dropped[old.id] = str(old.trace_path)
+                self.store.forget(old.trace_path)
         if self.on_release is not None:
             self.on_release()
 
     def dropped(self, sid: str) -> Path | None:
         """The trace file of a session dropped from memory, None if there is no such session."""
-        return self._dropped.get(sid)
+        path = self._dropped.get(sid)
+        return Path(path) if path is not None else None
 
     def page(self, *, after: str | None, limit: int, state: str | None) -> tuple[list[Session], str | None]:
         """Sessions in creation order after the one with id ``after``: up to ``limit`` of them,

@@ -646,3 +646,20 @@ def test_kill_9_loses_at_most_what_was_in_flight(tmp_path):
     assert trace.num_turns >= 5
     assert len([w for w in caught if issubclass(w.category, TornRecordWarning)]) <= 1
     assert problems(trace) == []
+
+
+def test_forgetting_a_file_keeps_the_account_of_one_the_writer_still_holds(tmp_path):
+    """``Store.forget`` (a session dropped from memory): a written file's account goes; one
+    whose records still wait for the disk keeps it (and its error) while the writer holds it."""
+    store = Store()
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    bad = Recorder(blocker / "x.msgpack", {"id": "x"}, store=store)
+    good = Rollout(tmp_path / "g.msgpack", store=store)
+    good.recorder.seal()
+    store.flush(timeout=10)
+    for r in (bad, good.recorder):
+        store.forget(r.path)
+    assert not store.health(bad.path).ok and "store_error" in bad.summary()
+    assert store.health(good.path).ok and good.path not in store._health
+    store.close()
