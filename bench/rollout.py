@@ -1,7 +1,7 @@
 """A growing rollout, turn by turn: does the proxy's cost per turn grow with the history?
 
     .venv/bin/python bench/rollout.py [--turns 300] [--chunk 570] [--before REV] [--dialect anthropic|gemini|responses] [--hooks]
-                                      [--collect-tokens] [--stream]
+                                      [--collect-tokens] [--stream] [--warm N [--warm-live]]
 
 One Chat Completions conversation of ``--turns`` turns, each restating the whole history and
 adding a ``--chunk``-character user message and reply (300 x 2 x 570 characters: the last
@@ -20,7 +20,11 @@ prefixes of each other (bench/trace_turns.py's), each proxy session collects tok
 proxy asks for them, records them and strips them), and ``direct`` and ``bare`` ask for them
 themselves, so every path gets the same answer from upstream: the whole prompt's ids on every
 turn (~70,000 at turn 300). ``--stream``: every turn streamed (bare mitmdump with a script
-that streams SSE through, as the proxy does).
+that streams SSE through, as the proxy does). ``--warm N``: before the rollout, every path
+serves N other sessions of ``--warm-turns`` (10) turns of ~20 KB each, 16 at a time, each
+session sealed (``DELETE``) when its last turn is answered, as an orchestrator ends each
+rollout of a night (``--warm-live``: left live): what the rollout costs on a proxy that has
+already served a night's sessions, against bare mitmdump that has relayed the same requests.
 
 - ``direct``: to the simulator, no proxy (the latency floor);
 - ``bare``: bare mitmdump, TLS intercepted for api.openai.com and mapped to the simulator
@@ -143,6 +147,41 @@ def quantile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def warm_up(proxy: MitmProcess | None, p: MitmProcess, args, url: str, base: str) -> int:
+    """``--warm``: ``args.warm`` sessions of ``args.warm_turns`` turns through ``p``, 16 at a time,
+    each a conversation of its own opened by an 18 KB user message (so ~20 KB a request); through
+    this proxy each is a session made through the control API, imposing the model, and sealed
+    after its last answer unless ``--warm-live``. Returns the number of requests answered."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ca = str(p.ca_bundle if proxy else p.confdir / "mitmproxy-ca-cert.pem")
+    opening = ("Here is the file to read. " * 700)[:18_000]
+
+    def worker(w: int) -> int:
+        done = 0
+        with httpx.Client(proxy=p.url, verify=ca, timeout=120) as client:
+            for i in range(w, args.warm, 16):
+                s = proxy.create_session(upstream={"base_url": base}, model=MODEL) if proxy else None
+                secret = s["model_secret"] if s else "sk-unused"
+                messages = [{"role": "system", "content": "You are a patient assistant."},
+                            {"role": "user", "content": f"session {i}: {opening}"}]
+                for k in range(args.warm_turns):
+                    r = client.post(url, content=request_body(args.dialect, messages, k), headers={
+                        "authorization": f"Bearer {secret}", "x-api-key": secret, "x-goog-api-key": secret,
+                        "anthropic-version": "2023-06-01", "content-type": "application/json"})
+                    r.raise_for_status()
+                    done += 1
+                    messages += [{"role": "assistant", "content": answer_text(args.dialect, r.json())},
+                                 {"role": "user", "content": f"turn {k} of session {i}: go on."}]
+                if s and not args.warm_live:
+                    status, _ = proxy.api("DELETE", f"sessions/{s['id']}")
+                    assert status == 200, status
+        return done
+
+    with ThreadPoolExecutor(16) as pool:
+        return sum(pool.map(worker, range(16)))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--turns", type=int, default=300)
@@ -156,6 +195,9 @@ def main() -> int:
     ap.add_argument("--stream", action="store_true", help="Chat: every turn streamed (SSE; bare with the stream script)")
     ap.add_argument("--collect-tokens", action="store_true",
                     help="Chat: the simulator plays vLLM; proxy sessions collect_tokens, direct and bare ask for the ids")
+    ap.add_argument("--warm", type=int, default=0, metavar="N", help="N sessions served through every path first")
+    ap.add_argument("--warm-turns", type=int, default=10)
+    ap.add_argument("--warm-live", action="store_true", help="leave the --warm sessions live (default: sealed)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the --collect-tokens simulator
     args = ap.parse_args()
     reply = ("The answer, at length. " * (args.chunk // 23 + 1))[:args.chunk]
@@ -230,6 +272,13 @@ def main() -> int:
             hello = request_body(args.dialect, [{"role": "system", "content": "hi"}, {"role": "user", "content": "hi"}], 0)
             for n in names:  # connections, TLS and certificates before the first measured turn
                 send(n, hello, warm[n]["model_secret"] if n in warm else "sk-unused")
+            if args.warm:
+                for n, p in procs.items():
+                    t0 = time.perf_counter()
+                    served = warm_up(p if n != "bare" else None, p, args, url, base)
+                    print(f"warm-up: {n} served {served} requests of {args.warm} sessions "
+                          f"({'live' if args.warm_live else 'sealed'}) in {time.perf_counter() - t0:.0f} s; "
+                          f"RSS {rss_mb(p.proc.pid):.0f} MB", flush=True)
             messages = [{"role": "system", "content": "You are a patient assistant."}]
             for k in range(args.turns):
                 said = f"{SECRET} " if args.hooks and k % 10 == 0 else ""
@@ -284,7 +333,8 @@ def main() -> int:
     print(f"{args.dialect}{' stream' if args.stream else ''}{' collect_tokens' if args.collect_tokens else ''}"
           f"{' hooks' if args.hooks else ''}: "
           f"{args.turns} turns, {args.chunk} characters a side per turn, last request {last_request / 1e3:.0f} KB; "
-          f"paths in rotating order every turn" + (f"; before = {short}" if short else ""))
+          f"paths in rotating order every turn" + (f"; before = {short}" if short else "")
+          + (f"; after {args.warm} {'live' if args.warm_live else 'sealed'} sessions of {args.warm_turns} turns" if args.warm else ""))
     print()
     bands = [(lo, min(lo + args.band, args.turns)) for lo in range(0, args.turns, args.band)]
     heads = [f"{lo + 1}-{hi}" for lo, hi in bands]
