@@ -85,6 +85,32 @@ def test_a_dotted_module_name_is_imported(tmp_path, monkeypatch):
     assert [s.name for s in load_hooks("dotted_hooks_mod").between_stops] == ["s"]
 
 
+def test_an_edited_file_is_loaded_again_and_a_broken_edit_leaves_the_last_good_one(tmp_path):
+    """The same path, edited: a new load gets the new code and digest, the old HookSet keeps
+    its own functions; an unchanged file is not executed again; an edit that does not import
+    is the usual HookError, and the fix loads."""
+    import hashlib
+    from pathlib import Path
+
+    def version(n: int, extra: str = "") -> str:
+        return hooks_file(tmp_path, f"@stop\ndef s(ctx) -> bool:\n    return {n}\n{extra}")
+
+    path = version(1)
+    first = load_hooks(path)
+    assert first.sha256 == hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    assert load_hooks(path).between_stops[0].fn is first.between_stops[0].fn  # not executed again
+    version(2, "# longer\n")
+    second = load_hooks(path)
+    assert second.sha256 == hashlib.sha256(Path(path).read_bytes()).hexdigest() != first.sha256
+    assert (first.between_stops[0].fn(None), second.between_stops[0].fn(None)) == (1, 2)
+    version(3, "import no_such_module_here\n")
+    with pytest.raises(HookError, match="cannot import"):
+        load_hooks(path)
+    assert second.between_stops[0].fn(None) == 2
+    version(4)
+    assert load_hooks(path).between_stops[0].fn(None) == 4
+
+
 # --- through the proxy -------------------------------------------------------------------------
 
 def test_a_between_turn_stop_ends_the_rollout_and_metrics_reach_the_footer(session, msim, mproxy, tmp_path):
@@ -108,6 +134,32 @@ def test_a_between_turn_stop_ends_the_rollout_and_metrics_reach_the_footer(sessi
     trace = read_trace(s["trace_path"])
     assert (trace.stop_condition, trace.stopped_by, trace.truncated) == ("enough", "hook", False)
     assert trace.metrics == {"turns_seen": 2, "grader": 1}
+
+
+def test_a_session_made_after_an_edit_runs_the_new_hooks_and_each_trace_names_its_file(session, msim, mproxy, tmp_path):
+    """An evaluator edits hooks.py while the proxy runs: sessions made afterwards run the new
+    code, a session made before keeps its own, and each trace's header has the sha256 of the
+    file its session ran."""
+    import hashlib
+    from pathlib import Path
+
+    def version(n: int) -> str:
+        return hooks_file(tmp_path, f"@stop\ndef count(ctx: HookContext) -> bool:\n"
+                                    f"    ctx.record_metric('version', {n})\n    return False\n" + "#" * n)
+
+    path = version(1)
+    digests = [hashlib.sha256(Path(path).read_bytes()).hexdigest()]
+    old = session(hooks={"module": path})
+    version(2)
+    digests.append(hashlib.sha256(Path(path).read_bytes()).hexdigest())
+    new = session(hooks={"module": path})
+    msim.script(Reply(text="one"), Reply(text="two"))
+    for s in (old, new):
+        session_clients(s)[0].chat.completions.create(model="x", messages=[{"role": "user", "content": "a"}])
+        assert mproxy.api("DELETE", f"sessions/{s['id']}")[0] == 200
+    traces = [read_trace(s["trace_path"]) for s in (old, new)]
+    assert [t.metrics for t in traces] == [{"version": 1}, {"version": 2}]
+    assert [t.config["hooks"]["sha256"] for t in traces] == digests
 
 
 def test_a_request_stop_sees_the_request_the_upstream_would_get(session, msim, mproxy, tmp_path):
