@@ -1,7 +1,7 @@
 """A growing rollout, turn by turn: does the proxy's cost per turn grow with the history?
 
     .venv/bin/python bench/rollout.py [--turns 300] [--chunk 570] [--before REV] [--dialect anthropic|gemini|responses] [--hooks]
-                                      [--collect-tokens] [--stream] [--warm N [--warm-live]]
+                                      [--collect-tokens] [--stream] [--warm N [--warm-live]] [--script PROBE.py]
 
 One Chat Completions conversation of ``--turns`` turns, each restating the whole history and
 adding a ``--chunk``-character user message and reply (300 x 2 x 570 characters: the last
@@ -195,6 +195,8 @@ def main() -> int:
     ap.add_argument("--stream", action="store_true", help="Chat: every turn streamed (SSE; bare with the stream script)")
     ap.add_argument("--collect-tokens", action="store_true",
                     help="Chat: the simulator plays vLLM; proxy sessions collect_tokens, direct and bare ask for the ids")
+    ap.add_argument("--script", type=Path, action="append", default=[],
+                    help="also load this mitmproxy script into every proxy path (a probe: a collector's log, say)")
     ap.add_argument("--warm", type=int, default=0, metavar="N", help="N sessions served through every path first")
     ap.add_argument("--warm-turns", type=int, default=10)
     ap.add_argument("--warm-live", action="store_true", help="leave the --warm sessions live (default: sealed)")
@@ -233,6 +235,9 @@ def main() -> int:
     if args.env:
         name, _, value = args.env.partition("=")
         procs["env"] = MitmProcess(workdir=work / "env", options=opts, env={**env, name: value})
+    for n, p in procs.items():
+        if n != "bare":
+            p.extra_scripts = [s.resolve() for s in args.script]
     names = ["direct", *procs]
     cpu: dict[str, list[int]] = {n: [] for n in procs}
     faults: dict[str, list[int]] = {n: [] for n in procs}
