@@ -153,6 +153,9 @@ def _above(nodes: list, last: Prior, leaf: int) -> bool:
     return False
 
 
+_LAZY = ("memory", "handed")  # what ``Session.release`` lets go of and ``__getattr__`` makes again
+
+
 @dataclass(eq=False)
 class Session:
     id: str
@@ -239,13 +242,24 @@ class Session:
                            info=seal.info, stopped_by=stop.by, truncated=stop.truncated)
 
     def release(self) -> None:
-        """After the seal: keep the summary, drop the graph and every addon's state."""
+        """After the seal: keep the summary, drop the graph and every addon's state. What is
+        dropped is not replaced by empty ones (``__getattr__`` makes one if a late exchange
+        asks): a kept sealed session's every container is walked by each full collection."""
         self.recorder.release()
-        self.state.clear()
+        self.state = {}  # empty: not tracked by the collector (a cleared dict stays tracked)
         self.task_state = TaskState.initial(None, None)  # its history is on the record
         self.admitted.clear()
-        self.memory = Memory()
+        for name in _LAZY:
+            self.__dict__.pop(name, None)
         self.last_prompts = ()
+
+    def __getattr__(self, name: str) -> Any:
+        """Only for an attribute that is not set: one ``release`` let go of, made again."""
+        if name not in _LAZY:
+            raise AttributeError(name)
+        value = Memory() if name == "memory" else Handed()
+        setattr(self, name, value)
+        return value
 
     def summary(self) -> dict[str, Any]:
         s = self.recorder.summary()
@@ -255,7 +269,7 @@ class Session:
         s["trace_path"] = str(self.trace_path)
         s["tls_rejections"] = self.tls_rejections
         s["oversized_requests"] = self.oversized
-        s["state_version"] = self.recorder.trace.state_version  # kept by a released trace too
+        s["state_version"] = self.recorder.state_version  # kept by a released trace too
         return s
 
 

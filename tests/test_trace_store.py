@@ -648,18 +648,25 @@ def test_kill_9_loses_at_most_what_was_in_flight(tmp_path):
     assert problems(trace) == []
 
 
-def test_forgetting_a_file_keeps_the_account_of_one_the_writer_still_holds(tmp_path):
-    """``Store.forget`` (a session dropped from memory): a written file's account goes; one
-    whose records still wait for the disk keeps it (and its error) while the writer holds it."""
+def test_forgetting_a_file_drops_its_account_and_the_writer_still_writes_what_it_holds(tmp_path, monkeypatch):
+    """``Store.forget`` (a session dropped from memory): the file's account goes, also while
+    the writer still holds records of it for a disk that failed; once the disk takes them,
+    they are written whole."""
+    monkeypatch.setattr(store_module, "RETRY_INTERVAL", 0.05)
     store = Store()
-    blocker = tmp_path / "not-a-dir"
+    blocker = tmp_path / "not-yet-a-dir"
     blocker.write_text("")
-    bad = Recorder(blocker / "x.msgpack", {"id": "x"}, store=store)
+    held = Recorder(blocker / "x.msgpack", {"id": "x"}, store=store)
     good = Rollout(tmp_path / "g.msgpack", store=store)
     good.recorder.seal()
     store.flush(timeout=10)
-    for r in (bad, good.recorder):
-        store.forget(r.path)
-    assert not store.health(bad.path).ok and "store_error" in bad.summary()
-    assert store.health(good.path).ok and good.path not in store._health
+    assert not store.health(held.path).ok
+    for path in (held.path, good.path):
+        store.forget(path)
+        assert path not in store._health and path not in store.errors
+    blocker.unlink()
+    blocker.mkdir()
+    held.seal("done")
+    store.flush(timeout=10)
+    assert read_trace(held.path).stop_condition == "done"
     store.close()

@@ -300,12 +300,11 @@ class Store:
     def forget(self, path: Path) -> None:
         """The trace at ``path`` is done with (its session dropped from memory, its summary read
         from the file from now on): its account goes. Kept, a night of rollouts would hold one
-        per trace ever written (with the registry's ``Path``, ~0.65 KB a session, measured). A
-        file the writer still holds (records waiting for a disk that failed) keeps it until
-        then; its failure is in the log either way."""
-        if path not in self._state:
-            self._health.pop(path, None)
-            self.errors.pop(path, None)
+        per trace ever written (with the registry's ``Path``, ~0.65 KB a session, measured).
+        Records of it the writer still holds (a slow or failed disk) are written all the same:
+        the writer's own state has the account too, and a failure is in the log."""
+        self._health.pop(path, None)
+        self.errors.pop(path, None)
 
     @property
     def pending(self) -> int:
