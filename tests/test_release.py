@@ -43,6 +43,9 @@ def test_a_released_session_keeps_few_objects_for_the_collector_and_remakes_what
     monkeypatch.setenv("RELEASE_TEST_KEY", "sk-x")
     registry = Registry()
     session = registry.create(SessionConfig(model="m"), tmp_path, "never", Upstream(api_key_env="RELEASE_TEST_KEY"))
+    from interceptor.addons.exchange import Walked
+    walked = Walked(messages=[], on=0, last=None, nodes=0, generation=0)  # a pass over the empty graph
+    assert walked.current(session.recorder)
     session.seal()
     session.release()
     registry.retire(session)
@@ -62,6 +65,7 @@ def test_a_released_session_keeps_few_objects_for_the_collector_and_remakes_what
     assert len(seen) <= 24, f"a released session holds {len(seen)} tracked objects"
 
     assert not session.memory and session.handed.by_hook == {}  # made again, empty
+    assert not walked.current(rec) and len(rec.prefixes) == 0  # what was found before the release is stale
     assert rec.trace.nodes == [] and rec.trace.sealed and rec.child(None, Message(role="user", content="x")) is None
     rec.record_metric("late", 1)
     registry.store.flush(timeout=10)

@@ -128,6 +128,7 @@ class Recorder:
             value = Graph(self._trace)
         elif name == "prefixes":
             value = Prefixes()
+            value.generation = self._generation  # past every scan made before the release
         else:
             value = ([], None)
         setattr(self, name, value)
@@ -484,6 +485,7 @@ class Recorder:
         # docs/benchmarks.md). ``__getattr__`` makes one again if a late exchange asks.
         self._kept = {"id": t.id, "started_at": t.started_at, "ended_at": t.ended_at, "stop_condition": t.stop_condition,
                       "state_version": t.state_version, "state_digest": t.state_digest}
+        self._generation = self.prefixes.generation + 1  # as ``Prefixes.clear`` would bump it
         for name in _RELEASED:
             self.__dict__.pop(name, None)
         self._estimates, self._by_response_id, self._tools_estimates = {}, {}, {}
