@@ -78,7 +78,8 @@ def _import(module: str) -> tuple[ModuleType, str | None]:
         before = sys.modules.get(name)
         sys.modules[name] = mod  # dataclasses and pickling look the module up by name
         try:
-            exec(compile(source, str(path), "exec"), mod.__dict__)
+            # dont_inherit: not this module's ``from __future__ import annotations``.
+            exec(compile(source, str(path), "exec", dont_inherit=True), mod.__dict__)
         except BaseException:
             if before is not None:
                 sys.modules[name] = before  # the last good version stays for its sessions

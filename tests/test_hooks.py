@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from interceptor.addons.hookload import load_hooks
+from interceptor.hooks import HookContext
 from interceptor.trace.hooks import HookError
 from interceptor.trace import read_trace
 from clients import chat_turns, session_clients
@@ -109,6 +110,9 @@ def test_an_edited_file_is_loaded_again_and_a_broken_edit_leaves_the_last_good_o
     assert second.between_stops[0].fn(None) == 2
     version(4)
     assert load_hooks(path).between_stops[0].fn(None) == 4
+    # Compiled as its own module: not under the loader's ``from __future__ import annotations``.
+    hooks_file(tmp_path, "@stop\ndef s(ctx: HookContext) -> bool:\n    return True\n# five\n")
+    assert load_hooks(path).between_stops[0].fn.__annotations__["ctx"] is HookContext
 
 
 # --- through the proxy -------------------------------------------------------------------------
