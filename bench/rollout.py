@@ -147,34 +147,38 @@ def quantile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def warm_up(proxy: MitmProcess | None, p: MitmProcess, args, url: str, base: str) -> int:
+def headers(secret: str) -> dict[str, str]:
+    """The secret where each dialect's SDK puts its key."""
+    return {"authorization": f"Bearer {secret}", "x-api-key": secret, "x-goog-api-key": secret,
+            "anthropic-version": "2023-06-01", "content-type": "application/json"}
+
+
+def warm_up(p: MitmProcess, bare: bool, args, url: str, base: str) -> int:
     """``--warm``: ``args.warm`` sessions of ``args.warm_turns`` turns through ``p``, 16 at a time,
     each a conversation of its own opened by an 18 KB user message (so ~20 KB a request); through
-    this proxy each is a session made through the control API, imposing the model, and sealed
-    after its last answer unless ``--warm-live``. Returns the number of requests answered."""
+    a proxy (not ``bare``) each is a session made through the control API, imposing the model,
+    and sealed after its last answer unless ``--warm-live``. Returns the number of requests answered."""
     from concurrent.futures import ThreadPoolExecutor
 
-    ca = str(p.ca_bundle if proxy else p.confdir / "mitmproxy-ca-cert.pem")
+    ca = str(p.confdir / "mitmproxy-ca-cert.pem" if bare else p.ca_bundle)
     opening = ("Here is the file to read. " * 700)[:18_000]
 
     def worker(w: int) -> int:
         done = 0
         with httpx.Client(proxy=p.url, verify=ca, timeout=120) as client:
             for i in range(w, args.warm, 16):
-                s = proxy.create_session(upstream={"base_url": base}, model=MODEL) if proxy else None
+                s = None if bare else p.create_session(upstream={"base_url": base}, model=MODEL)
                 secret = s["model_secret"] if s else "sk-unused"
                 messages = [{"role": "system", "content": "You are a patient assistant."},
                             {"role": "user", "content": f"session {i}: {opening}"}]
                 for k in range(args.warm_turns):
-                    r = client.post(url, content=request_body(args.dialect, messages, k), headers={
-                        "authorization": f"Bearer {secret}", "x-api-key": secret, "x-goog-api-key": secret,
-                        "anthropic-version": "2023-06-01", "content-type": "application/json"})
+                    r = client.post(url, content=request_body(args.dialect, messages, k), headers=headers(secret))
                     r.raise_for_status()
                     done += 1
                     messages += [{"role": "assistant", "content": answer_text(args.dialect, r.json())},
                                  {"role": "user", "content": f"turn {k} of session {i}: go on."}]
                 if s and not args.warm_live:
-                    status, _ = proxy.api("DELETE", f"sessions/{s['id']}")
+                    status, _ = p.api("DELETE", f"sessions/{s['id']}")
                     assert status == 200, status
         return done
 
@@ -263,14 +267,12 @@ def main() -> int:
 
             def send(n: str, payload: bytes, secret: str) -> str:
                 client, where = clients[n]
-                headers = {"authorization": f"Bearer {secret}", "x-api-key": secret, "x-goog-api-key": secret,
-                           "anthropic-version": "2023-06-01", "content-type": "application/json"}
                 if args.stream and payload is not hello:
-                    with client.stream("POST", where, content=payload, headers=headers) as r:
+                    with client.stream("POST", where, content=payload, headers=headers(secret)) as r:
                         r.raise_for_status()
                         return "".join(c["delta"].get("content") or "" for line in r.iter_lines()
                                        if line.startswith("data: {") for c in json.loads(line[6:])["choices"])
-                r = client.post(where, content=payload, headers=headers)
+                r = client.post(where, content=payload, headers=headers(secret))
                 r.raise_for_status()
                 return answer_text(args.dialect, r.json())
 
@@ -280,7 +282,7 @@ def main() -> int:
             if args.warm:
                 for n, p in procs.items():
                     t0 = time.perf_counter()
-                    served = warm_up(p if n != "bare" else None, p, args, url, base)
+                    served = warm_up(p, n == "bare", args, url, base)
                     print(f"warm-up: {n} served {served} requests of {args.warm} sessions "
                           f"({'live' if args.warm_live else 'sealed'}) in {time.perf_counter() - t0:.0f} s; "
                           f"RSS {rss_mb(p.proc.pid):.0f} MB", flush=True)
