@@ -57,9 +57,11 @@ together, and an event that arrives alone still goes at once. The harness reads 
 (chunk boundaries carry no meaning in HTTP; extensions are not passed on, trailers never were).
 Each read of a streamed answer is handled in the upstream transport's callback (``_Through``,
 once the StreamReader holds nothing more), not by a task woken per read: at a provider's pace
-every event is a read of its own. What is left is one loopback hop per streamed exchange: a
-second read and write per event, and the request's head (``docs/benchmarks.md``, "The relay"
-and "The relay's reads").
+every event is a read of its own. And it is handed to mitmproxy as a read of mitmproxy's
+socket to the relay (``addons/handover.py``), not written to that socket: no second write,
+read and pass of the loop per event. What is left of the loopback hop is the request's head
+and, when the handover cannot be made, the answer (``docs/benchmarks.md``, "The relay" and
+"The relay's reads").
 ``intercept_drain_timeout=0`` turns the relay off: mitmproxy talks to the upstream itself, and
 an answer the client abandons is lost as before. Upstream-proxy modes and client certificates
 are left to mitmproxy (the relay would bypass them).
@@ -88,6 +90,7 @@ from interceptor.addons import hold
 from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import KEY, Exchange, exchange_of
 from interceptor.addons.framing import CHUNKED, CLOSE, Body, FramingError, Head, read_head
+from interceptor.addons.handover import Handover
 from interceptor.addons.record import commit, mark_undelivered
 from interceptor.addons.settings import regular_mode
 from interceptor.dialects.base import drop, header
@@ -327,8 +330,8 @@ class _Through(asyncio.Protocol):
     written (mitmproxy not reading) pauses the upstream's reading until it drains, as the
     StreamReader loop's ``drain()`` did."""
 
-    def __init__(self, drain: Drain, up: Upstream, frame: Body, writer: asyncio.StreamWriter) -> None:
-        self.drain, self.up, self.frame, self.writer = drain, up, frame, writer
+    def __init__(self, drain: Drain, up: Upstream, frame: Body, down: _Loopback | Handover) -> None:
+        self.drain, self.up, self.frame, self.down = drain, up, frame, down
         self.rechunk = frame.kind == CHUNKED
         self.mark = drain.base + len(drain.buf)  # the body's bytes read so far (the buffer's trims keep the sum)
         self.ended: asyncio.Future = asyncio.get_running_loop().create_future()  # set: the end; an exception: it broke
@@ -347,19 +350,20 @@ class _Through(asyncio.Protocol):
                     end = d.base + len(d.buf)
                     data = _chunk(d.buf, self.mark - d.base, end - d.base, frame.done)
                     self.mark = end
-                d._down(self.writer, data)
+                d._pass_down(self.down, data)
         if frame.done and not self.ended.done():
             self.ended.set_result(None)
 
     def _full(self) -> bool:
-        """The loopback's write buffer holds bytes: drain it before reading on (not once taken
-        over: nothing more goes down then)."""
+        """The way down holds bytes not yet sent (the loopback's write buffer, or the
+        harness's when handed over): drain it before reading on (not once taken over: nothing
+        more goes down then)."""
         d = self.drain
-        return not d.taken and d.down_alive and bool(self.writer.transport.get_write_buffer_size())
+        return not d.taken and d.down_alive and self.down.full()
 
     async def _drain_down(self) -> None:
         try:
-            await self.writer.drain()
+            await self.down.drain()
         except OSError:
             self.drain.down_alive = False
 
@@ -440,6 +444,26 @@ class _Through(asyncio.Protocol):
             self.step(b"")
         except Exception as e:  # noqa: BLE001 - as in data_received
             self.ended.set_exception(e)
+
+
+class _Loopback:
+    """The answer down the loopback: the relay's side of mitmproxy's server connection (the
+    way when ``Handover.of`` finds none)."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+
+    def write(self, data: bytes) -> bool:
+        if self.writer.is_closing():
+            return False
+        self.writer.write(data)
+        return True
+
+    def full(self) -> bool:
+        return bool(self.writer.transport.get_write_buffer_size())
+
+    async def drain(self) -> None:
+        await self.writer.drain()
 
 
 class _Meter:
@@ -619,12 +643,13 @@ class Drain:
             return await self._held(down, writer, up, frame, rest)
         # The answer goes down as the upstream framed it, a chunked body one chunk per read
         # (``_chunk``; ``addons/framing.py`` takes the body out); the Drain keeps the body.
+        down = self.relay.way_down(self.flow, writer)
         if self.taken:
             self._guarded(self._headers)
         else:
-            self._down(writer, _head(event))
+            self._pass_down(down, _head(event))
         try:
-            await _Through(self, up, frame, writer).run(rest)
+            await _Through(self, up, frame, down).run(rest)
         except BROKE as e:
             up.close()
             self.broken = True
@@ -883,6 +908,10 @@ class Drain:
         else:
             self.down_alive = False
 
+    def _pass_down(self, down: _Loopback | Handover, data: bytes) -> None:
+        if not (self.down_alive and down.write(data)):
+            self.down_alive = False
+
     async def _refuse(self, down: h11.Connection, writer: asyncio.StreamWriter, message: str,
                       retry: bool = True) -> bool:
         self.broken = True  # nothing to drain: the error reaches the harness and the record as any 502
@@ -1018,12 +1047,18 @@ class Relay:
         self.fetching: dict[str, set[Drain]] = {}  # client connection id -> the drains Fetch is reading
         self._idle: dict[tuple[str, str, int], list[Upstream]] = {}
         self._tls: ssl.SSLContext | None = None
+        self.handover = True  # ``intercept_relay_handover``
 
     def load(self, loader) -> None:
         loader.add_option(
             "intercept_drain_timeout", int, 300,
             "Seconds the proxy keeps reading a model's answer after the harness went away, to "
             "record it (the retry is answered from the record); 0: no relay, such an answer is lost.",
+        )
+        loader.add_option(
+            "intercept_relay_handover", bool, True,
+            "A streamed answer the relay reads is handed to mitmproxy's connection to it as if "
+            "read from that socket, not written to it (addons/handover.py); false: over the loopback.",
         )
         loader.add_option(
             "intercept_hold_keepalive", str, "0",
@@ -1049,6 +1084,8 @@ class Relay:
             if not 0 <= every < float("inf"):
                 raise exceptions.OptionsError("intercept_hold_keepalive: seconds, 0 (off) or more")
             self.keepalive = every
+        if "intercept_relay_handover" in updated:
+            self.handover = ctx.options.intercept_relay_handover
         if "intercept_hold_spill" in updated:
             if ctx.options.intercept_hold_spill < 0:
                 raise exceptions.OptionsError("intercept_hold_spill: bytes, 0 or more")
@@ -1098,6 +1135,12 @@ class Relay:
         flow.request.scheme = "http"
         flow.request.data.host = "127.0.0.1"
         flow.request.data.port = self.port
+
+    def way_down(self, flow: http.HTTPFlow, writer: asyncio.StreamWriter) -> _Loopback | Handover:
+        """How an answer goes down to mitmproxy, chosen once per exchange: handed over
+        (``addons/handover.py``) when it can be, else the loopback ``writer``."""
+        handover = Handover.of(flow, writer) if self.handover else None
+        return handover if handover is not None else _Loopback(writer)
 
     def forget(self, drain: Drain) -> None:
         self._tickets.pop(drain.ticket, None)

@@ -20,7 +20,7 @@ import ssl
 import pytest
 
 from interceptor.addons.framing import CLOSE, LENGTH, Body
-from interceptor.addons.relay import BROKE, READ, Upstream, _Through
+from interceptor.addons.relay import BROKE, READ, Upstream, _Loopback, _Through
 from provider.tls import TestCA
 
 
@@ -33,8 +33,8 @@ class Down:
         self.taken = False
         self.down_alive = True
 
-    def _down(self, writer: asyncio.StreamWriter, data: bytes) -> None:
-        writer.write(data)
+    def _pass_down(self, down: _Loopback, data: bytes) -> None:
+        down.write(data)
 
     def _guarded(self, step) -> None:
         step()
@@ -132,7 +132,7 @@ def test_a_loopback_that_does_not_read_pauses_the_upstream_and_the_answer_arrive
         server, up, down, far, served = await pair(upstream, tls, small_down=True)
         transport = up.writer.transport
         original = transport.get_protocol()
-        through = _Through(Down(), up, Body(LENGTH, len(body)), down)
+        through = _Through(Down(), up, Body(LENGTH, len(body)), _Loopback(down))
         run = asyncio.ensure_future(through.run(b""))
         paused = False
         for _ in range(400):  # nobody reads the loopback yet: its buffers fill
@@ -170,7 +170,7 @@ def test_the_pooled_connection_carries_its_next_answer_after_a_paced_one(tls):
         server, up, down, far, served = await pair(upstream, tls)
         original = up.writer.transport.get_protocol()
         size = sum(map(len, first))
-        through = _Through(Down(), up, Body(LENGTH, size), down)
+        through = _Through(Down(), up, Body(LENGTH, size), _Loopback(down))
         await asyncio.wait_for(through.run(b""), 10)
         assert await read_all(far, size) == b"".join(first)
         assert up.writer.transport.get_protocol() is original and up.reusable
@@ -198,7 +198,7 @@ def test_an_upstream_that_closes_mid_answer_breaks_it_and_the_reader_sees_the_en
     async def main():
         server, up, down, far, served = await pair(upstream, tls)
         drain = Down()
-        through = _Through(drain, up, Body(LENGTH, 1000), down)
+        through = _Through(drain, up, Body(LENGTH, 1000), _Loopback(down))
         with pytest.raises(BROKE):  # FramingError: 200 of the 1000 bytes announced
             await asyncio.wait_for(through.run(b""), 10)
         assert bytes(drain.buf) == b"a" * 100 + b"b" * 100
@@ -219,7 +219,7 @@ def test_a_connection_closed_by_the_relay_mid_answer_breaks_it_and_the_reader_se
 
     async def main():
         server, up, down, far, served = await pair(upstream, tls)
-        through = _Through(Down(), up, Body(LENGTH, 1000), down)
+        through = _Through(Down(), up, Body(LENGTH, 1000), _Loopback(down))
         run = asyncio.ensure_future(through.run(b""))
         for _ in range(200):
             await asyncio.sleep(0.005)
@@ -256,7 +256,7 @@ def test_an_answer_whose_end_was_buffered_before_the_pass_through_began_ends(tls
             await asyncio.sleep(0.005)
         assert up.reader._eof and not up.reader.at_eof()
         drain = Down()
-        through = _Through(drain, up, Body(LENGTH, 1000) if kind == "cut" else Body(CLOSE), down)
+        through = _Through(drain, up, Body(LENGTH, 1000) if kind == "cut" else Body(CLOSE), _Loopback(down))
         try:
             await asyncio.wait_for(through.run(b""), 5)
         except TimeoutError:  # an OSError, as BROKE's are: told apart first
