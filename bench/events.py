@@ -10,7 +10,9 @@ with ``intercept_drain_timeout=0``, to tell the relay's cost per event from the 
 The paths alternate stream by stream (rotating order), so the machine's load hits them alike. Per stream: the CPU time of all of
 the mitmdump process's threads (``/proc/<pid>/task/*/schedstat``) from before the request
 to 5 ms after its end, divided by the events the client received. Reported: µs per event,
-median (p10-p90), each proxy's excess over bare, and how many times the process's threads were
+median (p10-p90), each proxy's excess over bare (the medians' difference, and paired: each
+round's stream minus bare's in the same round, whose quartiles are the figure to read on a
+machine whose speed drifts), and how many times the process's threads were
 put on a CPU per event (schedstat's run count: at a provider's pace a wake-up finds cold
 caches, so one more per event would cost more than most code the event runs). Each proxy's trace is checked
 afterwards: one turn per stream, every reply whole.
@@ -163,12 +165,18 @@ def main() -> int:
           + (f"; before = {args.before}" if args.before != "none" else ""))
     print()
     print("| path | CPU per event, µs: median (p10-p90) | over bare + stream, µs (medians) "
+          "| over bare + stream, paired per round, µs: median (p25..p75) "
           "| HTTP chunks the client read per stream, median | times a thread was woken, per event, median |")
-    print("|---|---|---|---|---|")
-    bare = statistics.median(per_event["bare + stream"])
+    print("|---|---|---|---|---|---|")
+    base = per_event["bare + stream"]
+    bare = statistics.median(base)
     for n, xs in per_event.items():
         m = statistics.median(xs)
+        # The same round's streams ran within seconds of each other: the difference cancels
+        # what the machine did meanwhile, which each path's own spread does not.
+        d = [x - b for x, b in zip(xs, base)]
         print(f"| {n} | {m:.1f} ({quantile(xs, 0.1):.1f}-{quantile(xs, 0.9):.1f}) | {m - bare:+.1f} "
+              f"| {statistics.median(d):+.1f} ({quantile(d, 0.25):+.1f}..{quantile(d, 0.75):+.1f}) "
               f"| {statistics.median(chunks[n]):.0f} | {statistics.median(woke[n]):.2f} |")
     return 0
 
