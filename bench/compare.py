@@ -547,6 +547,9 @@ def rollout(httpx, paths: list[Path_], turns: int, chunk: int) -> dict[str, dict
                 continue
             slot = p.slots[p.rollout_slot] if p.rollout_slot is not None else p.shared
             clients[p.name] = (http_client(httpx, slot, False), slot)
+        from trace_turns import settle
+
+        settle([pid for p in paths for pid in p.pids()])  # start-up work in the background counts as no turn's
         messages = [{"role": "system", "content": "You are a patient assistant."}]
         for k in range(turns):
             messages.append({"role": "user", "content": (f"chunk={chunk}; turn {k}: " + "please go on. " * (chunk // 14 + 1))[:chunk]})

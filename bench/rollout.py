@@ -75,7 +75,7 @@ from failclosed import checkout_proxy  # noqa: E402
 from hooks import REDACT, SECRET  # noqa: E402 (--hooks: the same redaction as bench/hooks.py's)
 from mitm import MitmProcess  # noqa: E402
 from overhead import KEY_ENV, start_simulator  # noqa: E402
-from trace_turns import cpu_between, cpu_ns, machine, serve, stream_sse_script  # noqa: E402
+from trace_turns import cpu_between, cpu_ns, machine, serve, settle, stream_sse_script  # noqa: E402
 
 from interceptor.trace import read_trace  # noqa: E402
 
@@ -286,6 +286,8 @@ def main() -> int:
                     print(f"warm-up: {n} served {served} requests of {args.warm} sessions "
                           f"({'live' if args.warm_live else 'sealed'}) in {time.perf_counter() - t0:.0f} s; "
                           f"RSS {rss_mb(p.proc.pid):.0f} MB", flush=True)
+            waited = settle([p.proc.pid for p in procs.values()])
+            print(f"the paths were quiet after {waited:.1f} s (start-up work in the background counts as no turn's)", flush=True)
             messages = [{"role": "system", "content": "You are a patient assistant."}]
             for k in range(args.turns):
                 said = f"{SECRET} " if args.hooks and k % 10 == 0 else ""

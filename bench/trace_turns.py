@@ -85,6 +85,21 @@ def cpu_between(before: dict[str, int], after: dict[str, int]) -> int:
     return sum(ns - before.get(tid, 0) for tid, ns in after.items())
 
 
+def settle(pids: list[int], window: float = 0.2, quiet: float = 0.02, limit: float = 15.0) -> float:
+    """Wait until the processes ``pids`` use less than ``quiet`` of a core over ``window``
+    seconds (at most ``limit`` seconds); the seconds waited. A proxy's start-up work goes on
+    in the background after it listens (the token estimator's ~0.4 s table, a thread of its
+    own): measured from its first turn on, that CPU was counted as the first turns'."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        before = [cpu_ns(p) for p in pids]
+        time.sleep(window)
+        used = sum(cpu_between(b, cpu_ns(p)) for b, p in zip(before, pids))
+        if used < quiet * window * 1e9:
+            break
+    return time.monotonic() - t0
+
+
 ROLE_IDS = {"system": 200_001, "user": 200_002, "assistant": 200_003, "tool": 200_004}
 
 
