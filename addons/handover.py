@@ -92,7 +92,9 @@ class Handover:
             step.send(None)
         except StopIteration:
             return True
-        # It waited for the lock after all, before anything of the event ran: the reader's way.
+        # It waited after all. With the lock free and no one waiting, mitmproxy 12's call can
+        # only wait at the lock, before anything of the event ran: taken back, the reader's way.
+        # (A mitmproxy that awaits inside the event would break its own comment's contract.)
         step.close()
         self._feed(data)
         return True

@@ -144,6 +144,26 @@ def test_a_piece_that_cannot_be_handed_over_at_once_goes_to_the_reader_and_the_o
     asyncio.run(main())
 
 
+def test_an_event_that_waits_before_it_runs_is_taken_back_and_goes_to_the_reader():
+    """The lock looked free but the call waited anyway (before anything of the event ran):
+    the call is closed and the piece fed to the reader, neither lost nor handled twice."""
+    async def main():
+        async with handed() as (down, handler, _, _):
+            handled = handler.server_event
+
+            async def late(event) -> None:
+                await asyncio.sleep(0)  # as a contended lock's acquire would
+                await handled(event)
+            handler.server_event = late
+            assert down.write(b"one") and handler.got == [] and down.fed == 1
+            handler.server_event = handled
+            assert down.write(b"two") and handler.got == [] and down.fed == 2  # behind "one"
+            await asyncio.sleep(0.01)
+            assert handler.got == [] and await down.reader.read(100) == b"onetwo"
+
+    asyncio.run(main())
+
+
 def test_the_harness_s_unsent_bytes_hold_the_upstream_back():
     async def main():
         async with handed() as (down, _, writer, harness):
