@@ -37,14 +37,14 @@ MESSAGES = [{"role": "user", "content": "count"}]
 PIECES = [f"w{k} " for k in range(30)]
 
 
-def read_stream(client: httpx.Client, url: str, secret: str, body: dict) -> tuple[str, list[float]]:
+def read_stream(client: httpx.Client, url: str, secret: str, body: dict, http2: bool) -> tuple[str, list[float]]:
     """A streamed answer read to the end of its body (not closed at its last event, as the
     SDKs do, which races the chunked body's end and makes mitmproxy end the flow with an
     error): the text its deltas carry, and the gaps between the reads that brought them."""
     text, times = [], []
     headers = {"authorization": f"Bearer {secret}", "x-api-key": secret, "anthropic-version": "2023-06-01"}
     with client.stream("POST", url, json={**body, "stream": True}, headers=headers) as r:
-        assert r.status_code == 200
+        assert r.status_code == 200 and r.http_version == ("HTTP/2" if http2 else "HTTP/1.1")
         rest = b""
         for raw in r.iter_raw():
             times.append(time.monotonic())
@@ -59,17 +59,19 @@ def read_stream(client: httpx.Client, url: str, secret: str, body: dict) -> tupl
     return "".join(text), [b - a for a, b in zip(times, times[1:])]
 
 
+@pytest.mark.parametrize("http2", [False, True], ids=["http1", "http2"])
 @pytest.mark.parametrize("handover", [True, False], ids=["handed-over", "loopback"])
-def test_a_paced_stream_reaches_the_harness_whole_and_crosses_no_loopback(handover, sim, start_proxy):
+def test_a_paced_stream_reaches_the_harness_whole_and_crosses_no_loopback(handover, http2, sim, start_proxy):
+    """HTTP/2 too (Rust and Go SDKs): mitmproxy opens a connection to the relay per flow then."""
     proxy = start_proxy({"intercept_relay_handover": str(handover).lower()}, extra_scripts=[LOOPBACK])
     session = proxy.create_session(upstream={"base_url": sim.url("/v1")}, model="imposed")
     sim.script(*[Reply(text=PIECES, delay=0.01) for _ in range(4)])
-    with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle), timeout=30) as client:
+    with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle), timeout=30, http2=http2) as client:
         for _ in range(2):
             for url, body in (("https://api.openai.com/v1/chat/completions", {"model": "m", "messages": MESSAGES}),
                               ("https://api.anthropic.com/v1/messages",
                                {"model": "c", "max_tokens": 64, "messages": MESSAGES})):
-                text, gaps = read_stream(client, url, session["model_secret"], body)
+                text, gaps = read_stream(client, url, session["model_secret"], body, http2)
                 assert text == "".join(PIECES)
                 assert len(gaps) >= len(PIECES) - 1 and sorted(gaps)[len(gaps) // 2] > 0.005  # paced, not at the end
     deadline = time.monotonic() + 10  # the last answer's hook may run just after the harness has it all
@@ -79,6 +81,8 @@ def test_a_paced_stream_reaches_the_harness_whole_and_crosses_no_loopback(handov
     assert len(received) == 4
     if handover:
         assert received == [0] * 4
+    elif http2:  # each answer's bytes, on a connection of its own
+        assert min(received) > 1000
     else:  # each answer's bytes; the count is per connection to the relay (one per host's tunnel)
         chat, messages = received[0::2], received[1::2]
         assert min(received) > 1000 and chat[1] > chat[0] and messages[1] > messages[0]
