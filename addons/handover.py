@@ -41,6 +41,10 @@ from mitmproxy.proxy import events
 
 log = logging.getLogger(__name__)
 
+#: Fed bytes (the fallback) the connection's reader may hold before the upstream waits for
+#: mitmproxy's own read to take them, as a full socket buffer would make it wait.
+FED_MAX = 1 << 16
+
 
 class Handover:
     """One exchange's way down to mitmproxy without the loopback (see the module docstring)."""
@@ -107,10 +111,10 @@ class Handover:
         """The harness's side holds bytes not yet sent (a slow reader): read the upstream no
         further until it drains, as mitmproxy's own ``drain_writers`` after each read."""
         transport = self.client.transport
-        return bool(transport.get_write_buffer_size()) or len(self.reader._buffer) > (1 << 16)
+        return bool(transport.get_write_buffer_size()) or len(self.reader._buffer) > FED_MAX
 
     async def drain(self) -> None:
         """Until the harness's side took what was written (OSError: it is gone)."""
         await self.client.drain()
-        while len(self.reader._buffer) > (1 << 16) and self.alive():
+        while len(self.reader._buffer) > FED_MAX and self.alive():
             await asyncio.sleep(0.001)  # mitmproxy's own read takes the fed bytes

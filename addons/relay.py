@@ -903,10 +903,8 @@ class Drain:
             self._give_up(self._expiry())
 
     def _down(self, writer: asyncio.StreamWriter, data: bytes) -> None:
-        if self.down_alive and not writer.is_closing():
-            writer.write(data)
-        else:
-            self.down_alive = False
+        """Down the loopback (a held answer, its keep-alives): ``_pass_down``'s rule."""
+        self._pass_down(_Loopback(writer), data)
 
     def _pass_down(self, down: _Loopback | Handover, data: bytes) -> None:
         if not (self.down_alive and down.write(data)):

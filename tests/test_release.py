@@ -3,6 +3,11 @@ an exchange still in flight at the seal is recorded all the same, as a call with
 
 from __future__ import annotations
 
+import gc
+
+from interceptor.addons.exchange import Walked
+from interceptor.addons.session import Registry, SessionConfig
+from interceptor.addons.upstream import Upstream
 from interceptor.trace import ModelCall, Recorder, Store, read_trace
 from interceptor.trace.messages import Message, Request, Response
 
@@ -35,15 +40,9 @@ def test_a_released_session_keeps_few_objects_for_the_collector_and_remakes_what
     path, not empty replacements of what it let go of (38 tracked objects in process before,
     18 now); its summary, listing state and ``state_version`` read nothing back, and what a
     late exchange asks for is made again."""
-    import gc
-
-    from interceptor.addons.session import Registry, SessionConfig
-    from interceptor.addons.upstream import Upstream
-
     monkeypatch.setenv("RELEASE_TEST_KEY", "sk-x")
     registry = Registry()
     session = registry.create(SessionConfig(model="m"), tmp_path, "never", Upstream(api_key_env="RELEASE_TEST_KEY"))
-    from interceptor.addons.exchange import Walked
     walked = Walked(messages=[], on=0, last=None, nodes=0, generation=0)  # a pass over the empty graph
     assert walked.current(session.recorder)
     session.seal()
