@@ -655,6 +655,15 @@ class Drain:
             self.broken = True
             self._give_up(self._expiry() if self.expired else f"the upstream connection broke ({type(e).__name__})")
             return False  # not taken over: mitmproxy sees the body cut, as it would have from the upstream
+        except Exception as e:  # noqa: BLE001 - the relay's own failure passing it on (the handover's, say)
+            # Ended as a broken answer, on the record: left to ``_serve``'s catch-all, no one
+            # would read the upstream on, and a drain that took over would wait its whole
+            # ``intercept_drain_timeout`` without ever recording the exchange (its retries with it).
+            log.exception(f"interceptor: session {self.ex.session.id!r}: passing the answer on failed")
+            up.close()
+            self.broken = True
+            self._give_up(f"passing it on failed ({type(e).__name__})")
+            return False
         self.upstream_done = True
         self.relay.checkin(self.target, up)
         if self.taken:

@@ -94,6 +94,35 @@ def test_a_paced_stream_reaches_the_harness_whole_and_crosses_no_loopback(handov
     assert all(len(c.event_gaps_ms or []) >= len(PIECES) for c in trace.calls)
 
 
+def test_a_failure_handing_the_answer_over_ends_it_as_an_error_on_the_record(sim, start_proxy, tmp_path):
+    """A bug in the handover (tests/faults.py ``handover_fails``) mid-answer: the harness's
+    stream is cut, the exchange is one error call on the record at once (not after
+    ``intercept_drain_timeout``, with no one reading the upstream on), and the next turn is
+    served."""
+    faults = Path(__file__).with_name("faults.py")
+    spec = tmp_path / "faults.json"
+    spec.write_text(json.dumps({"handover_fails": 3}))  # the head and two pieces go down
+    proxy = start_proxy({"faults_file": str(spec)}, extra_scripts=[faults])
+    session = proxy.create_session(upstream={"base_url": sim.url("/v1")})
+    sim.script(Reply(text=PIECES, delay=0.01), Reply(text=["after"]))
+    url, body = "https://api.openai.com/v1/chat/completions", {"model": "m", "messages": MESSAGES}
+    with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle), timeout=30) as client:
+        with pytest.raises(httpx.HTTPError):  # the body cut before its end
+            read_stream(client, url, session["model_secret"], body, False)
+        deadline = time.monotonic() + 10
+        while not read_trace(session["trace_path"]).calls:
+            assert time.monotonic() < deadline, "the failed exchange was never recorded"
+            time.sleep(0.1)
+        spec.write_text("{}")
+        text, _ = read_stream(client, url, session["model_secret"], {**body, "messages": MESSAGES * 2}, False)
+        assert text == "after"
+    assert "passing the answer on failed" in proxy.log()
+    status, _ = proxy.api("DELETE", f"sessions/{session['id']}")
+    assert status == 200
+    trace = read_trace(session["trace_path"])
+    assert [c.error is not None for c in trace.calls] == [True, False] and trace.num_turns == 1
+
+
 class Handler:
     """What ``Handover`` asks of mitmproxy's connection handler, with ``server_event``
     recording the events it is given, as mitmproxy's would run them."""
