@@ -23,8 +23,14 @@ What stays exactly as mitmproxy's ``trigger_event`` does it:
 
 When the plan is made again: after ``register``, ``remove`` or ``clear`` (a script loaded,
 reloaded or unloaded registers and removes its module), after every synchronous ``trigger``
-(``configure`` among them: the script loader reorders its scripts there), and whenever the
-chain list is another or has another length. Only ``trigger_event`` (the flow events, through
+(``configure`` among them: the script loader reorders its scripts there) but the log's, and
+whenever the chain list is another or has another length. The log's is ``add_log``, which
+mitmproxy's log handler triggers for every log record (``mitmproxy/log.py``: "Streaming
+response from ..." once a streamed answer, the connection lines, this script's own lines);
+its handlers (deprecated since mitmproxy 9) have no reason to reorder addons, and one that
+registers or removes one makes the plan again anyway. Made again after each of those, every
+hook of the next streamed turn walked the whole chain again: ~0.2 ms a stream (issue 16,
+docs/benchmarks.md "The plans kept across log records"). Only ``trigger_event`` (the flow events, through
 ``handle_lifecycle``) uses the plan; mitmproxy's other entry points are left as they are.
 A hook method replaced on an addon instance after the plan was made is not seen until the
 plan is made again (as for ``Chain``); mitmproxy's own addons never do that.
@@ -44,6 +50,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mitmproxy import addonmanager, ctx, exceptions, hooks, version
+from mitmproxy.log import AddLogHook
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +145,8 @@ def install(manager: addonmanager.AddonManager) -> Planned | None:
             try:
                 return method(*args, **kwargs)
             finally:
-                planned.invalidate()
+                if not (args and args[0].__class__ is AddLogHook):  # the log's (the module docstring)
+                    planned.invalidate()
         call.__name__ = method.__name__
         return call
 

@@ -170,6 +170,38 @@ def test_a_plan_is_made_again_when_addons_change():
         tctx.master._legacy_log_events.uninstall()
 
 
+def test_a_log_record_keeps_the_plans(monkeypatch, caplog):
+    """mitmproxy triggers ``add_log`` for every log record (its handler, ``call_soon_threadsafe``:
+    a streamed answer's "Streaming response from ..." line, once a stream): the plans are kept,
+    where each hook of the next turn walked the whole chain again. A configure still remakes them."""
+    import interceptor.addons.dispatch as dispatch
+
+    made: list[str] = []
+    real = dispatch.plan_for
+    monkeypatch.setattr(dispatch, "plan_for", lambda chain, name: made.append(name) or real(chain, name))
+    log: list = []
+    with caplog.at_level(logging.INFO), taddons.context() as tctx:
+        manager = tctx.master.addons
+        manager.add(make_addon("0", {"request": "sync", "add_log": "sync"}, log, []))
+        install(manager)
+        loop = tctx.master.event_loop
+        try:
+            fire = lambda: loop.run_until_complete(manager.trigger_event(HttpRequestHook(tflow.tflow())))  # noqa: E731
+            fire()
+            assert made == ["request"]
+            log.clear()
+            logging.getLogger("mitmproxy.proxy.layers.http").info("Streaming response from 127.0.0.1.")
+            loop.run_until_complete(asyncio.sleep(0.01))  # the handler's call_soon_threadsafe runs
+            assert ("0", "add_log") in log  # the record did reach the addons by ``trigger``
+            fire()
+            assert made == ["request"]
+            manager.trigger(hooks.ConfigureHook(set()))
+            fire()
+            assert made == ["request", "request"]
+        finally:
+            tctx.master._legacy_log_events.uninstall()
+
+
 def test_not_installed_on_another_manager():
     class Other(addonmanager.AddonManager):
         pass
