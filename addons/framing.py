@@ -36,13 +36,16 @@ class FramingError(Exception):
 class Body:
     """One answer's body on the wire; ``feed`` each read to it until ``done``."""
 
-    __slots__ = ("kind", "left", "done", "drop", "_state", "_line", "_trailer")
+    __slots__ = ("kind", "left", "done", "drop", "whole", "_state", "_line", "_trailer")
 
     def __init__(self, kind: str, length: int = 0) -> None:
         self.kind = kind
         self.left = length  # LENGTH: bytes still to come; CHUNKED: of the chunk (or its CRLF)
         self.done = kind == LENGTH and length == 0
         self.drop = 0  # of the last read's bytes that belong to the answer, the trailers at their end
+        #: CHUNKED: how many chunks the last read was, when it was whole chunks from a chunk's
+        #: start to a chunk's end (the usual read of a stream); 0 for any other read.
+        self.whole = 0
         self._state = _HEAD
         self._line = b""  # a chunk header (or a trailer line) split across reads
         self._trailer = 0
@@ -65,7 +68,7 @@ class Body:
         """Take a read: append the body bytes it carries to ``body``; return how many of its
         bytes belong to the answer (all, unless the answer ended inside it). FramingError if
         it breaks the framing (nothing of it appended then is to be trusted)."""
-        self.drop = 0
+        self.drop = self.whole = 0
         if self.done:
             return 0
         if self.kind == CHUNKED:
@@ -99,6 +102,7 @@ class Body:
     def _chunked(self, data: bytes, body: bytearray) -> int:
         i, n = 0, len(data)
         view = None
+        whole = 0  # chunks read whole by the usual case; -1 once any other step ran
         while i < n:
             state = self._state
             if state == _HEAD and not self._line:
@@ -115,7 +119,10 @@ class Body:
                             view = memoryview(data)
                         body += view[start:end]
                         i = end + 2
+                        if whole >= 0:
+                            whole += 1
                         continue
+            whole = -1
             if state == _DATA:
                 take = min(self.left, n - i)
                 body += memoryview(data)[i:i + take]
@@ -161,6 +168,8 @@ class Body:
                     self._trailer += len(line)
                     if not line.endswith(b"\r\n") or b":" not in line or self._trailer > MAX_LINE:
                         raise FramingError("malformed trailers")
+        if whole > 0:
+            self.whole = whole
         return n
 
 

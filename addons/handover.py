@@ -53,10 +53,11 @@ FED_MAX = 1 << 16
 class Handover:
     """One exchange's way down to mitmproxy without the loopback (see the module docstring)."""
 
-    def __init__(self, handler: Any, conn: Any, reader: asyncio.StreamReader, client: asyncio.StreamWriter) -> None:
+    def __init__(self, handler: Any, conn: Any, io: Any, client: asyncio.StreamWriter) -> None:
         self.handler = handler
         self.conn = conn  # the flow's server connection: mitmproxy's socket to the relay
-        self.reader = reader  # that connection's reader: the fallback, read by mitmproxy in order
+        self.reader: asyncio.StreamReader = io.reader  # that connection's reader: the fallback, read by mitmproxy in order
+        self.task: asyncio.Task = io.handler  # the task that reads it (it forgets the connection as it ends)
         self.client = client  # the writer to the harness: its buffer is the backpressure
         self.lock: asyncio.Lock = handler._server_event_lock
         self.fed = 0  # pieces that went to the reader (an eager task factory; tests count them)
@@ -72,22 +73,24 @@ class Handover:
                 return None
             io, down = handler.transports.get(conn), handler.transports.get(handler.client)
             if (io is None or down is None or not isinstance(io.reader, asyncio.StreamReader)
+                    or not isinstance(io.handler, asyncio.Task)
                     or not isinstance(down.writer, asyncio.StreamWriter)
                     or not isinstance(getattr(handler, "_server_event_lock", None), asyncio.Lock)):
                 return None
-            return cls(handler, conn, io.reader, down.writer)
+            return cls(handler, conn, io, down.writer)
         except Exception:  # noqa: BLE001 - another mitmproxy's internals: the loopback, as before
             log.debug("interceptor: relay handover unavailable", exc_info=True)
             return None
 
     def alive(self) -> bool:
         """mitmproxy still reads this server connection (it closes it when the client goes away)."""
-        io = self.handler.transports.get(self.conn)
-        # The state by identity: ``state & CAN_READ`` is enum.Flag's Python-level ``__and__``
-        # (~1.2 µs an event, as much as the rest of this check).
+        # mitmproxy 12's read loop (``handle_connection``) takes CAN_READ from the state as it
+        # stops, then forgets the connection (``transports``) and ends: the state and the task
+        # say it without a lookup by the connection (whose ``__hash__`` is Python's). The state
+        # by identity: ``state & CAN_READ`` is enum.Flag's Python-level ``__and__`` (~1.2 µs an
+        # event, as much as the rest of this check).
         state = self.conn.state
-        return (io is not None and io.reader is self.reader and (state is _OPEN or state is _CAN_READ)
-                and not self.reader.at_eof())
+        return (state is _OPEN or state is _CAN_READ) and not self.reader.at_eof() and not self.task.done()
 
     def write(self, data: bytes) -> bool:
         """Hand ``data`` to mitmproxy as a read of its server connection; False if mitmproxy no

@@ -348,7 +348,8 @@ class _Through(asyncio.Protocol):
             elif d.down_alive:
                 if self.rechunk:  # the read's body bytes as one chunk (the module docstring)
                     end = d.base + len(d.buf)
-                    data = _chunk(d.buf, self.mark - d.base, end - d.base, frame.done)
+                    if frame.whole != 1:  # one whole chunk (a paced stream's usual read) goes as it came
+                        data = _chunk(d.buf, self.mark - d.base, end - d.base, frame.done)
                     self.mark = end
                 d._pass_down(self.down, data)
         if frame.done and not self.ended.done():

@@ -131,7 +131,9 @@ class Handler:
         self.conn = Server(address=("127.0.0.1", 1))
         self.conn.state = ConnectionState.OPEN
         self.client = object()
-        self.transports = {self.conn: ConnectionIO(reader=reader), self.client: ConnectionIO(writer=client)}
+        self.reading = asyncio.ensure_future(asyncio.Event().wait())  # mitmproxy's read loop of the connection
+        self.transports = {self.conn: ConnectionIO(handler=self.reading, reader=reader),
+                           self.client: ConnectionIO(writer=client)}
         self._server_event_lock = asyncio.Lock()
         self.got: list[bytes] = []
 
@@ -152,8 +154,9 @@ async def handed():
     reader = asyncio.StreamReader()
     handler = Handler(reader, writer)
     try:
-        yield Handover(handler, handler.conn, reader, writer), handler, writer, harness
+        yield Handover(handler, handler.conn, handler.transports[handler.conn], writer), handler, writer, harness
     finally:
+        handler.reading.cancel()
         writer.close()
         far.close()
         server.close()
@@ -173,6 +176,11 @@ def test_a_piece_that_cannot_be_handed_over_at_once_goes_to_the_reader_and_the_o
             assert down.write(b"four") and handler.got == [b"one", b"four"]
             handler.conn.state = ConnectionState.CAN_WRITE  # mitmproxy stopped reading it
             assert not down.write(b"five") and handler.got == [b"one", b"four"] and not reader._buffer
+            handler.conn.state = ConnectionState.OPEN
+            assert down.write(b"six") and handler.got == [b"one", b"four", b"six"]
+            handler.reading.cancel()  # its read loop ended (it forgot the connection)
+            await asyncio.sleep(0)
+            assert not down.write(b"seven") and handler.got == [b"one", b"four", b"six"] and not reader._buffer
 
     asyncio.run(main())
 

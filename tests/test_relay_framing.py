@@ -96,6 +96,21 @@ def test_a_read_of_many_whole_chunks_is_the_same_as_a_byte_at_a_time():
         assert fed(Body(CHUNKED), wire, [cut]) == (body, used), cut
 
 
+def test_whole_counts_a_read_of_whole_chunks_only():
+    """``whole``: the chunks of a read that was whole chunks from a chunk's start to a chunk's
+    end (the relay passes a read of one such chunk on as it came, a paced stream's usual read,
+    instead of framing its body again); 0 for a read that cuts a chunk, starts inside one,
+    holds the last chunk, or follows a read that ended inside one."""
+    one, two = b"5\r\nhello\r\n", b"3;x=1\r\nabc\r\n"
+    frame, body = Body(CHUNKED), bytearray()
+    seen = []
+    for read in (one, one + two, one[:4], one[4:], two, two[:-1], b"\n", one + b"0\r\n\r\n"):
+        frame.feed(read, body)
+        seen.append(frame.whole)
+    assert seen == [1, 2, 0, 0, 1, 0, 0, 0] and frame.done
+    assert bytes(body) == b"hello" * 2 + b"abc" + b"hello" + b"abc" * 2 + b"hello"
+
+
 @pytest.mark.parametrize("wire", [
     b"4x\r\nWiki\r\n0\r\n\r\n",  # not hex
     b"\r\nWiki\r\n0\r\n\r\n",  # no size
