@@ -1,17 +1,17 @@
 """Proxy CPU per streamed event: bare streaming mitmdump against this proxy, side by side.
 
-    .venv/bin/python bench/events.py [--streams 60] [--tokens 500] [--gap-ms 0] [--before REV] [--relay-off]
+    .venv/bin/python bench/events.py [--streams 60] [--tokens 500] [--gap-ms 0] [--concurrent 1] [--before REV] [--relay-off]
 
 Chat Completions streams of ``--tokens`` events each (one token per event, as providers
-send them), sequential, through: bare mitmdump streaming SSE (``bench/stream_sse.py``, the
+send them), one at a time or ``--concurrent`` at once (a round), through: bare mitmdump streaming SSE (``bench/stream_sse.py``, the
 fair baseline: by default mitmproxy buffers whole bodies), this proxy at ``--before``
 (omit with ``--before none``), and this checkout; with ``--relay-off`` each proxy also
 with ``intercept_drain_timeout=0``, to tell the relay's cost per event from the pipeline's.
-The paths alternate stream by stream (rotating order), so the machine's load hits them alike. Per stream: the CPU time of all of
-the mitmdump process's threads (``/proc/<pid>/task/*/schedstat``) from before the request
-to 5 ms after its end, divided by the events the client received. Reported: µs per event,
+The paths alternate round by round (rotating order), so the machine's load hits them alike. Per round: the CPU time of all of
+the mitmdump process's threads (``/proc/<pid>/task/*/schedstat``) from before the requests
+to 5 ms after their end, divided by the events the clients received. Reported: µs per event,
 median (p10-p90), each proxy's excess over bare (the medians' difference, and paired: each
-round's stream minus bare's in the same round, whose quartiles are the figure to read on a
+round's figure minus bare's in the same round, whose quartiles are the figure to read on a
 machine whose speed drifts), and how many times the process's threads were
 put on a CPU per event (schedstat's run count: at a provider's pace a wake-up finds cold
 caches, so one more per event would cost more than most code the event runs). Each proxy's trace is checked
@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -86,6 +87,9 @@ def main() -> int:
     ap.add_argument("--before", default="none", help="a git revision, or 'none'")
     ap.add_argument("--relay-off", action="store_true",
                     help="add this checkout (and --before) with intercept_drain_timeout=0 (no relay hop) as paths")
+    ap.add_argument("--concurrent", type=int, default=1,
+                    help="streams at once through a path in each round (each client its own connection); "
+                         "the round's CPU is divided by all of their events")
     ap.add_argument("--gap-ms", type=float, default=0,
                     help="the simulator sleeps this long between events (a provider at token rate: each "
                          "event read alone); 0, the default: as fast as it can write them")
@@ -129,13 +133,17 @@ def main() -> int:
             return json.dumps({"model": "gpt-4o", "stream": True, "stream_options": {"include_usage": True},
                                "messages": [{"role": "user", "content": f"count {next(count)}"}]}).encode()
         with ExitStack() as stack:
-            clients = {}
+            clients: dict[str, list[httpx.Client]] = {}
             for n, p in procs.items():
                 ca = p.ca_bundle if n in sessions else p.confdir / "mitmproxy-ca-cert.pem"
-                clients[n] = stack.enter_context(httpx.Client(proxy=p.url, verify=str(ca), timeout=120))
+                clients[n] = [stack.enter_context(httpx.Client(proxy=p.url, verify=str(ca), timeout=120))
+                              for _ in range(args.concurrent)]
+            pool = stack.enter_context(ThreadPoolExecutor(args.concurrent))
 
-            def stream(n: str) -> tuple[int, str, int]:
-                return chat_stream(clients[n], payload(), sessions[n]["model_secret"] if n in sessions else "sk-unused")
+            def stream(n: str) -> list[tuple[int, str, int]]:
+                """``--concurrent`` streams through path ``n`` at once, one per client."""
+                secret = sessions[n]["model_secret"] if n in sessions else "sk-unused"
+                return list(pool.map(lambda c: chat_stream(c, payload(), secret), clients[n]))
 
             names = list(procs)
             for n in names:
@@ -144,15 +152,16 @@ def main() -> int:
                 for n in names[k % len(names):] + names[:k % len(names)]:
                     pid = procs[n].proc.pid
                     t0, r0 = cpu_ns(pid), runs(pid)
-                    events, text, got = stream(n)
+                    got = stream(n)
                     time.sleep(0.005)
+                    events = sum(e for e, _, _ in got)
                     per_event[n].append(cpu_between(t0, cpu_ns(pid)) / events / 1e3)
                     woke[n].append(cpu_between(r0, runs(pid)) / events)
-                    chunks[n].append(got)
-                    assert text == "".join(pieces), (n, text[:60])
+                    chunks[n] += [c for _, _, c in got]
+                    assert all(text == "".join(pieces) for _, text, _ in got), (n, got[0][1][:60])
                 if k % 20 == 19:
                     loads.append(load())
-        check_traces(procs, sessions, args.streams + 1, "".join(pieces))
+        check_traces(procs, sessions, (args.streams + 1) * args.concurrent, "".join(pieces))
     finally:
         for p in procs.values():
             p.cleanup()
@@ -160,7 +169,7 @@ def main() -> int:
         sim.wait(10)
     shutil.rmtree(work, ignore_errors=True)  # kept when a check failed, to look at
     print(f"machine: {machine()}; load average at the start and every 20 streams: {' | '.join(loads)}")
-    print(f"{args.streams} streams of {args.tokens} token events per path, paths in rotating order"
+    print(f"{args.streams} rounds of {args.concurrent} stream(s) at once of {args.tokens} token events per path, paths in rotating order"
           + (f", {args.gap_ms:g} ms between events" if args.gap_ms else ", events as fast as the simulator writes them")
           + (f"; before = {args.before}" if args.before != "none" else ""))
     print()
