@@ -29,8 +29,8 @@ mitmproxy's log handler triggers for every log record (``mitmproxy/log.py``: "St
 response from ..." once a streamed answer, the connection lines, this script's own lines);
 its handlers (deprecated since mitmproxy 9) have no reason to reorder addons, and one that
 registers or removes one makes the plan again anyway. Made again after each of those, every
-hook of the next streamed turn walked the whole chain again: ~0.2 ms a stream (issue 16,
-docs/benchmarks.md "The plans kept across log records"). Only ``trigger_event`` (the flow events, through
+hook of the next streamed turn walked the whole chain again: 0.1-0.2 ms a stream (issue 16,
+docs/benchmarks.md "Each stream's work and each event's, at a provider's pace"). Only ``trigger_event`` (the flow events, through
 ``handle_lifecycle``) uses the plan; mitmproxy's other entry points are left as they are.
 A hook method replaced on an addon instance after the plan was made is not seen until the
 plan is made again (as for ``Chain``); mitmproxy's own addons never do that.
