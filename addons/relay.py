@@ -53,8 +53,10 @@ the Drain (and checks), no chunk decoded or encoded on its own. mitmproxy does i
 per-chunk work (its layers' events, the pipeline's callable, a write to the client) once per
 chunk it reads, so a provider's one chunk per token cost that once per event; now the events
 that arrived together (a fast model, a busy proxy: the more load, the more per read) travel
-together, and an event that arrives alone still goes at once. The harness reads the same bytes
-(chunk boundaries carry no meaning in HTTP; extensions are not passed on, trailers never were).
+together, and an event that arrives alone still goes at once (a read that is one whole chunk,
+a paced stream's usual read, goes as it came: framing it again would give the same chunk). The
+harness reads the same bytes (chunk boundaries carry no meaning in HTTP, and mitmproxy frames
+its own chunks to the harness: extensions never reach it, trailers never were passed on).
 Each read of a streamed answer is handled in the upstream transport's callback (``_Through``,
 once the StreamReader holds nothing more), not by a task woken per read: at a provider's pace
 every event is a read of its own. And it is handed to mitmproxy as a read of mitmproxy's
