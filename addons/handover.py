@@ -19,8 +19,9 @@ a client that went away shows.
 What it relies on is mitmproxy 12's, not public (``tests/test_handover.py`` holds each to the
 installed mitmproxy, and the relay's tests run through it): the ``proxyserver`` addon's
 ``connections`` (the client connection's handler by its id), the handler's ``transports``
-(its server connection's reader, the client's writer), and ``server_event`` ending in one step
-while its lock is free. ``Handover.of`` returns None when any of that is not so (another
+(its server connection's reader and reading task, the client's writer), the read loop taking
+CAN_READ from the connection's state as it stops (``alive``), and ``server_event`` ending in
+one step while its lock is free. ``Handover.of`` returns None when any of that is not so (another
 mitmproxy, a mode whose transports are not asyncio's, the server connection not the relay's
 socket), and the exchange goes down the loopback as before; the choice is made once per
 exchange, so the two ways never interleave one answer's bytes. Should the lock ever be taken

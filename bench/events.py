@@ -168,7 +168,7 @@ def main() -> int:
         sim.terminate()
         sim.wait(10)
     shutil.rmtree(work, ignore_errors=True)  # kept when a check failed, to look at
-    print(f"machine: {machine()}; load average at the start and every 20 streams: {' | '.join(loads)}")
+    print(f"machine: {machine()}; load average at the start and every 20 rounds: {' | '.join(loads)}")
     print(f"{args.streams} rounds of {args.concurrent} stream(s) at once of {args.tokens} token events per path, paths in rotating order"
           + (f", {args.gap_ms:g} ms between events" if args.gap_ms else ", events as fast as the simulator writes them")
           + (f"; before = {args.before}" if args.before != "none" else ""))

@@ -176,7 +176,7 @@ def test_a_piece_that_cannot_be_handed_over_at_once_goes_to_the_reader_and_the_o
             assert down.write(b"four") and handler.got == [b"one", b"four"]
             handler.conn.state = ConnectionState.CAN_WRITE  # mitmproxy stopped reading it
             assert not down.write(b"five") and handler.got == [b"one", b"four"] and not reader._buffer
-            handler.conn.state = ConnectionState.OPEN
+            handler.conn.state = ConnectionState.CAN_READ  # closed for writing only: still read
             assert down.write(b"six") and handler.got == [b"one", b"four", b"six"]
             handler.reading.cancel()  # its read loop ended (it forgot the connection)
             await asyncio.sleep(0)
