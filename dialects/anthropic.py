@@ -636,7 +636,7 @@ class AnthropicDialect(KnobDialect):
 
     def reconcile(self, body: dict[str, Any], plan: Plan) -> None:
         """What Anthropic refuses, fixed the least surprising way, following dependencies:
-        the model's own rules first (sampling parameters, thinking modes), then what thinking
+        the model's own rules first (sampling parameters, thinking modes, its output cap), then what thinking
         forbids, then what only works with thinking (its context edits). Where the session's
         key meets the harness's, the session's wins; where the session set both, the provider's
         constraint decides as documented. Nothing the proxy did not touch is changed."""
@@ -654,6 +654,11 @@ class AnthropicDialect(KnobDialect):
             drop(body, "thinking", "thinking is on but the last assistant turn of the tool-use loop has no thinking "
                                    "block (the harness dropped it), which Anthropic refuses: thinking is off for "
                                    "this request", changes)
+        cap = caps.max_output or MAX_OUTPUT_TOKENS
+        max_tokens = body.get("max_tokens")
+        if isinstance(max_tokens, int) and max_tokens > cap and plan.touched("max_tokens"):
+            replace(body, "max_tokens", cap, f"{model} writes at most {cap} output tokens ({caps.source})"
+                    if caps.max_output else f"Anthropic accepts at most {cap} output tokens", changes)
         if _thinking_enabled(body):
             self._with_thinking(body, plan)
         if (caps.sampling == "exclusive" and body.get("temperature") is not None
@@ -661,10 +666,6 @@ class AnthropicDialect(KnobDialect):
             keep = "top_p" if "top_p" in plan.session and "temperature" not in plan.session else "temperature"
             loser = "temperature" if keep == "top_p" else "top_p"
             drop(body, loser, f"{model} takes temperature or top_p, not both: kept {keep} ({caps.source})", changes)
-        max_tokens = body.get("max_tokens")
-        if isinstance(max_tokens, int) and max_tokens > MAX_OUTPUT_TOKENS and plan.touched("max_tokens"):
-            replace(body, "max_tokens", MAX_OUTPUT_TOKENS,
-                    f"Anthropic accepts at most {MAX_OUTPUT_TOKENS} output tokens", changes)
         if not _thinking_enabled(body) and plan.touched("thinking"):
             _without_thinking(body, changes)
             _without_final_turn_thinking(body, changes)
@@ -727,9 +728,14 @@ class AnthropicDialect(KnobDialect):
             budget = MIN_BUDGET
         if isinstance(budget, int) and isinstance(max_tokens, int) and budget >= max_tokens:
             # max_tokens counts thinking too; read the requested max as the answer's length.
-            replace(body, "max_tokens", min(budget + max_tokens, MAX_OUTPUT_TOKENS),
+            cap = plan.caps.max_output or MAX_OUTPUT_TOKENS
+            replace(body, "max_tokens", min(budget + max_tokens, cap),
                     "thinking.budget_tokens must be below max_tokens: raised to budget + answer",
                     changes)
+            if budget >= body["max_tokens"]:  # the model's cap leaves no room: half of it thinks
+                replace(body, "thinking", {**body["thinking"], "budget_tokens": max(MIN_BUDGET, cap // 2)},
+                        f"thinking.budget_tokens must be below max_tokens, at most {cap} for {body.get('model')}",
+                        changes)
 
     # -- network policy ------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 The dialects reconcile a rewritten request against the row of its model: does it take
 sampling parameters (all, one of temperature/top_p, none), which thinking modes, is it an
-OpenAI reasoning model. Each row names its source and when it was checked, so a row that goes
+OpenAI reasoning model, how many output tokens may one answer ask for. Each row names its source and when it was checked, so a row that goes
 stale can be found and fixed without reading code. A model no row matches gets ``UNKNOWN``:
 only the rules that hold for every model of its provider apply, and the proxy's provider
 feedback (a 400 naming a parameter the proxy set) learns the rest at run time.
@@ -35,6 +35,9 @@ class Capabilities:
     budget: tuple[int, int] | None = None
     budget_off: bool | None = None
     levels: tuple[str, ...] | None = None
+    # The most output tokens one answer may ask for (Anthropic ``max_tokens``), where the
+    # model's cap is below its provider's general one; a request above it is refused with 400.
+    max_output: int | None = None
     source: str | None = None
 
     def takes_thinking(self, kind: str) -> bool:
@@ -58,6 +61,7 @@ def _rows() -> tuple[tuple[str, tuple[str, ...], Capabilities], ...]:
             budget=tuple(row["budget"]) if row.get("budget") is not None else None,
             budget_off=row.get("budget_off"),
             levels=tuple(row["levels"]) if row.get("levels") is not None else None,
+            max_output=row.get("max_output"),
             source=row["source"],
         )
         rows.append((row["provider"], tuple(p.lower() for p in row["match"]), caps))

@@ -9,10 +9,14 @@ it pass, says why on the record, and the simulator accepts it).
 
 from __future__ import annotations
 
+import json
+import ssl
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -76,6 +80,16 @@ CASES = [
     Case("max_tokens_range", "messages", msg(max_tokens=500_000)),
     Case("max_tokens_range", "messages", msg(), {"sampling": {"max_tokens": 500_000}},
          lambda b: b["max_tokens"] == 128_000, "at most"),
+    # A model with a lower output cap than the harness's model: Claude Code's 128000 on Sonnet 4.5.
+    Case("max_tokens_model", "messages", msg("claude-sonnet-4-5-20250929", max_tokens=128_000)),
+    Case("max_tokens_model", "messages", msg("claude-opus-4-6", max_tokens=128_000),
+         {"model": "claude-sonnet-4-5-20250929"}, lambda b: b["max_tokens"] == 64_000, "at most 64000"),
+    Case("max_tokens_model", "messages",
+         msg("claude-opus-4-6", max_tokens=128_000, thinking={"type": "enabled", "budget_tokens": 100_000}),
+         {"model": "claude-sonnet-4-5-20250929"},
+         lambda b: b["max_tokens"] == 64_000 and b["thinking"]["budget_tokens"] == 32_000, "at most 64000"),
+    Case("max_tokens_model", "messages", msg("claude-opus-4-6", max_tokens=40_000),
+         {"model": "claude-opus-4-1-20250805"}, lambda b: b["max_tokens"] == 32_000, "at most 32000"),
     Case("sampling_removed", "messages", msg("claude-opus-4-8", temperature=0.5)),
     Case("sampling_removed", "messages", msg("claude-opus-4-8"), {"sampling": {"temperature": 0.5}},
          lambda b: "temperature" not in b, "refuses temperature"),
@@ -248,3 +262,28 @@ def test_required_max_tokens_survives_an_explicit_null(make_session, sim, mproxy
     session = make_session(sampling={"max_tokens": None, "temperature": 0.5})
     send(session, Case("", "messages", msg(max_tokens=2048)))
     assert not sim.refusals() and sim.model_requests()[0].json["max_tokens"] == 2048
+
+
+CLAUDE_CODE = Path(__file__).parent / "fixtures" / "claude-code-requests" / "websearch-2.1.332.json"
+
+
+def test_claude_codes_output_cap_fits_a_smaller_session_model(make_session, sim, mproxy):
+    """Claude Code 2.1.332's request as it sent it (max_tokens 128000 for its own model) under a
+    session that swaps in claude-sonnet-4-5, which writes at most 64000: the request reaches the
+    provider within the model's cap, and the record says why, with the table's source."""
+    captured = json.loads(CLAUDE_CODE.read_text())
+    body = captured["body"]
+    assert body["max_tokens"] == 128_000
+    session = make_session(model="claude-sonnet-4-5-20250929")
+    headers = {k: v for k, v in captured["headers"].items() if k.lower() not in ("x-api-key", "authorization")}
+    with httpx.Client(proxy=mproxy.url, verify=ssl.create_default_context(cafile=str(mproxy.ca_bundle)),
+                      timeout=30) as http:
+        r = http.post("https://api.anthropic.com/v1/messages?beta=true", content=json.dumps(body).encode(),
+                      headers={**headers, "x-api-key": session["model_secret"]})
+    assert r.status_code == 200, r.text
+    assert not sim.refusals(), sim.refusals()[0].refusal
+    [seen] = sim.model_requests()
+    assert seen.json["model"] == "claude-sonnet-4-5-20250929" and seen.json["max_tokens"] == 64_000
+    [cap] = [o for o in the_call(mproxy, session).overrides if o.key == "max_tokens"]
+    assert (cap.old, cap.new) == (128_000, 64_000)
+    assert "platform.claude.com" in cap.reason and "64000" in cap.reason

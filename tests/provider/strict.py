@@ -39,6 +39,9 @@ GEMINI_THINKING = "https://ai.google.dev/gemini-api/docs/thinking"
 OPENAI_CHAT = "https://platform.openai.com/docs/api-reference/chat/create"
 OPENAI_RESPONSES = "https://platform.openai.com/docs/api-reference/responses/create"
 OPENAI_REASONING = "https://platform.openai.com/docs/guides/reasoning"
+ANTHROPIC_MODELS = "https://platform.claude.com/docs/en/about-claude/models/overview"
+
+MAX_OUTPUT_TOKENS = 128_000  # the largest output any Claude model accepts (ANTHROPIC_MODELS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,26 @@ _ANTHROPIC_FAMILIES: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 
 
+# The most output tokens each family writes (`max_output`), where it is below
+# MAX_OUTPUT_TOKENS: each model's page lists "Max output" (ANTHROPIC_MODELS, e.g.
+# https://platform.claude.com/docs/en/models/sonnet-4-5/overview: 64K; Opus 4.1 and 4: 32K),
+# and the live API refuses more: "max_tokens: 65536 > 64000, which is the maximum allowed number
+# of output tokens for claude-sonnet-4-5-20250929"
+# (https://github.com/Natively-AI-assistant/natively-cluely-ai-assistant/issues/54,
+# https://github.com/BerriAI/litellm/pull/15715). First matching prefix wins.
+_ANTHROPIC_OUTPUT: tuple[tuple[str, int], ...] = (
+    ("claude-opus-4-5", 64_000), ("claude-sonnet-4-5", 64_000), ("claude-haiku-4-5", 64_000),
+    ("claude-opus-4-1", 32_000), ("claude-opus-4-6", MAX_OUTPUT_TOKENS), ("claude-sonnet-4-6", MAX_OUTPUT_TOKENS),
+    ("claude-opus-4-7", MAX_OUTPUT_TOKENS), ("claude-opus-4-8", MAX_OUTPUT_TOKENS),
+    ("claude-opus-4", 32_000), ("claude-sonnet-4", 64_000),
+)
+
+
+def anthropic_max_output(model: Any) -> int:
+    name = _name(model)
+    return next((cap for prefix, cap in _ANTHROPIC_OUTPUT if name.startswith(prefix)), MAX_OUTPUT_TOKENS)
+
+
 def anthropic_facts(model: Any) -> dict[str, Any]:
     name = _name(model)
     for prefix, facts in _ANTHROPIC_FAMILIES:
@@ -125,7 +148,6 @@ ANTHROPIC_FIELDS = frozenset({
     # or Claude Code would not work at all.
     "diagnostics",
 })
-MAX_OUTPUT_TOKENS = 128_000  # the largest output any Claude model accepts (models overview)
 
 
 def _thinking_on(thinking: Any) -> bool:
@@ -150,6 +172,10 @@ def check_anthropic(body: dict[str, Any], refuse: set[str]) -> Refusal | None:
     if max_tokens > MAX_OUTPUT_TOKENS:
         return Refusal("max_tokens_range", f"max_tokens: {max_tokens} > {MAX_OUTPUT_TOKENS}, which is the maximum "
                                            f"allowed number of output tokens for {model}")
+    cap = anthropic_max_output(model)
+    if max_tokens > cap:  # the model's own cap (_ANTHROPIC_OUTPUT)
+        return Refusal("max_tokens_model", f"max_tokens: {max_tokens} > {cap}, which is the maximum allowed number "
+                                           f"of output tokens for {model}")
     # Newer models refuse the sampling parameters outright (see _ANTHROPIC_FAMILIES).
     if facts.get("no_sampling"):
         for key in ("temperature", "top_p", "top_k"):
