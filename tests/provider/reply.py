@@ -102,6 +102,9 @@ class Reply:
                       end the stream.
       hang_up         close the connection without answering (after first_byte_delay), as
                       an upstream that dies mid-request or a load balancer that drops it does.
+      pause_before    with resume (a threading.Event): an SSE stream waits before this
+                      event until the test sets it (at most a minute), so a test holds a
+                      stream open mid-way on an event, not a delay.
     Bytes on the wire:
       headers         extra response headers.
       raw             bytes/str sent verbatim as the body, or a pathlib.Path (any
@@ -156,6 +159,8 @@ class Reply:
     cut_after: int | None = None
     error_after: int | None = None
     hang_up: bool = False
+    pause_before: int | None = None
+    resume: Any = None
 
     headers: Mapping[str, str] = field(default_factory=dict)
     raw: bytes | str | os.PathLike | None = None

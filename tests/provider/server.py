@@ -699,6 +699,8 @@ class _Handler(BaseHTTPRequestHandler):
         for index, data in enumerate(events):
             if reply.gap(index):
                 time.sleep(reply.gap(index))
+            if index == reply.pause_before and reply.resume is not None:
+                reply.resume.wait(60)
             if reply.cut_after is not None and index >= reply.cut_after:
                 raise _Cut
             if reply.error_after is not None and index >= reply.error_after:
