@@ -3,7 +3,9 @@ so that later readers prove they still fold what this version wrote.
 
     .venv/bin/python tests/data/make_golden.py
 
-Run it once when the schema version moves on (it refuses to overwrite a file): a three-turn
+Run it once when the schema version moves on (it refuses to overwrite a file); ``--out NAME``
+writes the trace to ``tests/data/NAME`` instead (how ``trace-v2-last.msgpack`` was made: by
+the last version-2 writer, just before version 3 added the checksum chain). A three-turn
 tool conversation with token ids, through mitmdump, from the simulator playing vLLM; since
 version 2 with ``max_turns=3``, so a fourth request is refused (its tool result a prompt
 node, a ``stop`` record), sealed with the evaluator's rewards and metrics; and a response
@@ -48,11 +50,12 @@ def deliver_other_text(response: Response):
 
 
 def main() -> int:
+    named = sys.argv[1:3] if sys.argv[1:2] == ["--out"] else None
     schema = HERE / f"schema-v{SCHEMA_VERSION}.json"
-    if not schema.exists():
+    if not named and not schema.exists():
         schema.write_text(json.dumps(record_schema(), indent=1, sort_keys=True) + "\n")
         print(f"{schema}: written")
-    out = HERE / f"trace-v{SCHEMA_VERSION}.msgpack"
+    out = HERE / (named[1] if named else f"trace-v{SCHEMA_VERSION}.msgpack")
     if out.exists():
         print(f"{out} exists; a golden file is never rewritten", file=sys.stderr)
         return 1
