@@ -110,6 +110,7 @@ class Settings:
         self._rebind = False
         self.ready = False  # the servers are bound and the banner is out (health says so)
         self._pending: dict[str, Any] = {}  # intercept_* values mitmproxy deferred, applied in configure
+        self._applying = False  # applying them: a check across options waits for all of them
         self._merged_hosts_said = False
         self._imposed_allow: set[str] = set()
         self.front: tuple[str, int] | None = None  # intercept_front: (host, port) of the front
@@ -122,9 +123,16 @@ class Settings:
         for name in [n for n in deferred if n.startswith(PREFIX)]:
             self._pending[name] = deferred.pop(name)
         loader.add_option(
-            "intercept_hosts", Sequence[str], list(DEFAULT_HOSTS),
-            "Provider hosts whose model traffic is claimed, rewritten and recorded. "
-            "TLS is intercepted for these hosts (and upstream hosts) only; every other host passes through untouched.",
+            "intercept_hosts", Sequence[str], [],
+            "More hosts whose model traffic is claimed, rewritten and recorded, added to every dialect's own "
+            f"({', '.join(DEFAULT_HOSTS)}); repeat --set for several. To claim only these, also set "
+            "intercept_default_hosts=false. TLS is intercepted for claimed hosts (and upstream hosts) only; "
+            "every other host passes through untouched.",
+        )
+        loader.add_option(
+            "intercept_default_hosts", bool, True,
+            "Claim every dialect's own provider hosts, plus intercept_hosts. false: claim only intercept_hosts "
+            "(replacing the built-in list is asked for by name, never by one --set).",
         )
         loader.add_option("intercept_trace_dir", str, "./traces", "One trace file per session: <dir>/<session id>.msgpack.")
         loader.add_option("intercept_sessions", Optional[str], None, "A JSON file with a list of session configs, loaded at start.")
@@ -197,6 +205,13 @@ class Settings:
     def _apply_pending(self) -> None:
         """The deferred ``intercept_*`` values, one option at a time so the error names it."""
         pending, self._pending = self._pending, {}
+        self._applying = True
+        try:
+            self._set_pending(pending)
+        finally:
+            self._applying = False
+
+    def _set_pending(self, pending: dict[str, Any]) -> None:
         o = ctx.options
         for name, value in pending.items():
             if name not in o:
@@ -215,12 +230,15 @@ class Settings:
             if len(token) < 16:
                 raise exceptions.OptionsError(f"{TOKEN_VARIABLE} must be at least 16 characters")
             self.admin_token = token
-        if "intercept_hosts" in updated:
+        if updated & {"intercept_hosts", "intercept_default_hosts"}:
             hosts = [h.strip().lower() for h in o.intercept_hosts if h.strip()]
             bad = [h for h in hosts if not re.fullmatch(r"[a-z0-9.-]+", h)]
             if bad:
                 raise exceptions.OptionsError(f"intercept_hosts: not a host name: {', '.join(bad)}")
-            self.hosts = frozenset(hosts)
+            if not o.intercept_default_hosts and not hosts and not self._applying:  # (both may be pending)
+                raise exceptions.OptionsError("intercept_default_hosts=false needs intercept_hosts: the hosts to "
+                                              "claim instead of the built-in ones")
+            self.hosts = frozenset(hosts) | (frozenset(DEFAULT_HOSTS) if o.intercept_default_hosts else frozenset())
         if "intercept_trace_dir" in updated:
             self.trace_dir = Path(os.path.expanduser(o.intercept_trace_dir))
             try:
@@ -479,6 +497,8 @@ class Settings:
         else:
             log.info(f"interceptor: listening on {', '.join(exposed)}: every connection must present a session "
                      "secret in Proxy-Authorization (HTTPS_PROXY=http://session:<secret>@host:port), else 407")
+        log.info(f"interceptor: claiming model traffic to: {', '.join(sorted(self.hosts))}"
+                 + ("" if ctx.options.intercept_default_hosts else " (only these: intercept_default_hosts=false)"))
         if default is not None:
             self._banner(default, harness_dir)
         self.ready = True
