@@ -18,14 +18,17 @@ A request that exists only to search (its only tools were removed provider tools
 tool choice forced one, as Claude Code's WebSearch call does) is answered here, in the
 dialect's shape, with a search-unavailable reply: nothing goes upstream, the call is on the
 record. ``notice`` appends a fixed sentence to the first user message of every restricted
-request. ``egress`` refuses (403) a CONNECT to a non-provider host outside the allow list on
-a tunnel that carried the session's secret, and records it: this covers what honours
-``HTTPS_PROXY``; it is not a sandbox.
+request. ``egress`` refuses (403) and records every way out of the proxy to a non-provider
+host outside the allow list, on a connection that carried the session's secret (``Egress``):
+this covers what honours ``HTTPS_PROXY``; it is not a sandbox.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import re
+import socket
 import uuid
 from typing import TYPE_CHECKING, Literal
 
@@ -99,10 +102,44 @@ class NetworkPolicy(BaseModel):
         return [r[2:] for r in self.allow]
 
     def allows(self, host: str) -> bool:
-        host = host.lower().rstrip(".")
+        """``host`` in any spelling (``canonical_host``); one that is no host name at all
+        is never allowed."""
+        host = canonical_host(host)
+        if host is None:
+            return False
         if any(_matches(r, host) for r in self.block):
             return False
         return any(_matches(r, host) for r in self.allow)
+
+
+_NAME = re.compile(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*")
+
+
+def canonical_host(host: str) -> str | None:
+    """The host a connection would reach, in the one spelling the policy compares: what the
+    resolver does to a name done here first, so no spelling of a host matches a rule the
+    host itself does not. IDNA to ASCII (which also folds case and width), no trailing dot;
+    an IP literal in any notation the resolver takes (``127.1``, ``2130706433``,
+    ``0x7f000001``, ``0177.0.0.1``, ``::ffff:127.0.0.1``) as its plain address. None: not a
+    host name (fail closed: refused)."""
+    host = (host or "").strip("[]")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        mapped = getattr(ip, "ipv4_mapped", None)
+        return str(mapped or ip)
+    try:
+        name = host.encode("idna").decode("ascii").lower()
+    except UnicodeError:
+        return None
+    name = name[:-1] if name.endswith(".") else name
+    try:  # getaddrinfo reads these as IPv4 numbers, not names (inet_aton's forms)
+        return socket.inet_ntoa(socket.inet_aton(name))
+    except OSError:
+        pass
+    return name if _NAME.fullmatch(name) else None
 
 
 def _matches(rule: str, host: str) -> bool:
@@ -158,44 +195,68 @@ def answer_search_only(flow: http.HTTPFlow, ex: Exchange) -> None:
 
 
 class Egress:
-    """``network.egress``: a CONNECT (or a plain proxied HTTP request) to a host that is no
-    provider's, outside the session's allow list, on a connection that carried the
-    session's secret in its proxy credentials, is refused (403) and recorded, one ``egress``
-    record per refusal with the count so far for its host. Listed before Claim, which takes
-    the CONNECT's ``Proxy-Authorization``."""
+    """``network.egress``: every way a request can leave the proxy for a host that is no
+    provider's, outside the allow list of a session whose secret the connection carried in
+    its proxy credentials, is refused (403) and recorded: one ``egress`` record per refusal
+    with the count so far for its host.
+
+    Two hooks see every way out, and both decide by ``_check``: ``http_connect`` for a
+    CONNECT, ``requestheaders`` for every other request, where mitmproxy has already chosen
+    the destination it will connect to (``flow.request.host``/``port``) from whatever form
+    the request took: an absolute-form target, an origin-form ``Host``, HTTP/2's
+    ``:authority``, a WebSocket upgrade, or a tunnel's own address. The host is compared in
+    its canonical spelling (``canonical_host``). A connection that showed a session's secret
+    once is that session's for every later request on it, with or without the header.
+    Listed before Claim, which takes the CONNECT's ``Proxy-Authorization``; the proxy's own
+    API (answered here, never forwarded) is not a way out."""
 
     def __init__(self, registry: Registry, settings: Settings) -> None:
         self.registry = registry
         self.settings = settings
+        self._bound: dict[str, set[str]] = {}  # client connection -> ids of the sessions it showed
+
+    def client_disconnected(self, client) -> None:
+        self._bound.pop(client.id, None)
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
-        self._check(flow, flow.request.host, flow.request.port)
+        self._check(flow)
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live or flow.metadata.get("interceptor_control"):
             return
-        req = flow.request
-        if req.scheme == "http" and req.authority and req.http_version.startswith("HTTP/1"):
-            self._check(flow, req.host, req.port)  # absolute-form: a plain request through the proxy
+        self._check(flow)
 
-    def _check(self, flow: http.HTTPFlow, host: str, port: int) -> None:
-        host = (host or "").lower()
-        if host in self.settings.hosts:  # intercepted and claimed: the model routes' own rules apply
-            return
+    def _sessions(self, flow: http.HTTPFlow) -> list:
         from interceptor.addons.claim import proxy_auth_secret  # one parser of the credential
 
+        bound = self._bound.get(flow.client_conn.id)
         value = flow.request.headers.get("proxy-authorization", "")
         secret = proxy_auth_secret(value) if value else None
         session = self.registry.by_model_secret(secret) if secret else None
-        if session is None or session.sealed:
+        if session is not None and session.config.network is not None and session.config.network.egress:
+            if bound is None:
+                bound = self._bound[flow.client_conn.id] = set()
+            bound.add(session.id)
+        if not bound:
+            return []
+        return [s for sid in bound if (s := self.registry.get(sid)) is not None and not s.sealed]
+
+    def _check(self, flow: http.HTTPFlow) -> None:
+        sessions = self._sessions(flow)
+        if not sessions:
             return
-        policy = session.config.network
-        if policy is None or not policy.egress or policy.allows(host):
+        host, port = canonical_host(flow.request.host), flow.request.port
+        if host is not None and host in self.settings.hosts:  # claimed: the model routes' own rules apply
             return
-        count = session.egress.get(host, 0) + 1
-        session.egress[host] = count
-        session.recorder.record_egress(host, port, count)
-        flow.response = http.Response.make(
-            403, f"interceptor: {host} is outside this rollout's network allow list\n".encode(),
-            {"content-type": "text/plain"})
-        log.info(f"interceptor: session {session.id!r}: egress to {host}:{port} refused (network policy)")
+        for session in sessions:
+            if session.config.network.allows(flow.request.host):
+                continue
+            shown = host or "(not a host name)"
+            count = session.egress.get(shown, 0) + 1
+            session.egress[shown] = count
+            session.recorder.record_egress(shown, port, count)
+            flow.response = http.Response.make(
+                403, f"interceptor: {shown} is outside this rollout's network allow list\n".encode(),
+                {"content-type": "text/plain"})
+            log.info(f"interceptor: session {session.id!r}: egress to {shown}:{port} refused (network policy)")
+            return

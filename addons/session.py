@@ -269,6 +269,7 @@ class Session:
         s["trace_path"] = str(self.trace_path)
         s["tls_rejections"] = self.tls_rejections
         s["oversized_requests"] = self.oversized
+        s["egress"] = dict(self.egress)  # refusals per host (network.egress)
         s["state_version"] = self.recorder.state_version  # kept by a released trace too
         return s
 
