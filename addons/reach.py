@@ -9,11 +9,15 @@ probed again, and requests arriving during a probe share it: the steady state co
 If the upstream dies between the probe and the request, the Relay (``addons/relay.py``)
 answers the same 502 in the dialect's shape (with ``intercept_drain_timeout=0``, mitmproxy's
 own HTML 502 reaches the harness and the Tee's ``error`` hook records the exchange).
+
+Any connection mitmproxy fails to make, a passed-through one included, is logged with the
+host and port it was for (``server_connect_error``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from mitmproxy import http
@@ -25,8 +29,14 @@ from interceptor.addons.record import commit
 from interceptor.addons.settings import regular_mode
 from interceptor.trace.messages import ResponseError
 
+log = logging.getLogger(__name__)
+
 FRESH = 30.0
 PROBE_TIMEOUT = 5.0
+
+
+def _peer(peername: tuple | None) -> str:
+    return f"{peername[0]}:{peername[1]}" if peername else "?"
 
 
 class Reach:
@@ -49,6 +59,18 @@ class Reach:
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
         if data.server.address:
             self.reached(data.server.address[0], data.server.address[1])
+
+    def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
+        """mitmproxy's own line for a failed connection names neither host nor port, and a
+        passed-through TLS connection has no flow line that would: say which, at info (the
+        default verbosity), with mitmproxy's reason."""
+        address = data.server.address
+        if not address:
+            return
+        host, port = address[0], address[1]
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        log.info(f"interceptor: cannot connect to {where} for client {_peer(data.client.peername)}: "
+                 f"{data.server.error or 'connection failed'}")
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:
