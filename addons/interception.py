@@ -4,6 +4,9 @@ It only wires the addons together, in the order a request travels through them (
 calls each hook in list order):
 
 - Settings: the ``intercept_*`` options, sessions, what the proxy imposes on itself;
+- ClientTimeouts: a client connection that sends no request, or no whole request body, in
+  time is closed (never while an answer is made or sent); AcceptErrors: out of file
+  descriptors, one log line per interval instead of a traceback per failed accept;
 - Control: the proxy's own API under ``/_interceptor/``;
 - OpenProxyGuard: listening beyond loopback, only a session's connections are relayed (407);
 - TlsGuard: names a harness that rejects the CA (it would hang silently);
@@ -67,6 +70,7 @@ from interceptor.addons.bodycap import BodyCap
 from interceptor.addons.chain import Chain
 from interceptor.addons.claim import Claim
 from interceptor.addons.collect import Collect
+from interceptor.addons.conns import AcceptErrors, ClientTimeouts
 from interceptor.addons.control import Control
 from interceptor.addons.dispatch import Dispatch
 from interceptor.addons.feedback import Feedback, Refused
@@ -103,6 +107,8 @@ relay = Relay(tee.pipeline, reach.reached)
 
 steps = guarded([
     settings,
+    ClientTimeouts(),  # before every request step: a request's body timer ends as its request hook begins
+    AcceptErrors(),
     Control(registry, settings),
     OpenProxyGuard(registry),  # before TlsGuard and Claim, which read (and remove) Proxy-Authorization
     TlsGuard(registry, settings),  # before Claim, which takes the CONNECT's Proxy-Authorization

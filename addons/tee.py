@@ -30,6 +30,7 @@ import re
 import time
 
 from mitmproxy import http
+from mitmproxy.connection import ConnectionState
 
 from interceptor.addons.exchange import EventClock, Exchange, exchange_of
 from interceptor.addons.hold import Hold
@@ -216,7 +217,16 @@ class Assemble:
         if ex.tee is not None:
             ex.tee.finish(f"the stream broke: {message}")
         else:
-            commit(ex, flow, None, ResponseError(type="upstream_unreachable" if flow.response is None else "connection_error", message=message, status=None))
+            commit(ex, flow, None, ResponseError(type=_failed_side(flow), message=message, status=None))
+
+
+def _failed_side(flow: http.HTTPFlow) -> str:
+    """Whose end broke a flow that has no answer on the record: the client's when its request
+    never came whole (a body cut or timed out) or its connection stopped sending (closed, or
+    half-closed, which mitmproxy 12 ends while the answer is awaited); else the upstream's."""
+    if flow.request.timestamp_end is None or not flow.client_conn.state & ConnectionState.CAN_READ:
+        return "client_disconnected"
+    return "upstream_unreachable" if flow.response is None else "connection_error"
 
 
 class Tee:
