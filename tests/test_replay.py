@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 
+import openai
 import pytest
 
 from clients import KEY_ENV, session_clients
@@ -179,15 +180,20 @@ def test_chat_and_responses_replay_in_their_own_dialect(proxy, start_proxy, sim,
     assert "asked in the chat dialect, this request is responses" in str(err.value)
 
 
-def test_replay_ignore_rules_match_what_moves_between_runs(proxy, start_proxy, sim, harness_env):
+def _dated(proxy, sim, harness_env, system: str):
+    """One Chat turn recorded live under ``system``: the trace's path."""
     sim.script(Reply(text="ok"))
     session = proxy.create_session(id="dated")
     harness_env(session["env"])
     oai, _ = session_clients(session)
-    oai.chat.completions.create(model="m", messages=[{"role": "system", "content": "Today is 2026-11-30."},
+    oai.chat.completions.create(model="m", messages=[{"role": "system", "content": system},
                                                      {"role": "user", "content": "hi"}])
     proxy.api("DELETE", "sessions/dated")
-    replayer = _replayer(start_proxy, proxy.trace_dir / "dated.msgpack")
+    return proxy.trace_dir / "dated.msgpack"
+
+
+def test_replay_ignore_rules_match_what_moves_between_runs(proxy, start_proxy, sim, harness_env):
+    replayer = _replayer(start_proxy, _dated(proxy, sim, harness_env, "Today is 2026-11-30."))
     later = [{"role": "system", "content": "Today is 2026-12-01."}, {"role": "user", "content": "hi"}]
     strict_session = replayer.create_session(id="strict", upstream="yesterday")
     harness_env(strict_session["env"])
@@ -337,6 +343,23 @@ def test_a_paced_replay_over_codex_websocket_sends_each_frame_at_its_recorded_ti
     assert paced == pytest.approx(live, abs=0.25)
 
 
+def test_a_miss_through_the_proxy_shows_the_difference_left_after_the_rules(proxy, start_proxy, sim, harness_env):
+    """What the session's replay.ignore rules take out is no difference: the miss shows the
+    two sides as they were compared, so a user can tell the rule worked and what did not match."""
+    replayer = _replayer(start_proxy, _dated(proxy, sim, harness_env, "Today is 2026-11-30. Be brief."))
+    loose = replayer.create_session(id="loose", upstream="yesterday", replay={"ignore": [r"\d{4}-\d\d-\d\d"]})
+    harness_env(loose["env"])
+    with pytest.raises(openai.BadRequestError) as err:
+        session_clients(loose)[0].chat.completions.create(
+            model="m", messages=[{"role": "system", "content": "Today is 2026-12-01. Be verbose."},
+                                 {"role": "user", "content": "hi"}])
+    message = err.value.response.json()["error"]["message"]
+    assert "message 0 (system) differs" in message, message
+    assert "'Today is . Be brief.'" in message and "'Today is . Be verbose.'" in message, message
+    assert "2026" not in message, message  # what the rule took out is not reported as a difference
+    assert f"replay miss: {message}" in replayer.log()
+
+
 # -- the matcher, in process (interceptor.trace.match) ---------------------------------------
 
 def _rollout(tmp_path, turns: int = 3):
@@ -432,3 +455,36 @@ def test_diff_names_the_first_turn_where_two_traces_part(tmp_path):
     assert not found.equal and found.parting.turn == 2 and "the reply differs" in found.parting.why
     assert diff(a.recorder.trace, a.recorder.trace).equal
     assert not diff(a.recorder.trace, b.recorder.trace, Ignore.parse([r"\d\d:\d\d"])).equal  # text still differs
+
+
+def test_the_matcher_and_diff_report_the_compared_forms(tmp_path):
+    """The matcher in process: a pattern and a path rule; the miss and ``diff`` (scripts/replay_trace.py)
+    both show the two sides as the rules left them."""
+    from interceptor.trace.match import Hit, Ignore, Matcher, Miss, diff
+    from test_trace import TOOLS, Rollout
+
+    trace, turns = _rollout(tmp_path, 2)
+    prompt = list(turns[1][0])
+    user = prompt[1]  # "fix the bug"
+    ignore = Ignore.parse([r" run \d+"])
+    prompt[1] = user.model_copy(update={"content": "fix the bug run 8"})
+    assert isinstance(Matcher(trace, ignore).match(prompt, TOOLS, "openai_chat"), Hit)  # the rule works
+    prompt[1] = user.model_copy(update={"content": "fix the bug run 8 twice"})
+    miss = Matcher(trace, ignore).match(prompt, TOOLS, "openai_chat")
+    assert isinstance(miss, Miss) and miss.index == 1
+    assert "recorded 'fix the bug' vs sent 'fix the bug twice'" in miss.message(), miss.message()
+    # A tool result whose content a path rule takes out: what is left (its call id) is compared.
+    k = next(i for i, m in enumerate(prompt) if m.role == "tool")
+    prompt = list(turns[1][0])
+    prompt[k] = prompt[k].model_copy(update={"content": "different output", "tool_call_id": "call_x"})
+    miss = Matcher(trace, Ignore.parse(["$.messages[*].content"])).match(prompt, TOOLS, "openai_chat")
+    assert isinstance(miss, Miss) and miss.index == k
+    assert "call_x" in miss.message() and "different output" not in miss.message(), miss.message()
+    # diff: two runs apart by the ignored pattern and one real word.
+    other = Rollout(tmp_path / "other.msgpack")
+    for (p, reply) in turns:
+        p = list(p)
+        p[1] = user.model_copy(update={"content": "fix the bug run 9 now"})
+        other.send(p, reply)
+    parting = diff(trace, other.recorder.trace, ignore).parting
+    assert parting is not None and "recorded 'fix the bug' vs sent 'fix the bug now'" in parting.why, parting

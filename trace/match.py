@@ -16,7 +16,7 @@ string. The rules apply to the recorded messages and the new ones alike, so both
 in the same normal form; with no rules the form is ``message_hash`` itself.
 
 A miss says where the two conversations part (``Miss``): the nearest recorded turn, the first
-differing message (index, role) and a short diff of it, because "no match" alone leaves the
+differing message (index, role) and a short diff of it as the rules left it, because "no match" alone leaves the
 person who changed a prompt guessing which change mattered.
 """
 
@@ -110,22 +110,33 @@ class Ignore:
     def __bool__(self) -> bool:
         return bool(self.message_paths or self.tool_paths or self.patterns)
 
-    def message(self, message: Message, index: int) -> str:
-        """The hash of ``message`` at position ``index`` of a prompt, in the normal form."""
+    def normal(self, message: Message, index: int) -> Message | Any:
+        """``message`` at position ``index`` of a prompt as the rules leave it: a Message, or
+        the bare data when a path took out what a Message needs; None when a path ignores it
+        whole. What is compared, and so what a miss reports."""
         if not self:
-            return message_hash(message)
+            return message
         data: Any = message.model_dump(mode="json", exclude_defaults=True)
         for path in self.message_paths:
             head = path[0] if path else "*"
             if head == "*" or head == index:
                 if len(path) <= 1:
-                    return "ignored"  # the whole message: any message matches here
+                    return None  # the whole message: any message matches here
                 data = _drop(data, path[1:])
         data = _blank(data, self.patterns)
         try:
-            return message_hash(Message.model_validate({"role": message.role, **data}))
-        except ValueError:  # a path took out what a message needs: hash what is left
-            return hashlib.sha256(canonical_json(data).encode("utf-8", "surrogatepass")).hexdigest()
+            return Message.model_validate({"role": message.role, **data})
+        except ValueError:
+            return data
+
+    def message(self, message: Message, index: int) -> str:
+        """The hash of ``message`` at position ``index`` of a prompt, in the normal form."""
+        normal = self.normal(message, index)
+        if normal is None:
+            return "ignored"
+        if isinstance(normal, Message):
+            return message_hash(normal)
+        return hashlib.sha256(canonical_json(normal).encode("utf-8", "surrogatepass")).hexdigest()
 
     def tools(self, tools: list[Tool]) -> str:
         data: Any = [t.model_dump(mode="json", exclude_defaults=True) for t in tools]
@@ -150,6 +161,7 @@ class Miss:
     recorded: Message | None  # that turn's message at ``index`` (None: its prompt ended)
     sent: Message | None
     reason: str = ""
+    ignore: Ignore = field(default_factory=Ignore)  # the rules both sides were compared under
 
     def message(self) -> str:
         where = f"nearest recorded turn: call {self.nearest.id}" if self.nearest else "the trace has no turn"
@@ -160,16 +172,21 @@ class Miss:
         elif self.recorded is None:
             what = f"message {self.index} ({self.role}) is past the end of the recorded prompt"
         else:
-            what = f"message {self.index} ({self.role}) differs: {message_diff(self.recorded, self.sent)}"
+            what = (f"message {self.index} ({self.role}) differs: "
+                    f"{message_diff(self.recorded, self.sent, self.ignore, self.index)}")
         return f"no recorded turn matches this request: {what} ({where})"
 
 
-def message_diff(recorded: Message, sent: Message) -> str:
-    """How two messages differ, shortly: their texts where those differ (what a person
-    edited), else their canonical JSON (a tool call, an id, reasoning)."""
-    a, b = recorded.text(), sent.text()
-    if a == b:
-        a, b = (canonical_json(m.model_dump(mode="json", exclude_defaults=True)) for m in (recorded, sent))
+def message_diff(recorded: Message, sent: Message, ignore: Ignore = Ignore(), index: int = 0) -> str:
+    """How two messages differ, shortly, in the form ``ignore`` compared them (what a rule
+    took out is no difference, and showing it would hide whether the rule worked): their
+    texts where those differ (what a person edited), else their canonical JSON (a tool call,
+    an id, reasoning)."""
+    a, b = ignore.normal(recorded, index), ignore.normal(sent, index)
+    if isinstance(a, Message) and isinstance(b, Message) and a.text() != b.text():
+        return short_diff(a.text(), b.text())
+    a, b = (canonical_json(m.model_dump(mode="json", exclude_defaults=True) if isinstance(m, Message) else m)
+            for m in (a, b))
     return short_diff(a, b)
 
 
@@ -274,7 +291,7 @@ class Matcher:
             if k < len(prompt):
                 recorded = self.trace.nodes[prompt[k]].message
         sent = messages[k] if k < len(messages) else None
-        return Miss(k, sent.role if sent else None, nearest, recorded, sent)
+        return Miss(k, sent.role if sent else None, nearest, recorded, sent, ignore=self.ignore)
 
     def response(self, call: ModelCall) -> Response:
         """The recorded answer of ``call`` as the canonical response a dialect renders."""
@@ -347,13 +364,13 @@ def _turn_diff(a: Trace, ca: ModelCall, ma: Matcher, b: Trace, cb: ModelCall, mb
             return (f"the prompt of A ends after message {k - 1}" if xa is None
                     else f"the prompt of B ends after message {k - 1}")
         if ignore.message(xa, k) != ignore.message(xb, k):
-            return f"prompt message {k} ({xa.role} vs {xb.role}) differs: {message_diff(xa, xb)}"
+            return f"prompt message {k} ({xa.role} vs {xb.role}) differs: {message_diff(xa, xb, ignore, k)}"
     if ignore.tools(ma._tools(ca)) != ignore.tools(mb._tools(cb)):
         return (f"the tools differ: {[t.name for t in ma._tools(ca)]} vs "
                 f"{[t.name for t in mb._tools(cb)]}")
     ra, rb = a.nodes[ca.node].message, b.nodes[cb.node].message
     if ignore.message(ra, len(pa) - 1) != ignore.message(rb, len(pb) - 1):
-        return f"the reply differs: {message_diff(ra, rb)}"
+        return f"the reply differs: {message_diff(ra, rb, ignore, len(pa) - 1)}"
     if ca.finish_reason != cb.finish_reason:
         return f"finish reason {ca.finish_reason} vs {cb.finish_reason}"
     return None
