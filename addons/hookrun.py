@@ -1,17 +1,19 @@
 """Run a session's stop hooks for one model request, off the event loop when they block.
 
-A plain function runs in a worker thread (an evaluator's check may read files or call a
-grader); an ``async def`` is awaited on the loop. Hooks run in ``(-priority, name)`` order and
-the first true stop wins. Anything a hook raises (or a stop that returns a non-bool) is a
-``HookFailure`` naming the hook: the caller applies the session's ``on_hook_error``.
+A plain function runs in one of the session's own threads (an evaluator's check may read
+files or call a grader); an ``async def`` in a task of its own on the loop (``addons/hookpool.py``).
+Hooks run in ``(-priority, name)`` order and the first true stop wins. Anything a hook raises,
+``BaseException`` included, a hook that does not return within the session's limit, or a stop
+that returns a non-bool, is a ``HookFailure`` naming the hook: the caller applies the session's
+``on_hook_error``. Only a cancellation of the proxy's own task passes as what it is.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from interceptor.addons.hookpool import HookPool, Late, Raised, Stuck
 from interceptor.trace.hooks import HookContext, HookSpec
 from interceptor.trace.messages import Message, ReadOnly, Request
 
@@ -38,8 +40,9 @@ class _Context(HookContext):
     them (``Handed.branch``), not for every hook call: most hooks never look, and copying
     and checking a 600-message branch was ~1.3 ms a turn (issue 16)."""
 
-    def __init__(self, branch: Callable[[], list[Message]], **fields: Any) -> None:
+    def __init__(self, branch: Callable[[], list[Message]], pool: HookPool, **fields: Any) -> None:
         self._branch: Callable[[], list[Message]] | None = branch
+        self._pool = pool  # the session's: where its hooks run (``call``)
         super().__init__(**fields)
 
     @property  # type: ignore[override]
@@ -66,7 +69,7 @@ def session_context(session: Session, messages: list[Message] | None = None, **w
     # length now. Its copies are made only on reading.
     shared, n = trace.messages_now() if messages is None else (messages, len(messages))
     return _Context(
-        lambda: session.handed.branch(shared[:n]),
+        lambda: session.handed.branch(shared[:n]), session.hook_pool,
         session_id=session.id, task=dict(session.config.task), agent=dict(session.config.agent),
         info=dict(session.config.info), config=dict(hooks.config) if hooks else {},
         num_turns=trace.num_turns, num_input_tokens=trace.num_input_tokens,
@@ -88,20 +91,27 @@ def effective_request(ex: Exchange) -> Request | None:
                                          "sampling": sampling})
 
 
+_SHARED = HookPool()  # for a context not made by ``session_context`` (a test's own)
+
+
 async def call(spec: HookSpec, ctx: HookContext, value: Any = None) -> Any:
+    """One hook's result, in the session's pool (the module docstring); HookFailure otherwise."""
     kwargs: dict[str, Any] = {}
     if spec.value_arg is not None:
         kwargs[spec.value_arg] = value
     if spec.wants_ctx is not None:
         kwargs[spec.wants_ctx] = ctx
+    pool = ctx._pool if isinstance(ctx, _Context) else _SHARED
     try:
         if spec.is_async:
-            return await spec.fn(**kwargs)
-        return await asyncio.to_thread(spec.fn, **kwargs)
-    except ReadOnly as e:  # it changed a message the conversation holds: says which
-        raise HookFailure(spec, str(e)) from e
-    except Exception as e:  # the evaluator's code: any error is a hook error
-        raise HookFailure(spec, f"raised {type(e).__name__}: {e}") from e
+            return await pool.run_async(spec.fn, **kwargs)
+        return await pool.run_sync(spec.fn, **kwargs)
+    except Raised as e:
+        if isinstance(e.raised, ReadOnly):  # it changed a message the conversation holds: says which
+            raise HookFailure(spec, str(e.raised)) from e.raised
+        raise HookFailure(spec, str(e)) from e.raised
+    except (Late, Stuck) as e:
+        raise HookFailure(spec, str(e)) from None
 
 
 async def first_stop(specs: tuple[HookSpec, ...], ctx: HookContext, value: Any = None) -> str | None:

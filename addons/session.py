@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator, model_validator
 
+from interceptor.addons.hookpool import TIMEOUT as HOOK_TIMEOUT, HookPool
 from interceptor.addons.network import NetworkPolicy
 from interceptor.addons.state import TaskState
 from interceptor.addons.upstream import Upstream, UpstreamRef
@@ -77,6 +78,8 @@ class SessionConfig(BaseModel):
     # Absent: the proxy's intercept_hooks; null: none. Loaded once, when the session is made.
     hooks: HooksConfig | None = None
     on_hook_error: Literal["stop", "pass"] = "stop"
+    # Seconds a hook may take before it is a hook_error (None: the proxy's intercept_hook_timeout).
+    hook_timeout: FiniteFloat | None = Field(default=None, gt=0, le=86400)
     task: dict[str, Any] = Field(default_factory=dict)
     agent: dict[str, Any] = Field(default_factory=dict)
     info: dict[str, Any] = Field(default_factory=dict)
@@ -176,6 +179,7 @@ class Session:
     admitted: list[Any] = field(default_factory=list)  # model requests let through, not yet recorded
     hooks: HookSet | None = None  # the loaded hooks module, if any
     hooks_config: dict[str, Any] = field(default_factory=dict)  # handed to hooks as ctx.config
+    hook_pool: HookPool = field(default_factory=HookPool)  # its hooks' own threads and limit
     memory: Memory = field(default_factory=Memory)  # request hooks' rewrites, applied once
     handed: Handed = field(default_factory=Handed)  # what request hooks were handed of the graph's
     # vLLM's last few prompt ids, most recent first, that the next are parsed past
@@ -249,6 +253,7 @@ class Session:
         self.state = {}  # empty: not tracked by the collector (a cleared dict stays tracked)
         self.task_state = TaskState.initial(None, None)  # its history is on the record
         self.admitted.clear()
+        self.hook_pool.close()
         for name in _LAZY:
             self.__dict__.pop(name, None)
         self.last_prompts = ()
@@ -292,6 +297,7 @@ class Registry:
         # oldest is dropped, and only its trace path is kept (its summary is read from there).
         self.keep_sealed = keep_sealed
         self.rewrite_keep_bytes = KEEP_BYTES  # intercept_rewrite_keep_bytes
+        self.hook_timeout = HOOK_TIMEOUT  # intercept_hook_timeout
         self._released: deque[str] = deque()
         # Dropped sessions' trace paths, as strings: one entry per session the process ever
         # dropped, so as small as it can be (a Path is ~0.4 KB more, in four objects).
@@ -349,6 +355,7 @@ class Registry:
             if config.state:
                 recorder.record_state(session.task_state.record("config", "init"))
             session.hooks, session.hooks_config = hooks, dict(hooks_config or {})
+            session.hook_pool = HookPool(config.hook_timeout or self.hook_timeout)
             session.memory = Memory(keep_bytes=self.rewrite_keep_bytes)
             self._by_id[sid] = session
             self._by_model_secret[session.model_secret] = session

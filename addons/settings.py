@@ -44,6 +44,7 @@ from mitmproxy.utils import human
 from pydantic import TypeAdapter, ValidationError
 
 from interceptor.addons.hookload import HookSet, load_hooks
+from interceptor.addons.hookpool import TIMEOUT as HOOK_TIMEOUT
 from interceptor.addons.session import HooksConfig, Registry, Session, SessionConfig
 from interceptor.addons.state import DEFAULT_MAX_BYTES as DEFAULT_STATE_MAX
 from interceptor.addons.upstream import DEFAULT, KNOWN, Upstream, format_validation_error, parse_upstreams, pick
@@ -176,6 +177,9 @@ class Settings:
         loader.add_option("intercept_hooks", Optional[str], None,
                           'Hooks for sessions whose config has no "hooks": a module (pkg.mod), a file (path/hooks.py), '
                           'or a JSON object {"module": ..., "config": {...}}.')
+        loader.add_option("intercept_hook_timeout", int, round(HOOK_TIMEOUT),
+                          "Seconds a session's hook may take before it is a hook_error, for sessions whose config "
+                          'has no "hook_timeout" (a plain hook past it runs on in its thread; the exchange goes on).')
         loader.add_option("intercept_rewrite_keep_bytes", str, "64k",
                           "How much of a message's original content a request hook's rewrite record keeps "
                           "(k/m suffixes; 0: none, only its digest and size).")
@@ -251,6 +255,11 @@ class Settings:
             self.state_max_bytes = _size(o, "intercept_state_max_bytes")
         if "intercept_rewrite_keep_bytes" in updated:
             self.registry.rewrite_keep_bytes = _size(o, "intercept_rewrite_keep_bytes")
+        if "intercept_hook_timeout" in updated:
+            if not 1 <= o.intercept_hook_timeout <= 86400:
+                raise exceptions.OptionsError(
+                    f"intercept_hook_timeout must be between 1 and 86400 seconds (a day), got {o.intercept_hook_timeout}")
+            self.registry.hook_timeout = float(o.intercept_hook_timeout)
         if "intercept_keep_sealed" in updated:
             if o.intercept_keep_sealed < 0:
                 raise exceptions.OptionsError(f"intercept_keep_sealed must be 0 or more, got {o.intercept_keep_sealed}")
