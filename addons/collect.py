@@ -41,8 +41,8 @@ from interceptor.addons.exchange import Exchange, exchange_of
 from interceptor.dialects import prompt_ids
 from interceptor.dialects.base import Override
 from interceptor.dialects.body import scan_value
-from interceptor.dialects.encoding import Decoder
-from interceptor.dialects.sse import blank, lines_kept, split_lines
+from interceptor.dialects.encoding import Decoder, TooLarge
+from interceptor.dialects.sse import EventTooLarge, blank, lines_kept, split_lines
 from interceptor.trace.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -507,15 +507,23 @@ class StripStream:
     """The ``flow.response.stream`` callable around the Tee's: the inner callable sees (and
     records) the upstream's bytes, the harness gets them stripped. The rewrite record is
     written in the call where the Tee commits the turn, so it follows the turn on the record
-    and precedes the terminal event the harness then receives."""
+    and precedes the terminal event the harness then receives.
+
+    It holds what the Tee may hold (the Tee's bounds: ``intercept_max_answer`` decoded,
+    ``intercept_max_event`` an event): past either, the rest cannot be stripped, so the
+    harness's stream ends there (the token fields never reach it) and the Tee's record says
+    what was cut."""
 
     def __init__(self, inner: Any, ex: Exchange, plan: Plan, content_encoding: str | None) -> None:
         self.inner = inner
         self.ex = ex
         self.plan = plan
+        limit = getattr(getattr(inner, "decoder", None), "limit", 0)
+        self.max_event = getattr(getattr(inner, "sse", None), "max_event", 0)
+        self.cut = False
         # An upstream that compressed despite ``accept-encoding: identity`` is decoded here
         # and the header removed, so the harness gets plain events.
-        self.decoder = Decoder.for_encoding(content_encoding) if content_encoding else None
+        self.decoder = Decoder.for_encoding(content_encoding, limit) if content_encoding else None
         # The Tee's readings by a shape, for the same bytes only (it decodes what it reads).
         matches = None
         if self.decoder is None and getattr(inner, "matches", False) is None and getattr(inner, "identity", False):
@@ -529,11 +537,23 @@ class StripStream:
         out = self.inner(chunk) if callable(self.inner) else chunk
         if not isinstance(out, bytes):  # an inner callable may return an iterable of chunks
             out = b"".join(out)
-        if self.decoder is not None:
-            out = self.decoder.decode(out) if out else b""
-            if not chunk:
-                out += self.decoder.flush()
-        out = self.events.feed(out) if chunk else self.events.feed(out) + self.events.flush()
+        if self.cut:
+            return []
+        try:
+            if self.decoder is not None:
+                out = self.decoder.decode(out) if out else b""
+                if not chunk:
+                    out += self.decoder.flush()
+            out = self.events.feed(out) if chunk else self.events.feed(out) + self.events.flush()
+            if self.max_event and len(self.events.event) > self.max_event:
+                raise EventTooLarge(f"an event of the stream passed {self.max_event} bytes")
+        except TooLarge as e:
+            self.cut = True
+            self.events = EventStrip(self.plan)  # what it held goes now
+            self.decoder = None
+            log.warning(f"interceptor: session {self.ex.session.id!r}: {e}; token fields cannot be "
+                        "stripped past it, so the harness's stream ends there")
+            out = b""
         if self.ex.committed:
             self.plan.record(self.ex)
         return [out] if out else []

@@ -23,6 +23,7 @@ from interceptor.addons.settings import Settings
 from interceptor.addons.state import TOOL_SERVER_ROUTES, StateRoutes
 from interceptor.addons.toolroute import ToolRoute
 from interceptor.trace import read_trace
+from interceptor.trace.store import TraceExistsError
 
 log = logging.getLogger(__name__)
 PREFIX = "/_interceptor/"
@@ -198,7 +199,7 @@ class Control:
         try:
             session = self.registry.create(config, self.settings.trace_dir, self.settings.fsync, upstream,
                                            hooks=hooks, hooks_config=hooks_config)
-        except ValueError as e:
+        except (ValueError, TraceExistsError) as e:  # the id is taken, or its trace file is there
             return _error(409, str(e))
         log.info(f"interceptor: session {session.id!r} created")
         return json_response(201, self._credentials(session))

@@ -318,14 +318,10 @@ class Registry:
                upstream: Upstream | None = None, file_stem: str | None = None,
                hooks: HookSet | None = None, hooks_config: dict[str, Any] | None = None) -> Session:
         sid = self.session_id(config.id)
-        if file_stem and self.worker:
-            file_stem = f"{self.worker}-{file_stem}"
         with self._lock:
             if sid in self._by_id:
                 raise ValueError(f"session {sid!r} exists already")
-            self._dropped.pop(sid, None)
-            trace_dir.mkdir(parents=True, exist_ok=True)
-            path = trace_dir / f"{file_stem or sid}.msgpack"
+            path = self.trace_file(trace_dir, sid, file_stem)
             header = {
                 "id": sid,
                 "config": {
@@ -349,7 +345,11 @@ class Registry:
                 "agent": config.agent,
                 "info": config.info,
             }
+            # Its file is created exclusively here: TraceExistsError (the caller's 409, or a
+            # proxy that does not start) if a trace is there already, from an earlier run on
+            # this folder or a session dropped from memory; nothing is registered then.
             recorder = Recorder(path, header, store=self.store, fsync=fsync)
+            self._dropped.pop(sid, None)
             session = Session(sid, config, new_secret("m", self.worker), new_secret("s", self.worker), recorder, upstream,
                               task_state=TaskState.initial(config.state, config.state_schema))
             if config.state:
@@ -361,6 +361,12 @@ class Registry:
             self._by_model_secret[session.model_secret] = session
             self._by_state_secret[session.state_secret] = session
             return session
+
+    def trace_file(self, trace_dir: Path, sid: str, file_stem: str | None = None) -> Path:
+        """Where the session ``sid`` (its id as ``session_id`` made it) writes its trace."""
+        if file_stem and self.worker:
+            file_stem = f"{self.worker}-{file_stem}"
+        return trace_dir / f"{file_stem or sid}.msgpack"
 
     def get(self, sid: str) -> Session | None:
         return self._by_id.get(sid)

@@ -23,6 +23,7 @@ What it writes, and for whom (see the README's threat model):
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -51,7 +52,7 @@ from interceptor.addons.upstream import DEFAULT, KNOWN, Upstream, format_validat
 from interceptor.dialects import default_hosts, key_variables
 from interceptor.trace.hooks import HookError
 from interceptor.trace.messages import Sampling
-from interceptor.trace.store import FSYNC_INTERVAL, FSYNC_POLICIES, TRACE_WRITES
+from interceptor.trace.store import FSYNC_INTERVAL, FSYNC_POLICIES, TRACE_WRITES, TraceExistsError
 from interceptor.trace.tokens import warm as warm_estimator
 
 __all__ = ["Settings", "format_validation_error"]
@@ -479,13 +480,27 @@ class Settings:
         threading.Thread(target=warm_estimator, name="interceptor-warm", daemon=True).start()
         default = None
         if self.file_configs:
-            self._create_sessions(self.file_configs)
+            try:
+                self._create_sessions(self.file_configs)
+            except TraceExistsError as e:
+                why = f"intercept_sessions: {e}"
+                if not _is_real_master():
+                    raise exceptions.OptionsError(why) from e
+                _refuse_to_start(why)
             log.info(f"interceptor: {len(self.file_configs)} session(s) from {ctx.options.intercept_sessions}")
         else:
             # (milliseconds: two starts within a second must not share, and so rename, a file)
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.started_at)) + f".{int(self.started_at * 1000) % 1000:03d}Z"
-            # Its own file per start, never a rename of the last one's.
-            default = self.create_session(self.default_config, file_stem=f"default-{stamp}")
+            # Its own file per start, never an earlier one's: a name taken already (two proxies
+            # started within a millisecond on one folder) takes the next free one, since
+            # nobody chose it and the banner names the file.
+            for n in itertools.count(1):
+                try:
+                    default = self.create_session(self.default_config,
+                                                  file_stem=f"default-{stamp}" + (f"-{n}" if n > 1 else ""))
+                    break
+                except TraceExistsError:
+                    continue
         asyncio.get_running_loop().create_task(self._announce(default, harness_dir))
 
     async def _announce(self, default: Session | None, harness_dir: Path) -> None:
@@ -525,9 +540,20 @@ class Settings:
         return host, port
 
     def _create_sessions(self, configs: list[SessionConfig]) -> None:
-        for config in configs:
-            if config.id and self.registry.get(self.registry.session_id(config.id)):
-                continue
+        """All or none: if a session's trace file exists already (a night's run restarted on
+        the same folder), ``TraceExistsError`` naming every such file, and none is made. Not
+        a new file name: the evaluator's tools read ``<dir>/<id>.msgpack`` and would take the
+        earlier run's trace for this one's (or never find this one's); whether to move the
+        old files or pick another ``intercept_trace_dir`` is theirs to say."""
+        todo = [c for c in configs if not (c.id and self.registry.get(self.registry.session_id(c.id)))]
+        taken = [str(path) for c in todo if c.id and os.path.lexists(
+            path := self.registry.trace_file(self.trace_dir, self.registry.session_id(c.id)))]
+        if taken:
+            raise TraceExistsError(f"a trace is never overwritten, and {', '.join(taken)} "
+                                   f"exist{'s' if len(taken) == 1 else ''} already: move "
+                                   f"{'it' if len(taken) == 1 else 'them'} away, or set another "
+                                   f"intercept_trace_dir")
+        for config in todo:
             self.create_session(config)
 
     def done(self) -> None:

@@ -21,6 +21,15 @@ shape's template instead of searching its bytes.
 
 A failed exchange (an error status, an ``error`` event, a cut stream, an unreachable
 upstream) commits no turn but is one call on the record, with its error.
+
+What an upstream sends is bounded for the record (``Bounds``: ``intercept_max_answer`` for an
+answer's decoded bytes, ``intercept_max_event`` for one SSE event or line): decoding goes a
+piece at a time and stops where a bound is passed, so a compression bomb or an event without
+end costs the proxy the bound, not the answer. The call is then on the record with an
+``answer_too_large`` error that says what was cut, and the harness gets the upstream's bytes
+as they came (compressed ones untouched) where nothing in the proxy must rewrite them; where
+something must (a JSON error the proxy reads, a translated or token-collecting session, a
+held answer), a JSON answer over the bound is replaced by a 502 in the dialect's shape.
 """
 
 from __future__ import annotations
@@ -28,33 +37,61 @@ from __future__ import annotations
 import logging
 import re
 import time
+from dataclasses import dataclass
 
-from mitmproxy import http
+from mitmproxy import ctx, exceptions, http
 from mitmproxy.connection import ConnectionState
+from mitmproxy.utils import human
 
+from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import EventClock, Exchange, exchange_of
 from interceptor.addons.hold import Hold
 from interceptor.addons.pipeline import Pipeline, Stage
 from interceptor.addons.record import commit
 from interceptor.addons.translate import Translate
 from interceptor.dialects.base import Frames, header
-from interceptor.dialects.encoding import Decoder, Identity
-from interceptor.dialects.sse import SSEDecoder, blank
+from interceptor.dialects.encoding import Decoder, Identity, TooLarge
+from interceptor.dialects.sse import EventTooLarge, SSEDecoder, blank
 from interceptor.trace.messages import ResponseError
 
 log = logging.getLogger(__name__)
+
+MAX_ANSWER, MAX_EVENT = "64m", "16m"  # the options' defaults
+
+
+@dataclass(slots=True)
+class Bounds:
+    """What one answer may cost the proxy to read for the record, bytes (0: no bound)."""
+
+    answer: int = 64 << 20  # decoded bytes of one answer (intercept_max_answer)
+    event: int = 16 << 20  # one SSE event, or one line of it (intercept_max_event)
+
+
+PASSED_ON = "the harness got the upstream's bytes unchanged"
+REPLACED = "the harness got a 502 instead (the proxy must read this answer to pass it on)"
+ENDED = "the harness's stream ends there (the proxy must read this answer to pass it on)"
+
+
+def too_large(e: TooLarge, got: str, status: int | None = None) -> ResponseError:
+    """The record's error for an answer cut at a bound: which bound, and what the harness got."""
+    option = "intercept_max_event" if isinstance(e, EventTooLarge) else "intercept_max_answer"
+    return ResponseError(type="answer_too_large", status=status,
+                         message=f"{e} (option {option}): the record stops there; {got}")
 
 
 class StreamTee:
     """The callable set as ``flow.response.stream``; see the module docstring."""
 
     def __init__(self, ex: Exchange, flow: http.HTTPFlow, content_encoding: str, frames: Frames,
-                 clock: EventClock | None = None) -> None:
+                 clock: EventClock | None = None, bounds: Bounds | None = None) -> None:
         self.ex = ex
         self.clock = clock  # None: read whole, so the events' times say nothing
         self.flow = flow
-        self.decoder = Decoder.for_encoding(content_encoding)
+        bounds = bounds or Bounds()
+        self.decoder = Decoder.for_encoding(content_encoding, bounds.answer)
         self.identity = isinstance(self.decoder, Identity)  # no call per chunk to return it
+        if isinstance(frames, SSEDecoder):
+            frames.max_event = bounds.event
         self.sse = frames
         # A translated answer is assembled from the upstream's events, recorded as the harness gets it.
         self.assembler = ex.translation.assembler() if ex.translation is not None else ex.dialect.assembler()
@@ -73,22 +110,41 @@ class StreamTee:
             return chunk
         try:
             if chunk:
-                data = chunk if self.identity else self.decoder.decode(chunk)
-                if self.quick is not None:
-                    self._events(data)
-                else:
-                    self._feed(self.sse.feed(data))
+                if self.identity:
+                    self.decoder.count(len(chunk))
+                    self._read(chunk)
+                else:  # a piece at a time: a chunk may inflate a thousandfold
+                    for piece in self.decoder.pieces(chunk):
+                        self._read(piece)
+                        if self.done:
+                            break
             else:  # end of body
                 tail = self.decoder.flush()
                 events = self.sse.feed(tail) if tail else []
                 self._feed(events + self.sse.flush())
                 self.finish()
+        except TooLarge as e:  # the record stops at the bound; the harness's bytes go on
+            self._drop()
+            log.warning(f"interceptor: session {self.ex.session.id!r}: {e}; the record stops there")
+            rewritten = self.ex.collect is not None or self.ex.translation is not None or self.ex.hold is not None
+            commit(self.ex, self.flow, None, too_large(e, ENDED if rewritten else PASSED_ON))
         except Exception as e:
             # Never let the record break the harness's stream: forward, and say so.
-            self.failed = True
+            self._drop()
             log.exception(f"interceptor: session {self.ex.session.id!r}: stream assembly failed")
             commit(self.ex, self.flow, None, ResponseError(type="assembler_error", message=f"{type(e).__name__}: {e}"))
         return chunk
+
+    def _read(self, data: bytes) -> None:
+        if self.quick is not None:
+            self._events(data)
+        else:
+            self._feed(self.sse.feed(data))
+
+    def _drop(self) -> None:
+        """Reading for the record stopped: what it held goes now, not with the flow."""
+        self.failed = True
+        self.assembler = self.quick = self.sse = self.decoder = None
 
     def _events(self, data: bytes) -> None:
         """A chunk, piece by piece: each up to its first blank line (``\n\n``; a JSON string
@@ -150,6 +206,9 @@ class StreamTee:
 class Assemble:
     """The pipeline's first stage (``addons/pipeline.py``): decode, frame, assemble, commit."""
 
+    def __init__(self, bounds: Bounds | None = None) -> None:
+        self.bounds = bounds or Bounds()
+
     def on_headers(self, flow: http.HTTPFlow, stream):
         ex = exchange_of(flow)
         if ex is None or ex.route.kind != "model" or flow.response is None or ex.committed:
@@ -157,16 +216,44 @@ class Assemble:
         ex.first_byte_at = time.time()
         ctype = header(flow.response.headers, "content-type", "")
         frames = ex.wire.frames(flow.response.status_code, ctype, ex.stream)
+        encoding = header(flow.response.headers, "content-encoding", "identity")
         if frames is not None:
-            encoding = header(flow.response.headers, "content-encoding", "identity")
             try:
                 ex.clock = EventClock()
-                ex.tee = StreamTee(ex, flow, encoding, frames, ex.clock)
+                ex.tee = StreamTee(ex, flow, encoding, frames, ex.clock, self.bounds)
                 return ex.tee
             except ValueError as e:  # an encoding we cannot read: forward, record the gap
                 commit(ex, flow, None, ResponseError(type="unsupported_encoding", message=str(e), status=200))
                 return True
+        if flow.response.raw_content and not stream:
+            self._measure(ex, flow, encoding)
         return stream
+
+    def _measure(self, ex: Exchange, flow: http.HTTPFlow, encoding: str) -> None:
+        """A JSON answer read whole (the Relay's Fetch) over ``intercept_max_answer`` once
+        decoded, found before any addon's ``response`` hook decodes it whole (mitmproxy's
+        ``get_content`` would): it goes on as the upstream sent it where nothing must read
+        it (a 200 in a plain session); elsewhere it becomes a 502 in the dialect's shape.
+        Either way the call is on the record with what was cut."""
+        try:
+            decoder = Decoder.for_encoding(encoding, self.bounds.answer)
+            if isinstance(decoder, Identity):
+                decoder.count(len(flow.response.raw_content))
+            else:
+                for _ in decoder.pieces(flow.response.raw_content):
+                    pass  # counted and let go: only the size is wanted here
+                decoder.flush()
+        except TooLarge as e:
+            response = flow.response
+            safe = (response.status_code == 200 and ex.translation is None and ex.collect is None
+                    and ex.hold is None)
+            log.warning(f"interceptor: session {ex.session.id!r}: {e}; the record stops there")
+            error = too_large(e, PASSED_ON if safe else REPLACED, status=response.status_code)
+            if not safe:  # in the upstream's dialect: a translated session's is re-shaped by the pipeline
+                flow.response = error_response(ex.wire, 502, error.message, type="answer_too_large")
+            commit(ex, flow, None, error)
+        except ValueError:
+            pass  # a broken encoding: ``on_response`` records it as it reads the body
 
     def on_response(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)
@@ -180,7 +267,8 @@ class Assemble:
         if frames is not None:
             # A stream read whole (Feedback's second attempt): assembled as if it had streamed.
             try:
-                tee = StreamTee(ex, flow, header(flow.response.headers, "content-encoding", "identity"), frames)
+                tee = StreamTee(ex, flow, header(flow.response.headers, "content-encoding", "identity"), frames,
+                            bounds=self.bounds)
             except ValueError as e:
                 commit(ex, flow, None, ResponseError(type="unsupported_encoding", message=str(e), status=status))
                 return
@@ -190,8 +278,11 @@ class Assemble:
         body = None
         try:
             # vLLM's prompt ids are parsed past the ones the session's last answer carried.
-            body, ex.prompt_read = ex.wire.load_response(flow.response.get_content(strict=False) or b"null",
+            body, ex.prompt_read = ex.wire.load_response(self._content(flow.response) or b"null",
                                                          ex.session.last_prompts)
+        except TooLarge as e:  # read whole by mitmproxy itself (no relay): the record stops here
+            commit(ex, flow, None, too_large(e, PASSED_ON))
+            return
         except ValueError:
             pass
         if status != 200:
@@ -208,6 +299,22 @@ class Assemble:
             commit(ex, flow, None, ResponseError(type="invalid_response", message=f"{type(e).__name__}: {e}", status=status))
             return
         commit(ex, flow, response)
+
+    def _content(self, response: http.Response) -> bytes:
+        """The body decoded within ``intercept_max_answer`` (``TooLarge`` past it); a body
+        that does not decode is read as it came, as mitmproxy's ``get_content(strict=False)``."""
+        raw = response.raw_content or b""
+        try:
+            decoder = Decoder.for_encoding(header(response.headers, "content-encoding", "identity"),
+                                           self.bounds.answer)
+            if isinstance(decoder, Identity):
+                decoder.count(len(raw))
+                return raw
+            return decoder.decode(raw) + decoder.flush()
+        except TooLarge:
+            raise
+        except ValueError:
+            return raw
 
     def on_error(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)
@@ -237,7 +344,27 @@ class Tee:
     hooks (``Hold``, whose answers the Relay collects and delivers)."""
 
     def __init__(self, strip: Stage | None = None, capture: Stage | None = None) -> None:
-        self.pipeline = Pipeline(Assemble(), strip=strip, translate=Translate(), hold=Hold(), capture=capture)
+        self.bounds = Bounds()
+        self.pipeline = Pipeline(Assemble(self.bounds), strip=strip, translate=Translate(), hold=Hold(),
+                                 capture=capture)
+
+    def load(self, loader) -> None:
+        loader.add_option("intercept_max_answer", str, MAX_ANSWER,
+                          "Largest decoded answer the proxy reads for the record (k/m/g suffixes, 0: no "
+                          "limit); past it the record stops and says so, and the harness still gets the "
+                          "upstream's bytes where the proxy need not rewrite them.")
+        loader.add_option("intercept_max_event", str, MAX_EVENT,
+                          "Largest single SSE event or line the proxy reads for the record (k/m/g "
+                          "suffixes, 0: no limit); past it, as for intercept_max_answer.")
+
+    def configure(self, updated: set[str]) -> None:
+        for name, field in (("intercept_max_answer", "answer"), ("intercept_max_event", "event")):
+            if name in updated:
+                value = getattr(ctx.options, name)
+                try:
+                    setattr(self.bounds, field, human.parse_size(value) or 0)
+                except ValueError as e:
+                    raise exceptions.OptionsError(f"{name}: not a size such as 64m, 512k or 1g: {value!r}") from e
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         self.pipeline.responseheaders(flow)

@@ -3,13 +3,18 @@
 The tee feeds whatever chunk the network produced; an event may be split anywhere, even
 inside a multi-byte UTF-8 character or between the CR and LF of a line ending. The decoder
 keeps only the unfinished line and the unfinished event, so each ``feed`` costs O(chunk),
-never O(stream): a 10 MB stream must not be re-scanned per chunk.
+never O(stream): a 10 MB stream must not be re-scanned per chunk. Those two are what an
+upstream can make grow without end (an event of 100 MB, a line with no end): a decoder made
+with ``max_event`` raises ``EventTooLarge`` once either passes it, and its caller stops
+reading the stream for the record and says so there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from interceptor.dialects.encoding import TooLarge
 
 
 @dataclass(slots=True)
@@ -105,6 +110,10 @@ def split_lines(data: bytes, i: int = 0) -> Iterator[tuple[int, int, int]]:
             i = nxt
 
 
+class EventTooLarge(TooLarge):
+    """One event, or one line of it, passed ``SSEDecoder.max_event``."""
+
+
 @dataclass(slots=True)
 class SSEDecoder:
     """Incremental SSE parser following the WHATWG event-stream rules.
@@ -128,6 +137,9 @@ class SSEDecoder:
     #: may then be read by a dialect's shortcut instead (``NativeAssembler.quick``): feeding
     #: it would dispatch that one event and leave the decoder as it is.
     idle: bool = False
+    #: The bytes an unfinished line or the data of an unfinished event may hold (0: no bound).
+    max_event: int = 0
+    _size: int = 0  # the data lines of the unfinished event, bytes
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         self.bytes_seen += len(chunk)
@@ -156,6 +168,8 @@ class SSEDecoder:
             self._pending_cr = False
             self.idle = (not rest and not self._has_data and self._event is None and self._retry is None
                          and not self._malformed)
+            if self.max_event:
+                self._bounded()
             return events
         i = start
         for begin, end, i in split_lines(chunk, start):
@@ -168,7 +182,14 @@ class SSEDecoder:
         self._pending_cr = chunk.endswith(b"\r")
         self.idle = (not self._line and not self._pending_cr and not self._has_data and self._event is None
                      and self._retry is None and not self._malformed)
+        if self.max_event:
+            self._bounded()
         return events
+
+    def _bounded(self) -> None:
+        if len(self._line) > self.max_event or self._size > self.max_event:
+            what = "a line" if len(self._line) > self.max_event else "an event"
+            raise EventTooLarge(f"{what} of the stream passed {self.max_event} bytes")
 
     def flush(self) -> list[SSEEvent]:
         """End of stream: a final event without its blank line is still dispatched, as
@@ -190,6 +211,7 @@ class SSEDecoder:
             try:
                 self._data.append(str(memoryview(raw)[6:], "utf-8"))  # no copy of the line first
                 self._has_data = True
+                self._size += len(raw)
                 return None
             except UnicodeDecodeError:
                 pass
@@ -201,6 +223,7 @@ class SSEDecoder:
                 ev = SSEEvent(self._event, "\n".join(self._data), self._id, self._retry, self._malformed)
             self._event, self._data, self._has_data, self._retry = None, [], False, None
             self._malformed = False
+            self._size = 0
             return ev
         try:
             line = raw.decode("utf-8")
@@ -215,6 +238,7 @@ class SSEDecoder:
         if name == "data":
             self._data.append(value)
             self._has_data = True
+            self._size += len(raw)
         elif name == "event":
             self._event = value
         elif name == "id":

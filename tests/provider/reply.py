@@ -113,6 +113,8 @@ class Reply:
       content_type    content type for `raw` (default: from the file suffix).
       content_encoding "gzip" | "br" | "zstd" | "deflate"; SSE is compressed and
                       flushed event by event.
+      encoded         `raw` is already in `content_encoding` (a compression bomb the test
+                      built): sent as it is, chunked, at most 1 MiB a chunk.
       pad             Anthropic SSE JSON padded with spaces before its last brace, as
                       the real API does (default True for Anthropic streams).
       chunked         JSON sent chunked (default: 2xx chunked, errors Content-Length,
@@ -166,6 +168,7 @@ class Reply:
     raw: bytes | str | os.PathLike | None = None
     content_type: str | None = None
     content_encoding: str | None = None
+    encoded: bool = False
     pad: bool | None = None
     chunked: bool | None = None
     framing: str | None = None

@@ -579,6 +579,15 @@ class _Handler(BaseHTTPRequestHandler):
         # Verbatim means verbatim: only the reply's own headers, no invented request id
         # that would disagree with the one inside a captured body.
         headers: dict[str, str] = {}
+        if reply.encoded:
+            self._start(reply.status, _merged({"content-type": content_type, "transfer-encoding": "chunked",
+                                               "content-encoding": reply.content_encoding or "identity"},
+                                              reply.headers))
+            self._framing = None
+            for i in range(0, len(data), 1 << 20):
+                self._chunk(data[i:i + (1 << 20)])
+            self._last_chunk()
+            return
         if "text/event-stream" in content_type:
             kind = "anthropic" if family == "anthropic" else "openai"
 
