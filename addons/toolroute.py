@@ -6,7 +6,9 @@ credential (the model secret, where Claim reads it) before a tool runs and after
 hooks see the branch that issued the call plus the tool's message (empty before the call, its
 output after) as the only message they may change, with ``ctx.tool_phase`` set; the answer is
 ``allow``, ``block`` (before: do not run it; this is its result), ``rewrite`` (after: this is
-its result instead of the output) or ``stop`` (the rollout is over).
+its result instead of the output) or ``stop`` (the rollout is over). A block is an error result
+(``is_error`` true: the model must not read a tool that never ran as one that succeeded)
+unless the hook sets ``is_error`` false on the message it writes.
 
 The answer is advice to the harness, and enforced where the proxy stands: a ``block`` or a
 ``rewrite`` is remembered under the tool call's id (``Memory.by_call``), so the next model
@@ -144,15 +146,19 @@ class ToolRoute:
         branch = [trace.nodes[i].message for i in trace.path(leaf)]
         tool = Message(role="tool", tool_call_id=body.tool_call_id, name=body.name,
                        content=_text(body.content) if body.phase == "after" else "", is_error=body.is_error)
+        # Before the call the hooks are offered an error result: content written into it blocks
+        # the tool as an error, unless the hook sets is_error false itself.
+        offered = tool.model_copy(update={"is_error": True}) if body.phase == "before" else tool
         model = next((c.model for c in reversed(trace.calls) if c.node == leaf), None)
         ctx = session_context(session, branch, tool_phase=body.phase)
         try:
-            current, changed_by = await run_hooks(hooks.request, ctx, Request(messages=[*branch, tool], model=model),
+            current, changed_by = await run_hooks(hooks.request, ctx, Request(messages=[*branch, offered], model=model),
                                                   len(branch))
         finally:
             session.record_metrics(ctx.metrics)
         new = current.messages[-1]
-        if not changed_by or (new.content, new.is_error) == (tool.content, tool.is_error):
+        unchanged = new.content == offered.content and (body.phase == "before" or new.is_error == offered.is_error)
+        if not changed_by or unchanged:  # before the call, a block is content written for it
             return {"action": "allow"}, [s.name for specs in changed_by.values() for s in specs]
         names = [s.name for s in changed_by[len(branch)]]
         if not isinstance(new.content, str) and any(p.type != "text" for p in new.content):

@@ -257,3 +257,48 @@ def test_an_id_two_current_branches_issued_is_a_409(session, msim, mproxy):
     assert status == 409 and "2 current branches" in answer["error"]["message"]
     # Without request hooks there is nothing to decide, but the id is still checked.
     assert route(mproxy, s["model_secret"], {"phase": "before", "tool_call_id": "call_other"})[0] == 404
+
+
+QUIET = '''
+from interceptor.hooks import HookContext, Request, intercept
+
+@intercept
+def quiet(request: Request, ctx: HookContext):
+    last = request.messages[-1]
+    if last.role == "tool" and ctx.tool_phase == "before":
+        last.content = "not run: " + last.tool_call_id  # a block that says nothing of is_error
+        if last.tool_call_id.endswith("_ok"):
+            last.is_error = False  # the hook says otherwise
+    return request
+'''
+
+
+def test_a_block_is_an_error_unless_the_hook_says_otherwise(session, msim, mproxy, tmp_path):
+    """A hook that blocks a tool only by writing its result: the route answers is_error true
+    and the model (Anthropic carries the flag) reads an error result, though the harness sends
+    the block content as a plain result; a hook that sets is_error false is taken at its word."""
+    hooks = tmp_path / "quiet.py"
+    hooks.write_text(textwrap.dedent(QUIET))
+    s = session(hooks={"module": str(hooks)})
+    _, ant = session_clients(s)
+    msim.script(Reply(tool_calls=[ToolCall(name="bash", arguments={"cmd": "rm -rf victim"}, id="toolu_rm")]),
+                Reply(tool_calls=[ToolCall(name="bash", arguments={"cmd": "ls"}, id="toolu_ok")]),
+                Reply(text="done"))
+    kw = dict(model="claude-x", max_tokens=200, system=SYSTEM, tools=ANTHROPIC_TOOLS)
+    messages = [{"role": "user", "content": "clean up"}]
+    for call_id, flag in (("toolu_rm", True), ("toolu_ok", False)):
+        r = ant.messages.create(messages=messages, **kw)
+        status, answer = route(mproxy, s["model_secret"], {"phase": "before", "tool_call_id": call_id})
+        assert (status, answer) == (200, {"action": "block", "content": f"not run: {call_id}", "is_error": flag})
+        messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id,
+                                                   "content": answer["content"]}]}]
+    ant.messages.create(messages=messages, **kw)
+    last = msim.model_requests()[-1].json["messages"]
+    results = [b for m in last if isinstance(m["content"], list) for b in m["content"] if b.get("type") == "tool_result"]
+    assert [(b["tool_use_id"], b.get("is_error", False)) for b in results] == [("toolu_rm", True), ("toolu_ok", False)]
+    mproxy.api("DELETE", f"sessions/{s['id']}")
+    trace = read_trace(s["trace_path"])
+    assert [(m.tool_call_id, m.is_error) for m in trace.branches[0].messages if m.role == "tool"] == [
+        ("toolu_rm", True), ("toolu_ok", False)]
+    assert {r.tool_call_id: r.is_error for r in trace.request_rewrites} == {"toolu_rm": True, "toolu_ok": None}
