@@ -21,8 +21,15 @@ import resource
 import socket
 import time
 
-import pytest
+import asyncio
+import errno
+import logging
 
+import pytest
+from mitmproxy import exceptions
+from mitmproxy.test import taddons
+
+from interceptor.addons.conns import AcceptErrors, ClientTimeouts
 from interceptor.trace import read_trace
 from provider import Reply
 from wsclient import WSClient
@@ -226,3 +233,45 @@ def test_a_client_that_half_closes_after_its_request_is_recorded_truthfully(star
         assert call.error is None and call.delivered is False
     else:
         assert call.error is not None and call.error.type == "client_disconnected", call.error
+
+
+# -- in process ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["intercept_client_idle_timeout", "intercept_client_body_timeout"])
+def test_a_negative_timeout_is_refused(name):
+    with taddons.context(ClientTimeouts()) as tctx, pytest.raises(exceptions.OptionsError, match=name):
+        tctx.configure(tctx.master.addons.get("clienttimeouts"), **{name: -1})
+
+
+def test_only_failed_accepts_are_folded_everything_else_reaches_the_handler_before(caplog):
+    """The handler mitmproxy installed is wrapped, not replaced: any other report reaches it;
+    a burst of failed accepts is one line; ``done`` puts the handler back."""
+
+    async def run() -> tuple[list[dict], object]:
+        loop = asyncio.get_running_loop()
+        seen: list[dict] = []
+
+        def before(_loop, context):
+            seen.append(context)
+        loop.set_exception_handler(before)
+        errors = AcceptErrors()
+        errors.running()
+        listener = socket.socket()
+        try:
+            for _ in range(500):
+                loop.call_exception_handler({"message": "socket.accept() out of system resource", "socket": listener,
+                                             "exception": OSError(errno.EMFILE, "Too many open files")})
+            loop.call_exception_handler({"message": "something else", "exception": OSError(errno.EMFILE, "x")})
+            loop.call_exception_handler({"message": "no exception at all"})
+        finally:
+            listener.close()
+        errors.done()
+        return seen, loop.get_exception_handler()
+
+    with caplog.at_level(logging.INFO, logger="interceptor.addons.conns"):
+        seen, after = asyncio.run(run())
+    assert [c["message"] for c in seen] == ["something else", "no exception at all"]
+    assert after.__name__ == "before"
+    lines = [r.getMessage() for r in caplog.records if "file descriptors" in r.getMessage()]
+    assert len(lines) == 1 and "out of file descriptors" in lines[0], lines
