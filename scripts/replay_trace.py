@@ -26,6 +26,7 @@ import warnings
 from interceptor.trace import HoleWarning, Message, ModelCall, Rewrite, Trace, export, read_trace
 from interceptor.trace import match
 from interceptor.trace.match import Ignore
+from interceptor.trace.records import CHECKSUMS_SINCE
 from interceptor.trace.verify import problems
 
 PREVIEW = 240  # characters of a message shown by ``show``
@@ -36,7 +37,14 @@ def _load(path: str) -> tuple[Trace, list[str], bool]:
     of them is a hole in the middle of the file (fatal to ``verify``)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trace = read_trace(path)
+        try:
+            trace = read_trace(path)
+        except Exception as e:
+            # What the reader warned about first (a changed record) is often why it failed:
+            # a header that fails its checksum leaves a file with no header to fold.
+            for w in caught:
+                e.add_note(str(w.message))
+            raise
     return trace, [str(w.message) for w in caught], any(issubclass(w.category, HoleWarning) for w in caught)
 
 
@@ -244,6 +252,8 @@ def cmd_verify(args) -> int:
         try:
             trace, notes, hole = _load(path)
         except Exception as e:  # noqa: BLE001 - any unreadable file is a verify failure
+            for note in getattr(e, "__notes__", ()):
+                print(f"{path}: error: {note}", file=sys.stderr)
             print(f"{path}: {e}", file=sys.stderr)
             return 1
         for note in notes:
@@ -254,8 +264,11 @@ def cmd_verify(args) -> int:
         if found:
             print(f"{path}: {found[0]}", file=sys.stderr)
             return 1
+        unchecked = "" if trace.schema_version >= CHECKSUMS_SINCE else (
+            f"; schema version {trace.schema_version}: its records carry no checksums, so only "
+            "their structure was checked")
         print(f"{path}: ok ({trace.num_turns} turns, {len(trace.branches)} branches, "
-              f"{len(trace.calls)} calls)")
+              f"{len(trace.calls)} calls{unchecked})")
     return 0
 
 

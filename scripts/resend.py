@@ -11,7 +11,9 @@ source call it re-asked (``resent_from``).
 
 It is resumable: a run that is interrupted (Ctrl-C, SIGTERM) lets the calls in flight finish
 and land, and the next run with the same ``--out`` reads what landed (the old file, and any
-earlier copy the store kept beside it) and asks only the rest: no call is asked twice. A 429
+earlier copy set aside beside it) and asks only the rest: no call is asked twice. Only a
+resend of the same source is resumed so: an ``--out`` that names any other file is refused,
+never overwritten. A 429
 waits its ``retry-after`` (a 5xx a short back-off) and is asked again.
 
 Every dialect is rendered (``Dialect.request_body``: Chat Completions, Messages, Responses,
@@ -22,7 +24,9 @@ sent.
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import signal
 import sys
 import threading
@@ -139,13 +143,29 @@ def ask(up: Upstream, dialect: Dialect, path: str, body: dict[str, Any],
 
 
 def _asides(out: Path) -> list[Path]:
-    """The copies of ``out`` the store moved aside when a new trace took its place (``<stem>.<n>``)."""
+    """The copies of ``out`` an earlier run set aside when a new trace took its place
+    (``<stem>.<n>``, ``_set_aside``)."""
     return sorted(p for p in out.parent.glob(f"{out.stem}.*{out.suffix}")
                   if p.name[len(out.stem) + 1:len(p.name) - len(out.suffix)].isdigit())
 
 
+def _set_aside(out: Path) -> Path:
+    """Give an earlier run's ``out`` the first free ``<stem>.<n>`` name (a hard link made
+    exclusively, then the old name removed: no file there is ever replaced), so the new trace
+    can be created at ``out``; the store never moves or overwrites a trace itself."""
+    for n in itertools.count(1):
+        aside = out.with_name(f"{out.stem}.{n}{out.suffix}")
+        try:
+            os.link(out, aside)
+        except FileExistsError:
+            continue
+        out.unlink()
+        return aside
+    raise AssertionError("unreachable")
+
+
 def _done(out: Path) -> list[tuple[Path, Trace]]:
-    """Earlier runs' output: the file and the copies the store moved aside (``<stem>.<n>``)."""
+    """Earlier runs' output: the file and the copies set aside before (``<stem>.<n>``)."""
     found = []
     for path in [out, *_asides(out)]:
         if path.is_file() and path.stat().st_size:
@@ -178,6 +198,16 @@ def resend(source_path: str, out: Path, up: Upstream, *, model: str | None, samp
         calls = [c for c in calls if c.id in on]
     bodies = {c.id: body_of(source, c, model, sampling, collect_tokens) for c in calls}  # refuse before sending
     earlier = _done(out)
+    for path, t in earlier:  # only a resend of this source is taken over (and removed once it is in the new file)
+        if ((t.info or {}).get("resend") or {}).get("source") != source.id:
+            raise ResendError(f"--out: {path} is not an earlier resend of {source.id!r}, and a trace is "
+                              f"never overwritten: choose another --out")
+    taken_over = [path for path, _ in earlier if path != out]
+    if os.path.lexists(out):
+        if not any(path == out for path, _ in earlier):
+            raise ResendError(f"--out: {out} exists and is not a trace this resend can resume; a trace "
+                              f"is never overwritten: choose another --out")
+        taken_over.append(_set_aside(out))
     landed: dict[str, tuple[Trace, ModelCall]] = {}
     for _, t in earlier:
         for c in t.calls:
@@ -196,7 +226,7 @@ def resend(source_path: str, out: Path, up: Upstream, *, model: str | None, samp
     for t, c in landed.values():
         _recommit(recorder, t, matchers[id(t)], c)
     store.flush(timeout=30)
-    for path in _asides(out):
+    for path in taken_over:
         path.unlink(missing_ok=True)  # what the earlier runs landed is in the new file now
 
     stop = threading.Event()

@@ -47,8 +47,8 @@ def test_a_header_field_nobody_knows_is_refused_on_both_sides(tmp_path):
     with pytest.raises(ValidationError, match="session"):
         Recorder(tmp_path / "a.msgpack", {"session": "typo-for-id"}, store=store)  # no aliases
     path = tmp_path / "b.msgpack"
-    path.write_bytes(msgpack.packb({"kind": "header", "schema_version": SCHEMA_VERSION, "id": "b",
-                                    "started": 1.0}))
+    path.write_bytes(store_module.pack({"kind": "header", "schema_version": SCHEMA_VERSION, "id": "b",
+                                        "started": 1.0}))
     with pytest.raises(TraceFormatError, match="not a header this reader knows.*started"):
         read_trace(path)
 

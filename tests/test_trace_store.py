@@ -33,6 +33,7 @@ from interceptor.trace import (
     read_trace,
 )
 from interceptor.trace import store as store_module
+from interceptor.trace.store import TraceExistsError
 from interceptor.trace.verify import problems
 from test_trace import Rollout, tool_turns
 
@@ -190,13 +191,15 @@ def test_broken_files_say_what_is_wrong(tmp_path):
         read_trace(path)
 
 
-def test_a_reused_session_id_moves_the_old_file_aside(tmp_path):
+def test_a_reused_path_is_refused_and_the_old_trace_stays_as_it_was(tmp_path):
+    """(tests/test_trace_never_overwritten.py has the proxy's side of it.)"""
     first = recorded(tmp_path, turns=1)
+    before = first.path.read_bytes()
     store = Store()
-    Recorder(first.path, {"id": "r"}, store=store).seal()
+    with pytest.raises(TraceExistsError, match="exists already"):
+        Recorder(first.path, {"id": "r"}, store=store)
     store.flush(timeout=10)
-    assert read_trace(first.path).num_turns == 0
-    assert read_trace(tmp_path / "r.1.msgpack").num_turns == 1
+    assert first.path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["r.msgpack"]
 
 
 @pytest.mark.parametrize("policy,expected", [("never", 0), ("seal", 1), ("turn", 4)])

@@ -11,7 +11,9 @@ two looks at the folder come in the order of their footers' ``ended_at``.
 
 The reader never re-reads what it has read: per file it keeps the offset of the last complete
 record and reads only what was appended since (a record still being written is left for the
-next look; the writer appends whole records, so this is never a torn file, only a young one).
+next look; the writer appends whole records, so this is never a torn file, only a young one),
+a chunk at a time, each record checked against the file's checksum chain as ``read_trace``
+checks it.
 
 Resuming: with ``state``, a small JSON file (written atomically: a temporary file renamed
 over it) names every trace already handed out and, for ``turns``, the offset of the last turn
@@ -30,10 +32,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgpack
 
 from interceptor.trace.model import Branch, MessageNode, ModelCall, Trace
-from interceptor.trace.records import HoleWarning, ext_hook, node_from_record, read_trace
+from interceptor.trace.records import BadRecord, HoleWarning, RecordReader, node_from_record, read_trace
 
 STATE_VERSION = 1
 
@@ -66,7 +67,7 @@ class TurnLanded:
 
 @dataclass
 class _File:
-    offset: int = 0  # end of the last complete record read
+    reader: RecordReader | None = None  # where it is in the file, and its checksum chain
     size: int = -1  # the size at the last look, to skip unchanged files cheaply
     trace_id: str = ""
     turn_offset: int = 0  # turns before this offset were handed out (turn mode)
@@ -148,39 +149,34 @@ class Follower:
     def _read_new(self, path: Path, f: _File) -> None:
         try:
             size = path.stat().st_size
-        except FileNotFoundError:  # moved aside between the listing and now
+        except FileNotFoundError:  # removed between the listing and now
             return
         if size == f.size or f.broken:
             return
         f.size = size
-        with open(path, "rb") as fh:
-            fh.seek(f.offset)
-            data = fh.read()
-        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=0, strict_map_key=False, ext_hook=ext_hook)
-        unpacker.feed(data)
-        base = f.offset
-        while f.footer is None:
-            try:
-                rec = unpacker.unpack()
-            except msgpack.OutOfData:
-                break  # the record being written; read again at the next look
-            except (ValueError, msgpack.UnpackException, TypeError) as e:
-                # Not a record being written but a broken one: read_trace stops there too, so
-                # this trace can never be handed out whole. Say so once and leave the file.
-                warnings.warn(HoleWarning(f"{path}: undecodable record at byte {f.offset} ({e}); "
-                                          f"not following this trace"), stacklevel=2)
-                f.broken = True
-                return
-            end = base + unpacker.tell()
-            if isinstance(rec, dict):
-                kind = rec.get("kind")
-                if kind == "header":
-                    f.trace_id = str(rec.get("id", path.stem))
-                elif kind == "turn" and self.turns and end > f.turn_offset:
-                    f.turns.append((end, rec))
-                elif kind == "footer":
-                    f.footer = rec
-            f.offset = end
+        reader = f.reader
+        if reader is None:
+            reader = f.reader = RecordReader(path)
+        try:
+            for offset, rec in reader.read():
+                end = reader.offset
+                if isinstance(rec, dict):
+                    kind = rec.get("kind")
+                    if kind == "header":
+                        f.trace_id = str(rec.get("id", path.stem))
+                    elif kind == "turn" and self.turns and end > f.turn_offset:
+                        f.turns.append((end, rec))
+                    elif kind == "footer":
+                        f.footer = rec
+                        return
+        except BadRecord as bad:
+            # Not a record being written but a broken or changed one: read_trace stops there
+            # too, so this trace can never be handed out whole. Say so once and leave the file.
+            what = f"undecodable record at byte {bad.offset} ({bad.why})" if bad.undecodable else bad.why
+            warnings.warn(HoleWarning(f"{path}: {what}; not following this trace"), stacklevel=2)
+            f.broken = True
+        except FileNotFoundError:
+            return
 
     def __iter__(self) -> Iterator[Sealed | TurnLanded]:
         return self.follow()

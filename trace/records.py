@@ -1,6 +1,8 @@
-"""The on-disk record format (schema version 2) and the fold that turns records into a Trace.
+"""The on-disk record format (schema version 3) and the fold that turns records into a Trace.
 
-A trace file is a plain concatenation of msgpack maps, each with a ``kind``:
+A trace file is a plain concatenation of msgpack maps, each with a ``kind`` first and, since
+version 3, a ``crc`` last: a CRC-32 that chains the record to the one before it (below), so a
+changed byte is found, not only a broken structure. The kinds:
 
 - ``header``  first record: schema_version, producer, producer_version, id, started_at,
               agent, task, info, config (secrets removed)
@@ -34,6 +36,7 @@ This module is the one place that knows the format; README "Trace file format" m
 from __future__ import annotations
 
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -111,6 +114,157 @@ KINDS = frozenset(RECORD_KINDS)
 _KIND_KEY = b"\xa4kind"  # every record is a map whose first key is "kind"
 
 
+class ChecksumWarning(HoleWarning):
+    """A record whose bytes changed after the writer wrote them: its checksum does not hold
+    (the record, or the chain: one removed, repeated or moved), it carries none in a file
+    whose records all do, or it cannot be read where a crash could not have cut it. ``verify``
+    fails on it; the reader keeps what precedes it, as for a hole."""
+
+
+# --- the checksum chain (schema version 3) ---------------------------------------------------
+# Every record's last entry is "crc", a uint32 always in its five-byte form, so a record ends in
+# these nine bytes: TRAILER, then the checksum big-endian. The checksum is CRC-32 (zlib's, as
+# in gzip and PNG) of the record's bytes but its last four, continued from the checksum of the
+# record before it (0 before the header): each record is chained to all before it, so a changed
+# byte, or a record removed, repeated or moved, fails at that record. CRC-32, not a digest: it
+# is in every language's standard library, costs ~1 us for a 20 KB record, and finds every
+# change of up to 32 consecutive bits for certain (any other one but one time in 2^32). It
+# guards against accidents (a disk, a copy, a hand edit), not against someone who recomputes
+# the chain: it is not signed.
+CHECKSUM_KEY = "crc"
+TRAILER = b"\xa3crc\xce"  # fixstr "crc", then the uint32 marker
+TRAILER_BYTES = len(TRAILER) + 4
+PLACEHOLDER = 0xFFFFFFFF  # what the writer packs first: always five bytes, then overwritten
+CHECKSUMS_SINCE = 3  # the schema version from which every record carries one
+# The largest record the writer writes (trace/store.py refuses a bigger one: its commit fails):
+# the readers take any record up to twice this in one piece (msgpack's Unpacker, with
+# max_buffer_size=0, holds up to 2 GiB), so whatever the writer wrote, they read.
+MAX_RECORD_BYTES = 1 << 30
+READ_CHUNK = 1 << 20  # what a reader reads at a time: memory is one record plus this
+
+
+def chain(raw: bytes | memoryview, prev: int) -> int:
+    """The checksum a record of bytes ``raw`` (its trailer included) carries after a record
+    whose checksum was ``prev``."""
+    return zlib.crc32(memoryview(raw)[:-4], prev)
+
+
+def seal_record(data: bytes, prev: int) -> bytes:
+    """A record packed with ``PLACEHOLDER`` as its last value, with its checksum in place."""
+    if data[-TRAILER_BYTES:-4] != TRAILER:
+        raise ValueError(f"a trace record must end in its {CHECKSUM_KEY!r} entry (a record of "
+                         f"its own with that key?)")
+    return data[:-4] + chain(data, prev).to_bytes(4, "big")
+
+
+def _near_trailer(tail: bytes) -> bool:
+    """An incomplete last record that ends as a whole record does (its trailer, one byte off
+    at most) was cut by a change to a length or type byte, not by a crash: a crash leaves the
+    beginning of a record, which ends in its trailer only where the trailer's bytes happen to
+    appear inside a value exactly where the write stopped."""
+    end = tail[-TRAILER_BYTES:-4]
+    return len(tail) >= TRAILER_BYTES and sum(a != b for a, b in zip(end, TRAILER)) <= 1
+
+
+class BadRecord(Exception):
+    """The record at ``offset`` is not one the writer wrote (``RecordReader.read``)."""
+
+    def __init__(self, offset: int, why: str, undecodable: bool = False) -> None:
+        super().__init__(why)
+        self.offset, self.why, self.undecodable = offset, why, undecodable
+
+
+class RecordReader:
+    """One trace file's records, read in order as the file grows, each checked against the
+    chain (``checked``: from the header on, when the file carries checksums). ``offset`` is the
+    end of the last complete record read; a later ``read`` goes on from there. Memory is one
+    record and ``READ_CHUNK``, whatever the file's size."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.offset = 0
+        self.prev = 0
+        self.checked: bool | None = None  # None: the header was not read yet
+        self.records = 0
+
+    def read(self) -> Iterator[tuple[int, Any]]:
+        """Yield ``(offset, record)`` for each complete record after ``offset`` (its checksum
+        entry taken out); raise ``BadRecord`` at one that is not as written. Stops at the end
+        of the last complete record: what follows is a record being written, or torn."""
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=0, strict_map_key=False, ext_hook=ext_hook)
+        buf = bytearray()  # the bytes fed and not yet a whole record: buf[0] is at ``offset``
+        base = self.offset  # where ``unpacker.tell()`` counts from
+        with open(self.path, "rb") as f:
+            f.seek(base)
+            while True:
+                start = self.offset
+                try:
+                    value = unpacker.unpack()
+                except msgpack.OutOfData:
+                    chunk = f.read(READ_CHUNK)
+                    if not chunk:
+                        return
+                    unpacker.feed(chunk)
+                    buf += chunk
+                    continue
+                except (ValueError, msgpack.UnpackException, TypeError) as e:
+                    raise BadRecord(start, str(e), undecodable=True) from None
+                size = base + unpacker.tell() - start
+                with memoryview(buf) as view:
+                    self._check(start, view[:size], value)
+                del buf[:size]
+                self.offset = start + size
+                self.records += 1
+                yield start, value
+
+    def _check(self, start: int, raw: memoryview, value: Any) -> None:
+        sealed = raw[-TRAILER_BYTES:-4] == TRAILER and isinstance(value, dict) and CHECKSUM_KEY in value
+        if self.checked is None:
+            version = value.get("schema_version") if isinstance(value, dict) else None
+            # (a newer version than this reader's may frame its records otherwise: the fold
+            # refuses it by its version, not here)
+            self.checked = sealed or (isinstance(version, int) and CHECKSUMS_SINCE <= version <= SCHEMA_VERSION)
+        if not self.checked:
+            # A header without a checksum is trusted only once the record after it reads as one
+            # of its version (``iter_records`` holds it back till then): a changed byte can turn
+            # a version-3 header into one that seems older, or end it early.
+            if sealed:
+                raise BadRecord(0, f"the header at byte 0 carries no checksum, yet the record at byte "
+                                   f"{start} does, as every record after a version-3 header")
+            if self.records == 1 and not (isinstance(value, dict) and "kind" in value):
+                raise BadRecord(0, f"the header at byte 0 is followed by bytes that are no record "
+                                   f"(at byte {start}): a length or count in the header was changed")
+            return
+        if not sealed:
+            raise BadRecord(start, f"the record at byte {start} carries no checksum, as every record of "
+                                   f"this file must")
+        crc = chain(raw, self.prev)
+        stored = value.pop(CHECKSUM_KEY)
+        if stored != crc:
+            raise BadRecord(start, f"the record at byte {start} fails its checksum (it carries "
+                                   f"{stored:08x}, its bytes and the records before it make {crc:08x})")
+        self.prev = crc
+
+
+def _report(path: Path, bad: BadRecord, size: int) -> None:
+    """Warn about a record that is not as written, once, with its offset: a hole in the middle
+    (``HoleWarning``) if a complete record follows an undecodable one, else a changed record."""
+    offset = bad.offset
+    cls, text = ChecksumWarning, f"{bad.why}: changed after it was written"
+    if bad.undecodable:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            after = _next_record(f.read(), 0)
+        if after is not None:
+            cls, text = HoleWarning, (f"undecodable record at byte {offset} of {size} ({bad.why}), yet a "
+                                      f"complete record follows at byte {offset + after}: the file has a "
+                                      f"hole in the middle")
+        else:
+            text = (f"undecodable last record at byte {offset} of {size} ({bad.why}): a crash leaves the "
+                    f"beginning of a record, never bytes msgpack cannot read, so it was changed")
+    warnings.warn(cls(f"{path}: {text}; everything from byte {offset} on was skipped"), stacklevel=4)
+
+
 def _next_record(data: bytes, start: int) -> int | None:
     """The offset of the first complete record in ``data`` after ``start``, if any."""
     at = data.find(_KIND_KEY, start + 1)
@@ -129,44 +283,43 @@ def _next_record(data: bytes, start: int) -> int | None:
     return None
 
 
-def _bad_tail(path: Path, offset: int, size: int, what: str) -> None:
-    with open(path, "rb") as f:
-        f.seek(offset)
-        rest = f.read()
-    after = _next_record(rest, 0)
-    if after is not None:
-        warnings.warn(HoleWarning(
-            f"{path}: undecodable record at byte {offset} of {size} ({what}), yet a complete "
-            f"record follows at byte {offset + after}: the file has a hole in the middle; "
-            f"everything from byte {offset} on was skipped"), stacklevel=4)
-    else:
-        warnings.warn(TornRecordWarning(
-            f"{path}: torn last record at byte {offset} of {size} ({what}; {size - offset} "
-            f"bytes, a crash mid-write?); skipped, everything before it stands"), stacklevel=4)
-
-
 def iter_records(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(byte offset, record)``; a torn or garbled tail is warned about once (with
-    its offset) and ends the iteration, so every complete record before it stands. If
-    complete records follow the bad one, the warning is a ``HoleWarning``."""
+    """Yield ``(byte offset, record)``, each record's checksum checked (and taken out) where
+    the file carries them. A torn tail (a crash mid-write) is warned about once with its
+    offset (``TornRecordWarning``) and ends the iteration, so every complete record before it
+    stands; a record that was changed after it was written (``ChecksumWarning``) or a hole in
+    the middle (``HoleWarning``) ends it the same way, and ``verify`` fails on either."""
     path = Path(path)
-    with open(path, "rb") as f:
-        size = f.seek(0, 2)
-        f.seek(0)
-        unpacker = msgpack.Unpacker(f, raw=False, max_buffer_size=0, strict_map_key=False, ext_hook=ext_hook)
-        offset = 0
-        while True:
-            try:
-                record = unpacker.unpack()
-            except msgpack.OutOfData:
-                break
-            except (ValueError, msgpack.UnpackException, TypeError) as e:
-                _bad_tail(path, offset, size, str(e))
-                return
-            yield offset, record
-            offset = unpacker.tell()
-        if offset < size:
-            _bad_tail(path, offset, size, "incomplete")
+    reader = RecordReader(path)
+    size = path.stat().st_size
+    try:
+        held = None  # a header without a checksum waits for the record after it (``_check``)
+        for item in reader.read():
+            if held is not None:
+                yield held
+                held = None
+            if reader.records == 1 and not reader.checked:
+                held = item
+                continue
+            yield item
+        if held is not None:
+            yield held
+    except BadRecord as bad:
+        _report(path, bad, size)
+        return
+    offset = reader.offset
+    if offset < size:
+        with open(path, "rb") as f:
+            f.seek(max(offset, size - TRAILER_BYTES))
+            end = f.read()
+        if reader.checked and _near_trailer(end):
+            _report(path, BadRecord(offset, f"the record at byte {offset} is incomplete, yet it ends as a "
+                                            f"whole record does (in its checksum): a length or type byte "
+                                            f"was changed, not a write cut by a crash"), size)
+        else:
+            warnings.warn(TornRecordWarning(
+                f"{path}: torn last record at byte {offset} of {size} (incomplete; {size - offset} "
+                f"bytes, a crash mid-write?); skipped, everything before it stands"), stacklevel=2)
 
 
 def node_from_record(data: dict[str, Any]) -> tuple[int, MessageNode]:
@@ -182,7 +335,8 @@ def node_from_record(data: dict[str, Any]) -> tuple[int, MessageNode]:
 
 def _upgrade(record: dict[str, Any], version: int) -> dict[str, Any]:
     """Bring a record of an older supported schema version to the current shape. Version 2
-    only added record kinds and footer fields, so a version 1 record is already in shape."""
+    only added record kinds and footer fields, and version 3 the checksum (taken out by the
+    reader), so a version 1 record is already in shape."""
     return record
 
 

@@ -65,7 +65,13 @@ from typing import Any
 import msgpack
 
 from interceptor.trace.escape import ESCAPE_UTF8, escape
-from interceptor.trace.records import BIG_INT_EXT
+from interceptor.trace.records import (
+    BIG_INT_EXT,
+    CHECKSUM_KEY,
+    MAX_RECORD_BYTES,
+    PLACEHOLDER,
+    seal_record,
+)
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +106,11 @@ STRICT_PACK = bool(os.environ.get("INTERCEPT_TEST_STRICT_PACK"))
 UNPACKABLE = "msgpack cannot pack"  # in the error, so a test can look for it
 
 
+class TraceExistsError(FileExistsError):
+    """A new trace's file exists already: a trace is never overwritten, moved or appended to
+    by another one, so the new trace (its session) is refused."""
+
+
 def _default(value: Any) -> Any:
     """A value msgpack cannot pack (a model a hook left in a rewrite, a set, a Path) is
     written in its JSON-ish form rather than losing the whole record (``STRICT_PACK``: an
@@ -118,10 +129,14 @@ def _default(value: Any) -> Any:
 _ESCAPE_LEAD = ESCAPE_UTF8[:1]
 
 
-def pack(record: dict[str, Any]) -> bytes:
-    """One record's bytes. ``use_bin_type`` keeps str and bytes apart for other readers.
-    Text UTF-8 cannot carry (a lone surrogate) is escaped reversibly (``trace/escape.py``);
-    the rare record that needs it is packed twice, every other one once."""
+def pack(record: dict[str, Any], prev: int = 0) -> bytes:
+    """One record's bytes, its checksum chained to ``prev`` (the checksum of the record before
+    it in its file, 0 for a header; ``trace/records.py``) as its last entry. ``use_bin_type``
+    keeps str and bytes apart for other readers. Text UTF-8 cannot carry (a lone surrogate) is
+    escaped reversibly (``trace/escape.py``); the rare record that needs it is packed twice,
+    every other one once. A record over ``MAX_RECORD_BYTES`` is refused (``ValueError``): the
+    readers take any record up to that size, so nothing the writer writes is unreadable."""
+    record = {**record, CHECKSUM_KEY: PLACEHOLDER}
     try:
         data = msgpack.packb(record, use_bin_type=True, default=_default)
     except UnicodeEncodeError:
@@ -131,7 +146,36 @@ def pack(record: dict[str, Any]) -> bytes:
     # rare outside the marker itself (issue 16).
     if not data or (_ESCAPE_LEAD in data and ESCAPE_UTF8 in data):
         data = msgpack.packb(escape(record), use_bin_type=True, default=lambda v: escape(_default(v)))
-    return data
+    if len(data) > MAX_RECORD_BYTES:
+        raise ValueError(f"a trace record of {len(data)} bytes is over the {MAX_RECORD_BYTES} bytes "
+                         f"a record may take (MAX_RECORD_BYTES)")
+    return seal_record(data, prev)
+
+
+def checksum(data: bytes) -> int:
+    """The checksum a packed record carries: the next record's ``prev``."""
+    return int.from_bytes(data[-4:], "big")
+
+
+def create(path: Path) -> bool:
+    """Create a new trace's file, empty, or refuse with ``TraceExistsError`` if there is one:
+    ``O_EXCL``, so no trace (another session's, an earlier run's, one another proxy on the
+    same folder writes) is ever truncated, moved or appended to. False: the file could not be
+    made now (its folder cannot be, the disk refuses); the writer thread makes it, exclusively
+    too, when the disk lets it (its records held meanwhile, as for a failed write)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        if not path.parent.is_dir():
+            return False  # a file where its folder should be: the writer's failure to report
+        raise TraceExistsError(
+            f"the trace file {path} exists already; a trace is never overwritten: choose another "
+            f"session id, or another intercept_trace_dir") from None
+    except OSError:
+        return False
+    os.close(fd)
+    return True
 
 
 @dataclass
@@ -162,7 +206,6 @@ class _File:
 
     path: Path
     health: WriteHealth
-    new: bool = False  # a new trace: an older file at the path is moved aside first
     fd: int | None = None
     good: int | None = None  # end of the last complete record (None: the file's size)
     out: list[tuple[bytes, bool, bool]] = field(default_factory=list)  # (data, sync, close)
@@ -174,6 +217,7 @@ class _File:
     synced: int | None = None
     due: float | None = None
     inline: bool = False  # the producer writes it (see the module docstring)
+    make: bool = False  # ``create`` could not make the file: the writer does, exclusively
     torn: bool = False  # a producer's write failed part-way: cut back to ``good`` before the next
 
 
@@ -195,6 +239,7 @@ class _Barrier:
 
 
 _WAKE = object()  # queued to make the writer look at its fsyncs again (no record)
+MADE, MAKE = 1, 2  # a queued first record: its file was made by ``create``, or the writer makes it
 
 
 class Store:
@@ -232,28 +277,33 @@ class Store:
     # --- producer side (event loop) --------------------------------------------------
 
     def append(self, path: Path, record: dict[str, Any], *, sync: bool = False,
-               close: bool = False, new: bool = False) -> None:
-        """Pack one record now (raising if it cannot be packed) and write it to ``path`` here
-        (an open, healthy file the producer writes: ``_write_here``) or queue it for the
-        writer thread. ``new`` marks the first record of a trace (an existing file there is
-        moved aside, never appended to); ``sync`` asks for an fsync after it; ``close``
-        closes the file after it."""
-        data = pack(record)
+               close: bool = False, new: bool = False, prev: int = 0) -> int:
+        """Pack one record now (raising if it cannot be packed), its checksum chained to
+        ``prev`` (the one this returned for the file's record before), and write it to ``path``
+        here (an open, healthy file the producer writes: ``_write_here``) or queue it for the
+        writer thread. ``new`` marks the first record of a trace: its file is created here,
+        exclusively (``create``: ``TraceExistsError`` if there is one, and nothing is queued);
+        ``sync`` asks for an fsync after it; ``close`` closes the file after it. Returns the
+        record's checksum. The caller keeps the chain, not the store: a record may land after
+        the store forgot the file (``forget``), and it must still chain on."""
+        data = pack(record, 0 if new else prev)
         if not isinstance(path, Path):
             # The caller's Path kept (a Recorder's, every record of the trace): a new one
             # computes its string and hash again at each lookup, ~5-20 us here (issue 16).
             path = Path(path)
+        made = create(path) if new else True  # on the caller's thread: a session is refused before it exists
         if new or path not in self._health:
             self._health[path] = WriteHealth()
         if not (new or close) and self.write_on_loop and self._write_here(path, data, sync):
-            return
+            return checksum(data)
         with self._own:
             self._queued[path] = self._queued.get(path, 0) + 1
             f = self._state.get(path)
             if f is not None:
                 f.inline = False  # this record is queued: the ones after it must follow it
         self._start()
-        self._queue.put((path, data, sync, close, new))
+        self._queue.put((path, data, sync, close, (MADE if made else MAKE) if new else 0))
+        return checksum(data)
 
     def _write_here(self, path: Path, data: bytes, sync: bool) -> bool:
         """Write one record on the caller's thread if the file is the producer's (``inline``);
@@ -532,10 +582,10 @@ class Store:
             taken.append(path)
             f = self._state.get(path)
             if new:
-                if f is not None:  # the same path started over: finish the old trace first
+                if f is not None:  # its file was removed and a new trace made there: the old one's descriptor goes
                     self._drain(f)
                     self._close(f)
-                f = self._state[path] = _File(path, self._health.get(path) or WriteHealth(), new=True)
+                f = self._state[path] = _File(path, self._health.get(path) or WriteHealth(), make=new == MAKE)
             elif f is None:
                 f = self._state[path] = _File(path, self._health.setdefault(path, WriteHealth()))
             f.out.append((data, sync, close))
@@ -644,11 +694,15 @@ class Store:
         if f.fd is not None:
             self._files.move_to_end(f.path)
             return f.fd
-        if f.new:
-            _move_aside(f.path)
-            f.new, f.good = False, 0
-        f.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(f.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        # Never O_TRUNC, and O_CREAT only with O_EXCL: ``create`` made the file when its trace
+        # began (or could not, and the writer makes it now); a file that is gone since is an
+        # error (held and retried), not a new one.
+        if f.make:
+            f.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(f.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+            f.make = False
+        else:
+            fd = os.open(f.path, os.O_WRONLY | os.O_APPEND)
         size = os.fstat(fd).st_size
         if f.good is None:
             f.good = size
@@ -692,22 +746,3 @@ def _write_in_halves(fd: int, data: bytes) -> None:
     _write_all(fd, data[:half])
     time.sleep(TORN_WRITE_PAUSE)
     _write_all(fd, data[half:])
-
-
-def _move_aside(path: Path) -> None:
-    """A session id reused across proxy runs must not append a second trace to the first
-    one's file (the reader would see two headers) nor overwrite it: keep the old file as
-    ``<stem>.<n><suffix>``."""
-    try:
-        if path.stat().st_size == 0:
-            return
-    except FileNotFoundError:
-        return
-    n = 1
-    while True:
-        aside = path.with_name(f"{path.stem}.{n}{path.suffix}")
-        if not aside.exists():
-            break
-        n += 1
-    os.replace(path, aside)
-    log.warning("trace store: %s existed; kept the old trace as %s", path, aside)
