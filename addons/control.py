@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import hmac
 import logging
+import re
+import traceback
 import warnings
 from pathlib import Path
 
 from mitmproxy import ctx, http
 
 from interceptor.addons.answers import api_error, json_response, read_body
+from interceptor.addons.redact import Secrets
 from interceptor.addons.session import Registry, SealConfig, SessionConfig
 from interceptor.addons.settings import Settings
 from interceptor.addons.state import TOOL_SERVER_ROUTES, StateRoutes
@@ -68,14 +71,23 @@ def is_control(flow: http.HTTPFlow, front: tuple[str, int] | None = None) -> boo
 
 
 _error = api_error
+# Any session's secret, a worker's too (``sk-ic-<worker>-m-...``), live or gone: by its shape.
+SESSION_SECRET = re.compile(r"sk-ic-[A-Za-z0-9_-]{8,}")
 
 
 class Control:
     def __init__(self, registry: Registry, settings: Settings) -> None:
         self.registry = registry
         self.settings = settings
-        self.state_routes = StateRoutes(registry, settings)
+        self.secrets = Secrets(settings)
+        self.state_routes = StateRoutes(registry, settings, self.holds_secret)
         self.tool_route = ToolRoute(registry, settings)
+
+    def holds_secret(self, text: str) -> bool:
+        """Any secret of the proxy in ``text``: a session's (this one's or another's), the
+        admin token, an upstream's key. What a rollout writes into a trace is refused
+        when it holds one (``state.checked_text``, the state's own check)."""
+        return self.secrets.holds(text) or SESSION_SECRET.search(text) is not None
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         if is_control(flow, self.settings.front):
@@ -84,10 +96,14 @@ class Control:
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live or not flow.metadata.get("interceptor_control"):
             return
-        if flow.request.path.split("?", 1)[0] == f"{PREFIX}tool":  # the hooks may take their time
-            flow.response = await self.tool_route.handle(flow)
+        try:
+            if flow.request.path.split("?", 1)[0] == f"{PREFIX}tool":  # the hooks may take their time
+                flow.response = await self.tool_route.handle(flow)
+                return
+            flow.response = self._handle(flow)
+        except Exception as e:  # noqa: BLE001 - every answer of this API is its JSON, a fault's too
+            flow.response = self._fault(flow, e)
             return
-        flow.response = self._handle(flow)
         if flow.request.method == "DELETE" and flow.response.status_code == 200:
             # A sealed session's file is complete when DELETE answers: the orchestrator reads
             # it next. The loop goes on serving meanwhile.
@@ -96,6 +112,16 @@ class Control:
             except TimeoutError as e:
                 log.error(f"interceptor: {e}")
                 flow.response = _error(503, "the trace writer is behind; the footer is queued, retry the GET later")
+
+    @staticmethod
+    def _fault(flow: http.HTTPFlow, e: Exception) -> http.Response:
+        """A fault of the API itself: a 500 in its JSON shape (mitmproxy's HTML page would
+        tell a client nothing it can parse). The log names the route, the exception's type
+        and where it was raised, never its message (which may quote a body or a secret)."""
+        where = "".join(traceback.format_tb(e.__traceback__))
+        log.error(f"interceptor: control {flow.request.method} {flow.request.path.split('?', 1)[0]}: "
+                  f"{type(e).__name__} in\n{where}")
+        return _error(500, f"the proxy's API failed on this request ({type(e).__name__}); its log says where")
 
     def _health(self) -> http.Response:
         """Not ok (503) while any live session's trace cannot be written (held records, or
@@ -165,6 +191,8 @@ class Control:
             seal = read_body(SealConfig, req.content, "DELETE body", b"{}")
             if isinstance(seal, http.Response):
                 return seal
+            if self.holds_secret(seal.model_dump_json()):  # the footer is in the trace
+                return _error(400, "the DELETE body holds a secret of this proxy: it is not written into the trace")
             if session.sealed:
                 return json_response(200, session.summary())  # DELETE is idempotent
             session.seal(seal)

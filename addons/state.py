@@ -15,6 +15,13 @@ the last write wins. Every accepted write is a ``state`` record (trace/model.py
 
 The value is held as plain data on the session and handed out as copies: a hook or a
 response never aliases what the next write changes.
+
+A write is all or nothing: everything that could fail about a new state (its JSON, its
+nesting, numbers JSON cannot hold, text that is no UTF-8, its size, a secret in it, the
+schema, its record) is checked on the candidate before anything changes; only then is the
+record written and the value swapped. A value nested deeper than ``MAX_DEPTH`` is refused
+whole: every reader (a hook's copy, the record, the trace reader) walks it recursively, and
+one that could be written but not read would fail every later read and hooked request.
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ import copy
 import hashlib
 import hmac
 import json
+import math
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mitmproxy import http
@@ -38,6 +47,9 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_BYTES = 1 << 20  # intercept_state_max_bytes
 MERGE_PATCH = "application/merge-patch+json"
+MAX_DEPTH = 100  # objects and arrays nested in a state (see the module docstring)
+STOP_REASON_MAX = 200  # characters of a tool server's stop reason (README: POST /_interceptor/stop)
+HoldsSecret = Callable[[str], bool]  # any secret of the proxy in a text (addons/control.py)
 TOOL_SERVER_ROUTES = ("task", "state", "stop")
 
 
@@ -60,6 +72,69 @@ def digest(data: bytes) -> str:
 def encoded(value: Any) -> bytes:
     """The state's canonical JSON: what its size and digest are of."""
     return canonical_json(value).encode()
+
+
+def parse(content: bytes | None) -> Any:
+    """A request body as JSON, or StateRefused(400) naming why not: not UTF-8 (RFC 8259
+    section 8.1), not JSON, NaN or Infinity (not JSON numbers: section 6), nested too deep."""
+    try:
+        text = (content or b"").decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise StateRefused(400, f"the body is not UTF-8: {e.reason} at byte {e.start}") from None
+    try:
+        return json.loads(text, parse_constant=_not_a_number)
+    except RecursionError:
+        raise StateRefused(400, f"the body is nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as e:
+        raise StateRefused(400, f"the body is not JSON: {e}") from None
+
+
+def _not_a_number(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number (RFC 8259 section 6)")
+
+
+def unreadable(value: Any) -> str | None:
+    """Why ``value`` could be taken but not read back (nesting deeper than ``MAX_DEPTH``, a
+    number that is not finite, a string that is no UTF-8), or None. Iterative: the check
+    itself never recurses."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_DEPTH:
+                return f"it is nested deeper than {MAX_DEPTH} levels"
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+            if isinstance(item, dict):
+                stack.extend((key, depth) for key in item)
+        elif isinstance(item, float) and not math.isfinite(item):
+            return "it holds a number JSON cannot carry (an overflow to infinity)"
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "it holds a string that is not UTF-8 (a lone surrogate escape)"
+    return None
+
+
+def checked_text(name: str, text: str, holds_secret: HoldsSecret, max_chars: int) -> str:
+    """A text a rollout writes into its trace that may also go back in a header (a stop
+    reason, ``x-interceptor-stop``): one line of UTF-8 within ``max_chars``, holding no
+    secret of the proxy. Else StateRefused(400) naming the field, never echoing it: a cut
+    would record something the writer did not say, and a secret in a trace or a header is a
+    leak to whoever reads them."""
+    if len(text) > max_chars:
+        raise StateRefused(400, f"{name} is {len(text)} characters, above its limit of {max_chars}")
+    if not text.isprintable():
+        raise StateRefused(400, f"{name} must be one line of printable text (no control characters)")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise StateRefused(400, f"{name} is not UTF-8 text (a lone surrogate escape)") from None
+    if holds_secret(text):
+        raise StateRefused(400, f"{name} holds a secret of this proxy (a session secret, the admin token or "
+                                "an upstream's key): it is not written into the trace")
+    return text
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -114,6 +189,8 @@ class TaskState:
     def initial(cls, value: dict[str, Any] | None, schema: dict[str, Any] | None) -> TaskState:
         """The state a session starts with; ``ValueError`` if the schema is not one, or the
         initial value fails it (a bad session config: 400 at creation)."""
+        if (why := unreadable(value)) is not None:
+            raise ValueError(f"state: {why}")
         value = copy.deepcopy(value or {})
         validator = schema_validator(schema) if schema is not None else None
         if validator is not None and (why := schema_failure(validator, value)):
@@ -139,30 +216,38 @@ class TaskState:
                                 "again (GET), apply the change to that, and send its ETag in If-Match",
                            version=self.version)
 
-    def write(self, new: Any, *, max_bytes: int, forbidden: tuple[str, ...]) -> bytes:
+    def write(self, new: Any, *, max_bytes: int, holds_secret: HoldsSecret) -> bytes:
         """Check a whole new state; its canonical JSON if it is taken. Nothing changes here."""
         if not isinstance(new, dict):
             raise StateRefused(400, f"the state must be a JSON object, not {type(new).__name__}")
+        if (why := unreadable(new)) is not None:
+            raise StateRefused(400, f"the state is not taken: {why}")
         data = encoded(new)
         if max_bytes and len(data) > max_bytes:
             raise StateRefused(413, f"the state would be {len(data)} bytes, above intercept_state_max_bytes "
                                     f"({max_bytes})")
-        text = data.decode()
-        if any(s and s in text for s in forbidden):
-            raise StateRefused(400, "the state must not hold a session secret")
+        if holds_secret(data.decode()):
+            raise StateRefused(400, "the state must not hold a secret of this proxy (a session secret, the admin "
+                                    "token or an upstream's key): it is written into the trace")
         if self.validator is not None and (why := schema_failure(self.validator, new)):
             raise StateRefused(400, why)
         return data
 
     def commit(self, new: dict[str, Any], data: bytes) -> None:
+        """Plain assignments only: nothing here can fail halfway."""
         self.value, self.size, self.digest = new, len(data), digest(data)
         self.version += 1
 
     def record(self, by: str, op: str) -> StateWrite:
         """The ``state`` record of the state as it now is."""
-        small = self.size <= STATE_VALUE_MAX
-        return StateWrite(version=self.version, by=by, op=op, size=self.size, digest=self.digest,
-                          value=self.snapshot() if small else None, value_omitted=not small, at=time.time())
+        return self.record_of(self.value, encoded(self.value), self.version, by, op)
+
+    @staticmethod
+    def record_of(value: dict[str, Any], data: bytes, version: int, by: str, op: str) -> StateWrite:
+        """The ``state`` record of ``value`` at ``version`` (made before the value is taken)."""
+        small = len(data) <= STATE_VALUE_MAX
+        return StateWrite(version=version, by=by, op=op, size=len(data), digest=digest(data),
+                          value=copy.deepcopy(value) if small else None, value_omitted=not small, at=time.time())
 
 
 def bearer(req: http.Request) -> str:
@@ -178,9 +263,10 @@ class StateRoutes:
     """The tool servers' routes (state secret) and the admin's state route (admin token).
     Control hands each request here; answers are plain JSON, never a dialect's shape."""
 
-    def __init__(self, registry: Registry, settings) -> None:
+    def __init__(self, registry: Registry, settings, holds_secret: HoldsSecret) -> None:
         self.registry = registry
         self.settings = settings
+        self.holds_secret = holds_secret
 
     # -- who is asking --------------------------------------------------------------------
 
@@ -225,12 +311,13 @@ class StateRoutes:
         if session.sealed:
             return error(409, f"session {session.id!r} is sealed")
         try:
-            body = json.loads(req.content or b"{}")
-        except ValueError as e:
-            return error(400, f"the body is not JSON: {e}")
-        if not isinstance(body, dict) or set(body) - {"reason"} or not isinstance(body.get("reason", ""), str):
-            return error(400, 'the body is {"reason": "<why the rollout ends>"} (reason optional)')
-        reason = (body.get("reason") or "").strip()[:200] or "tool_server"
+            body = parse(req.content or b"{}")
+            if not isinstance(body, dict) or set(body) - {"reason"} or not isinstance(body.get("reason", ""), str):
+                return error(400, 'the body is {"reason": "<why the rollout ends>"} (reason optional)')
+            reason = checked_text("reason", (body.get("reason") or "").strip(), self.holds_secret, STOP_REASON_MAX)
+        except StateRefused as e:
+            return error(e.status, str(e))
+        reason = reason or "tool_server"
         # The first stop is final: a rollout a limit or a hook stopped already keeps its condition.
         stop = session.stop_with(reason, "tool")
         return json_response(200, {"ok": True, "condition": stop.condition, "by": stop.by})
@@ -252,18 +339,18 @@ class StateRoutes:
         if max_bytes and len(req.content or b"") > max_bytes:
             return error(413, f"the body is {len(req.content)} bytes, above intercept_state_max_bytes ({max_bytes})")
         try:
-            body = json.loads(req.content or b"")
-        except ValueError as e:
-            return error(400, f"the body is not JSON: {e}")
-        try:
+            body = parse(req.content)
+            if (why := unreadable(body)) is not None:  # before merge_patch walks it
+                raise StateRefused(400, f"the body is not taken: {why}")
             state.check_precondition(req.headers.get("if-match"))
             new = body if req.method == "PUT" else merge_patch(state.value, body)
-            data = state.write(new, max_bytes=max_bytes, forbidden=(session.state_secret, session.model_secret))
+            data = state.write(new, max_bytes=max_bytes, holds_secret=self.holds_secret)
+            record = state.record_of(new, data, state.version + 1, by, "put" if req.method == "PUT" else "patch")
         except StateRefused as e:
             more = {"version": e.version} if e.version is not None else {}
             answer = error(e.status, str(e), **more)
             answer.headers["etag"] = state.etag()
             return answer
+        session.recorder.record_state(record)  # first: if it fails, the state is as it was
         state.commit(new, data)
-        session.recorder.record_state(state.record(by, "put" if req.method == "PUT" else "patch"))
         return json_response(200, {"ok": True, "version": state.version}, headers={"etag": state.etag()})
