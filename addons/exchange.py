@@ -112,6 +112,10 @@ class Exchange:
     tee: StreamTee | None = None  # the streamed answer's assembler (Tee)
     drain: Drain | None = None  # the proxy's own read of the upstream answer (Relay)
     delivered: bool = True  # False once the harness went away before the answer's end (Relay)
+    # The answer's end (a JSON body, the terminal event of a stream) was handed to the client
+    # connection (Retry's capture, the pipeline's last stage): delivered, whatever the client
+    # does with its connection afterwards.
+    handed: bool = False
     # Responses' previous_response_id, and whether this session had it (else a new root).
     previous_response_id: str | None = None
     previous_response_unknown: bool = False

@@ -165,9 +165,11 @@ def commit_replay(ex: Exchange, flow: http.HTTPFlow, status: int, replay_of: str
 def mark_undelivered(ex: Exchange) -> None:
     """The exchange's call is on the record, and its answer did not reach the harness whole
     (the client went away after the terminal event was committed): one ``undelivered`` record
-    amends it, so the trace says per call whether the harness received all of it."""
+    amends it, so the trace says per call whether the harness received all of it. An answer
+    whose end was handed to the client (``ex.handed``) was delivered: what the client does with
+    its connection afterwards changes nothing."""
     call_id = ex.turn or ex.call_id
-    if not ex.delivered or not call_id:
+    if not ex.delivered or ex.handed or not call_id:
         return
     ex.delivered = False
     try:

@@ -586,9 +586,10 @@ class Drain:
         """The client went away before the answer's end: it is read on for at most
         ``intercept_drain_timeout`` seconds, and recorded as undelivered."""
         self.taken = True
-        if self.ex.committed:
-            mark_undelivered(self.ex)  # committed at its terminal event, before the rest was sent
-        self.ex.delivered = False
+        if not self.ex.handed:  # an answer whose end the client was handed is delivered
+            if self.ex.committed:
+                mark_undelivered(self.ex)  # committed at its terminal event, before the rest was sent
+            self.ex.delivered = False
         self._timer = asyncio.get_running_loop().call_later(self.relay.timeout, self._expire)
         log.info(f"interceptor: session {self.ex.session.id!r}: the client left before the answer's end; "
                  f"reading it from the upstream to record it")

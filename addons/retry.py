@@ -15,10 +15,12 @@ digest of the body exactly as the harness sent it:
 - **fresh**: the same body without a flag is a new turn, and drops the recorded answer so its
   own retries coalesce on it;
 - **undelivered** (harnesses that retry without a flag: Claude Code's own loop, Codex): an
-  identical body that follows a committed answer the harness cannot have read in full is a
-  retry. "Read in full" is what the proxy can know: the answer completed, and its client
-  connection was still open when the next request came (or carried a later request). An
-  SDK's keep-alive pool keeps it open; a client that gave up closed it.
+  identical body that follows a committed answer the client left **before its end** is a
+  retry. An answer whose end was handed to the client connection (a JSON body, a stream's
+  terminal event: ``Exchange.handed``, set by the capture below) is delivered, whatever the
+  client does with its connection afterwards: a best-of-n loop with a fresh client per call,
+  an idle keep-alive dropped, curl, or a harness that re-asks after an answer failed its own
+  check all ask again, and each must get a new sample.
 
 Upstream errors are never replayed: the SDK's retry of a 429 must reach the provider.
 Its request hook runs after Rewrite (which keeps the raw body); its capture is the stream
@@ -34,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import xxhash
-from mitmproxy import connection, ctx, http
+from mitmproxy import ctx, http
 
 from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import Exchange, Step, exchange_of
@@ -60,14 +62,12 @@ class Recorded:
 
     digest: str
     call_id: str
-    conn_id: str
     status: int = 0
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     body: bytearray = field(default_factory=bytearray)
     committed: bool = False  # a turn is on the record
-    completed: bool = False  # every byte was handed to the client connection
-    conn_closed: bool = False
-    followed: bool = False  # a later request came on the same connection
+    completed: bool = False  # the answer ended (read whole, or finished by the Relay's Drain)
+    left: bool = False  # the client went away before the answer's end was handed to it
     failed: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -77,7 +77,7 @@ class Recorded:
 
     @property
     def delivered(self) -> bool:
-        return self.completed and (self.followed or not self.conn_closed)
+        return self.completed and not self.left
 
 
 @dataclass(eq=False)
@@ -90,11 +90,15 @@ class Book:
 
 
 class _Capture:
-    """Outermost stream callable: keeps every byte the harness is sent, for replay."""
+    """Outermost stream callable: keeps every byte the harness is sent, for replay, and marks
+    the exchange ``handed`` once a chunk goes to the client after the turn was committed (the
+    assembler commits at the terminal event, before that event's bytes go on): from then on
+    the answer counts as delivered."""
 
-    def __init__(self, inner, rec: Recorded) -> None:
+    def __init__(self, inner, rec: Recorded, ex: Exchange) -> None:
         self.inner = inner
         self.rec = rec
+        self.ex = ex
         self._call = inner if callable(inner) else None  # once, not per chunk
 
     def __call__(self, chunk: bytes) -> bytes | list[bytes]:
@@ -102,6 +106,9 @@ class _Capture:
         if out.__class__ is not bytes:  # an iterable of chunks
             out = b"".join(out)
         self.rec.body += out
+        ex = self.ex
+        if not ex.handed and ex.committed and ex.delivered:
+            ex.handed = True  # the terminal event goes to a client that is still there
         return out or []  # never b"": mitmproxy would send it as a chunked body's last chunk
 
 
@@ -123,7 +130,6 @@ class Retry:
     def __init__(self) -> None:
         self.retry_headers: tuple[str, ...] = ()
         self.undelivered = True
-        self._conn_last: dict[str, list[Recorded]] = {}
 
     def load(self, loader) -> None:
         loader.add_option(
@@ -147,11 +153,6 @@ class Retry:
         return ex.session.state.setdefault("retry", Book())
 
     # -- request: decide ---------------------------------------------------------------------
-
-    def requestheaders(self, flow: http.HTTPFlow) -> None:
-        # A request on a connection proves the client read the previous answer on it.
-        for rec in self._conn_last.pop(flow.client_conn.id, ()):
-            rec.followed = True
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:
@@ -178,7 +179,7 @@ class Retry:
         pending = book.inflight.get(digest)
         if not flagged and not new_key and self.undelivered and (
                 (last and last.digest == digest and last.replayable and not last.delivered)
-                or (pending is not None and pending.conn_closed and not pending.done.is_set())):
+                or (pending is not None and pending.left and not pending.done.is_set())):
             # After an answer the harness cannot have read whole, or while the proxy still reads
             # one whose harness went away (addons/relay.py): the same body is its retry.
             flagged = True
@@ -202,7 +203,7 @@ class Retry:
                 return
         elif last is not None and last.digest == digest:
             book.last = None  # a fresh turn: its retries must coalesce on it, not replay the old one
-        rec = Recorded(digest=digest, call_id=new_id(), conn_id=flow.client_conn.id)
+        rec = Recorded(digest=digest, call_id=new_id())
         ex.call_id = rec.call_id
         ex.recorded = rec
         book.inflight[digest] = rec
@@ -222,12 +223,13 @@ class Retry:
     # -- answer: capture (the pipeline's last stage) ----------------------------------------
 
     def on_headers(self, flow: http.HTTPFlow, stream):
-        rec = self._recorded(flow)
+        ex = exchange_of(flow)
+        rec = ex.recorded if ex is not None else None
         if rec is None or flow.response is None:
             return stream
         rec.status = flow.response.status_code
         rec.headers = list(flow.response.headers.fields)
-        return _Capture(stream, rec) if stream else stream
+        return _Capture(stream, rec, ex) if stream else stream
 
     def on_response(self, flow: http.HTTPFlow) -> None:
         rec = self._recorded(flow)
@@ -241,10 +243,11 @@ class Retry:
                 rec.body = bytearray(flow.response.raw_content or b"")
             rec.committed = bool(ex and ex.turn)
             rec.completed = True
-            if ex is not None and not ex.delivered:
-                rec.conn_closed = True  # the Relay read the rest after the harness went away
-            elif "close" in (header(flow.request.headers, "connection", "") + header(flow.response.headers, "connection", "")).lower():
-                rec.followed = True  # the connection was meant to close: closing it proves nothing
+            if ex is not None:
+                if ex.delivered:
+                    ex.handed = True  # a JSON body goes to the client whole after this hook
+                else:
+                    rec.left = True  # the Relay read the rest after the harness went away
         except Exception:
             rec.failed = True  # never replayed; but settled, or its retries would wait forever
             raise
@@ -258,11 +261,12 @@ class Retry:
         ex = exchange_of(flow)
         try:
             if ex is not None and ex.turn:
-                # Committed, then the client went away (no Relay to read the rest): the turn's
+                # Committed, then the connection broke (no Relay to read the rest): the turn's
                 # bytes up to and including its terminal event were captured when the Tee let
-                # them through, so the retry that follows gets them whole. The client cannot
-                # have read them: undelivered.
-                rec.committed = rec.completed = rec.conn_closed = True
+                # them through, so a retry gets them whole. Undelivered unless the terminal
+                # event had been handed to the client before it went.
+                rec.committed = rec.completed = True
+                rec.left = not ex.handed
             else:
                 rec.failed = True
         finally:
@@ -271,13 +275,9 @@ class Retry:
     def on_client_gone(self, flow: http.HTTPFlow) -> None:
         """The harness went away and the Relay reads the answer on: the same body from it
         now is a retry, to coalesce on this exchange (see ``request``)."""
-        rec = self._recorded(flow)
-        if rec is not None:
-            rec.conn_closed = True
-
-    def client_disconnected(self, client: connection.Client) -> None:
-        for rec in self._conn_last.pop(client.id, ()):
-            rec.conn_closed = True
+        ex = exchange_of(flow)
+        if ex is not None and ex.recorded is not None and not ex.handed:
+            ex.recorded.left = True
 
     def _settle(self, flow: http.HTTPFlow, rec: Recorded) -> None:
         ex = exchange_of(flow)
@@ -288,7 +288,6 @@ class Retry:
             del book.inflight[rec.digest]
         if rec.committed and not rec.failed:
             book.last = rec
-            self._conn_last.setdefault(rec.conn_id, []).append(rec)
         rec.done.set()
 
     @staticmethod

@@ -61,7 +61,7 @@ class World:
 
     def send(self, flow: http.HTTPFlow) -> http.HTTPFlow:
         """The request half, in the script's order."""
-        for hook in (self.claim.requestheaders, self.retry.requestheaders, self.rewrite.request,
+        for hook in (self.claim.requestheaders, self.rewrite.request,
                      self.collect.request, self.retry.request):
             self.run(hook(flow))
         return flow
@@ -309,21 +309,18 @@ def test_an_upstream_error_is_never_replayed(world):
     assert again.response is None  # goes to the provider
 
 
-@pytest.mark.parametrize(("after", "replayed"), [
-    ("client_closed", True),  # the harness gave up on the answer: an identical body is its retry
-    ("same_connection", False),  # it sent another request on the connection: it read the answer
-    ("connection_open", False),  # an SDK's pool keeps the connection: delivered
+@pytest.mark.parametrize(("left", "replayed"), [
+    (True, True),  # the harness went away before the answer's end: an identical body is its retry
+    (False, False),  # the answer was handed whole: delivered, whatever its connection does next
 ])
-def test_an_identical_unflagged_body_after_an_undelivered_answer_is_a_retry(world, after, replayed):
+def test_an_identical_unflagged_body_is_a_retry_only_after_an_answer_the_client_left(world, left, replayed):
     session = world.session()
-    client = tflow.tclient_conn()
-    first = _turn(world, session, client=client)
+    first = _turn(world, session)
+    if left:
+        exchange_of(first).delivered = False  # what the Relay's Drain marks when the client goes first
     world.answer(first, body=ANSWER)
-    if after == "client_closed":
-        world.retry.client_disconnected(client)
-    elif after == "same_connection":
-        world.retry.requestheaders(flow_for("GET", "https://api.openai.com/v1/models", client=client))
-    again = _turn(world, session)
+    assert exchange_of(first).handed is not left
+    again = _turn(world, session)  # on a new client connection, as a fresh SDK client's or curl's
     assert (again.response is not None) == replayed
     if replayed:
         assert again.response.content == ANSWER and exchange_of(again).retry_reason == "undelivered"
@@ -339,7 +336,7 @@ def test_a_retry_waiting_on_an_attempt_whose_capture_raised_is_settled_not_left_
     first = _turn(world, session, retry_count=0)
     headers = {"authorization": f"Bearer {session.model_secret}", "x-stainless-retry-count": "1"}
     again = flow_for("POST", CHAT_URL, CHAT_BODY, headers)
-    for hook in (world.claim.requestheaders, world.retry.requestheaders, world.rewrite.request, world.collect.request):
+    for hook in (world.claim.requestheaders, world.rewrite.request, world.collect.request):
         world.run(hook(again))
     loop = world.tctx.master.event_loop
     waiting = loop.create_task(world.retry.request(again))
@@ -358,9 +355,9 @@ def test_a_retry_waiting_on_an_attempt_whose_capture_raised_is_settled_not_left_
 def test_the_undelivered_rule_can_be_switched_off(world):
     world.tctx.configure(world.retry, intercept_retry_undelivered=False)
     session = world.session()
-    client = tflow.tclient_conn()
-    world.answer(_turn(world, session, client=client), body=ANSWER)
-    world.retry.client_disconnected(client)
+    first = _turn(world, session)
+    exchange_of(first).delivered = False
+    world.answer(first, body=ANSWER)
     assert _turn(world, session).response is None
 
 
@@ -390,10 +387,10 @@ def _chat_stream(token_ids: bool) -> list[bytes]:
     return [SSEEvent(data=json.dumps(c)).encode() for c in chunks] + [b"data: [DONE]\n\n"]
 
 
-def test_a_turn_committed_before_the_client_went_away_is_marked_undelivered(world):
-    """The harness closed after the terminal event was committed, before the rest of the
-    answer was sent (no relay reading on here): the call on the record is amended to
-    ``delivered: false``, and the same body again is its retry, replayed."""
+def test_a_stream_whose_terminal_event_was_handed_over_is_delivered_whatever_the_connection_does(world):
+    """The harness was handed the terminal event, then its connection broke before the
+    stream's last bytes (no relay reading on here): the answer was delivered, so the call on
+    the record stays ``delivered`` and the same body again is a new sample, not a replay."""
     from interceptor.trace import read_trace
     session = world.session()
     first = _turn(world, session)
@@ -401,16 +398,15 @@ def test_a_turn_committed_before_the_client_went_away_is_marked_undelivered(worl
     world.tee.responseheaders(first)
     for chunk in _chat_stream(token_ids=False):
         first.response.stream(chunk)
-    assert exchange_of(first).turn  # committed at [DONE]
+    assert exchange_of(first).turn and exchange_of(first).handed  # committed at [DONE], then handed on
     first.error = mflow.Error("Client disconnected.")
     world.tee.error(first)
     again = _turn(world, session)
-    assert again.response is not None and exchange_of(again).retry_reason == "undelivered"
+    assert again.response is None and exchange_of(again).retry_reason is None
     world.registry.seal_all("test")
     world.registry.store.flush(timeout=10)
     trace = read_trace(session.recorder.path)
-    assert trace.num_turns == 1 and [c.delivered for c in trace.calls] == [False, True]
-    assert trace.calls[1].replay_of == trace.calls[0].id
+    assert trace.num_turns == 1 and [c.delivered for c in trace.calls] == [True]
 
 
 def _load_script():

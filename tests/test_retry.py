@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from clients import session_clients
+from test_early_close import wait_for_calls
 from interceptor.trace import read_trace
 from provider import Reply
 
@@ -31,8 +32,8 @@ def sealed_trace(proxy, session):
 
 def raw_post(proxy, session, path, body: dict, retry_count: int, *, read: bool = True, extra_headers=None):
     """A request as an SDK sends it, through the proxy, with full control over the
-    connection: ``read=False`` takes the headers, waits for the proxy to finish, and closes
-    the connection without reading the body (the harness went away)."""
+    connection: ``read=False`` takes the headers and closes the connection at once, before
+    the body's end (the harness went away)."""
     headers = {
         "authorization": f"Bearer {session['model_secret']}",
         "content-type": "application/json",
@@ -43,7 +44,6 @@ def raw_post(proxy, session, path, body: dict, retry_count: int, *, read: bool =
     try:
         with client.stream("POST", f"https://api.openai.com{path}", content=json.dumps(body).encode(), headers=headers) as r:
             if not read:
-                time.sleep(0.5)  # the upstream finishes and the turn commits meanwhile
                 return r.status_code, dict(r.headers), None
             data = r.read()
             return r.status_code, dict(r.headers), data
@@ -204,36 +204,116 @@ def test_a_fresh_identical_body_forgets_the_old_answer_so_its_retry_after_a_429_
     assert trace.num_turns == 2 and [c.status for c in trace.calls] == [200, 429, 200]
 
 
-def test_an_answer_read_whole_on_a_closing_connection_was_delivered(sim, proxy, new_session):
-    """``Connection: close`` means the connection was meant to end with the answer: its close
-    does not make a fully read answer undelivered, so the same body again is a new turn."""
-    sim.script(Reply(text="one"), Reply(text="two"))
+def disconnects(proxy) -> int:
+    """Client connections mitmproxy has seen close (its log says so as it runs the
+    ``client_disconnected`` hook)."""
+    return proxy.log().count("client disconnect")
+
+
+def until_disconnected(proxy, before: int) -> None:
+    """Wait until mitmproxy has seen one more client go: the old rule's condition for calling a
+    delivered answer undelivered, so a test of the rule does not depend on a race."""
+    deadline = time.monotonic() + 10
+    while disconnects(proxy) == before:
+        assert time.monotonic() < deadline, "mitmproxy never logged the client's disconnection"
+        time.sleep(0.005)
+
+
+ASKS = 4
+
+
+def answers(n: int) -> list[Reply]:
+    return [Reply(text=["sample ", str(k)]) for k in range(n)]
+
+
+def check_new_samples(proxy, sim, session, got: list[str]) -> None:
+    """Each ask reached the upstream and got its own sample, and each is a turn (siblings under
+    the same prompt: the graph forks where the harness asked again, as it should)."""
+    assert got == [f"sample {k}" for k in range(ASKS)]
+    assert len(sim.model_requests()) == ASKS
+    trace = sealed_trace(proxy, session)
+    assert trace.num_turns == ASKS and not [c for c in trace.calls if c.replay_of]
+    assert all(c.delivered for c in trace.calls)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_best_of_n_loop_with_a_fresh_client_per_call_gets_a_new_sample_each_time(stream, sim, proxy, new_session, harness_env):
+    """The answer was handed over in full, then the SDK client closed its connection: that is
+    delivery, not an answer the harness left, so the same body again is sampled again."""
+    sim.script(*answers(ASKS))
     session = new_session()
-    body = {"model": "m", "messages": [{"role": "user", "content": "again"}]}
-    _, _, first = raw_post(proxy, session, "/v1/chat/completions", body, 0, extra_headers={"connection": "close"})
-    time.sleep(0.5)  # the proxy has seen the client go (an undelivered answer would now replay)
-    _, headers, second = raw_post(proxy, session, "/v1/chat/completions", body, 0)
-    assert b"one" in first and b"two" in second and "x-interceptor-replay" not in headers
-    assert len(sim.model_requests()) == 2
-    assert sealed_trace(proxy, session).num_turns == 2
+    harness_env(session["env"])
+    messages = [{"role": "user", "content": "best of n"}]
+    got = []
+    for _ in range(ASKS):
+        before = disconnects(proxy)
+        with openai.OpenAI(api_key=session["model_secret"], max_retries=0, timeout=30) as oai:
+            if stream:
+                with oai.chat.completions.stream(model="m", messages=messages) as s:
+                    got.append(s.get_final_completion().choices[0].message.content)
+            else:
+                got.append(oai.chat.completions.create(model="m", messages=messages).choices[0].message.content)
+        until_disconnected(proxy, before)
+    check_new_samples(proxy, sim, session, got)
+
+
+def test_a_shared_client_past_its_keep_alive_gets_a_new_sample_each_time(sim, proxy, new_session, harness_env):
+    """One SDK client whose pool drops an idle connection at once (as every pool does after its
+    keep-alive expiry): each call comes on a new connection after the last one closed."""
+    sim.script(*answers(ASKS))
+    session = new_session()
+    harness_env(session["env"])
+    http_client = openai.DefaultHttpxClient(limits=httpx.Limits(max_keepalive_connections=0))
+    messages = [{"role": "user", "content": "again, on one client"}]
+    got = []
+    with openai.OpenAI(api_key=session["model_secret"], max_retries=0, timeout=30, http_client=http_client) as oai:
+        for _ in range(ASKS):
+            before = disconnects(proxy)
+            with oai.chat.completions.stream(model="m", messages=messages) as s:
+                got.append(s.get_final_completion().choices[0].message.content)
+            until_disconnected(proxy, before)
+    check_new_samples(proxy, sim, session, got)
+
+
+@pytest.mark.parametrize("connection", ["close", "keep-alive"])
+def test_raw_http_one_connection_per_request_gets_a_new_sample_each_time(connection, sim, proxy, new_session):
+    """curl's way: one connection per request, read to its end and closed (told to close, or
+    just closed); no retry flag."""
+    sim.script(*answers(ASKS))
+    session = new_session()
+    body = {"model": "m", "messages": [{"role": "user", "content": "curl loop"}]}
+    got = []
+    for _ in range(ASKS):
+        before = disconnects(proxy)
+        status, headers, data = raw_post(proxy, session, "/v1/chat/completions", body, 0,
+                                         extra_headers={"connection": connection})
+        assert status == 200 and "x-interceptor-replay" not in headers
+        got.append(json.loads(data)["choices"][0]["message"]["content"])
+        until_disconnected(proxy, before)
+    check_new_samples(proxy, sim, session, got)
 
 
 @pytest.mark.parametrize("undelivered_option", [True, False])
 def test_unflagged_resend_after_client_went_away(undelivered_option, sim, start_proxy, tmp_path):
     proxy = start_proxy({"intercept_retry_undelivered": str(undelivered_option).lower()})
-    sim.script(Reply(text="kept"), Reply(text="resampled"))
+    # The answer's events come 1 s apart: the client is gone long before its terminal event.
+    sim.script(Reply(text=["kept ", "answer"], delay=1.0), Reply(text="resampled"))
     session = proxy.create_session(upstream={"base_url": sim.url("/v1")})
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "go"}]}
+    before = disconnects(proxy)
     raw_post(proxy, session, "/v1/chat/completions", body, 0, read=False)
+    until_disconnected(proxy, before)  # as a harness's retry comes after its own timeout
     status, headers, data = raw_post(proxy, session, "/v1/chat/completions", body, 0)
     assert status == 200
     if undelivered_option:
-        assert b"kept" in data and "x-interceptor-replay" in headers
+        assert b"kept" in data and b"answer" in data and "x-interceptor-replay" in headers
         assert len(sim.model_requests()) == 1
-        assert sealed_trace(proxy, session).num_turns == 1
+        trace = sealed_trace(proxy, session)
+        assert trace.num_turns == 1 and [c.delivered for c in trace.calls] == [False, True]
     else:
         assert b"resampled" in data
         assert len(sim.model_requests()) == 2
+        wait_for_calls(session, 2)  # the first answer, read on by the proxy after its client left
         assert sealed_trace(proxy, session).num_turns == 2
 
 
