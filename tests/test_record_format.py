@@ -4,6 +4,7 @@ that moves whenever the format does, and each version's file kept and still fold
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import msgpack
@@ -62,3 +63,57 @@ def test_a_value_msgpack_cannot_pack_is_an_error_not_a_string(tmp_path):
         Recorder(tmp_path / "s.msgpack", {"info": {"ids": {1, 2}}}, store=store)
     store.flush(timeout=10)
     assert not (tmp_path / "s.msgpack").exists()
+
+
+def readme_block(after: str) -> str:
+    """The first Python block of the README after the line that starts with ``after``."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = re.search(r"```python\n(.*?)```", text[text.index(after):], re.S)
+    assert block, after
+    return block.group(1)
+
+
+# One byte over msgpack.Unpacker's default max_buffer_size (100 MiB), from which its default
+# max_str_len comes too: the smallest record that proves a reader is not bound by them, and
+# written and read in about a second (the writer's own bound, MAX_RECORD_BYTES, is 1 GiB).
+BIG = (100 << 20) + 1
+
+
+def test_a_record_over_the_unpackers_default_limits_reads_everywhere(tmp_path):
+    """Whatever the writer writes, every reader reads: ``read_trace``, follow mode, and the
+    README's reader in a few lines."""
+    from interceptor.trace import Follower, ModelCall, ResponseError
+
+    store = Store()
+    path = tmp_path / "big.msgpack"
+    r = Recorder(path, {"id": "big"}, store=store)
+    r.record_call(ModelCall(id="big", status=502, error=ResponseError(type="upstream", message="x" * BIG)))
+    r.seal("done")
+    store.flush(timeout=60)
+    assert path.stat().st_size > BIG
+    trace = read_trace(path)
+    assert trace.sealed and len(trace.calls[0].error.message) == BIG
+    (item,) = Follower(tmp_path).poll()
+    assert item.trace.sealed and len(item.trace.calls[0].error.message) == BIG
+    scope = {"path": str(path)}
+    exec(readme_block("A reader in a few lines"), scope)
+    assert len(scope["calls"]) == 1 and len(scope["calls"][0]["error"]["message"]) == BIG
+    del trace, item, scope
+
+
+def test_the_writer_refuses_a_record_over_its_bound_and_the_trace_goes_on(tmp_path, monkeypatch):
+    """The bound the readers are sized for (``MAX_RECORD_BYTES``): a bigger record fails where
+    it is packed, never reaching a file no reader could read, and the trace goes on."""
+    from interceptor.trace import records as records_module
+
+    monkeypatch.setattr(store_module, "MAX_RECORD_BYTES", 4096)
+    store = Store()
+    r = Recorder(tmp_path / "b.msgpack", {"id": "b"}, store=store)
+    with pytest.raises(ValueError, match="over the 4096 bytes"):
+        store_module.pack({"kind": "metric", "name": "m", "value": "x" * 5000})
+    r.record_metric("small", 1)
+    r.seal("done")
+    store.flush(timeout=10)
+    trace = read_trace(tmp_path / "b.msgpack")
+    assert trace.sealed and trace.metrics == {"small": 1}
+    assert records_module.MAX_RECORD_BYTES == 1 << 30

@@ -164,3 +164,15 @@ def test_a_torn_tail_is_still_a_warning_and_the_records_before_it_stand(tmp_path
         path.write_bytes(blob[:cut])
         code, err = verify(path, capsys)
         assert code == 0 and f"torn last record at byte {start}" in err, (cut, err)
+
+
+def test_the_readmes_chain_check_passes_a_written_file_and_fails_a_changed_one(tmp_path):
+    from test_record_format import readme_block
+
+    check = readme_block("And the checksum chain of a version 3 file")
+    data = trace_file(tmp_path).read_bytes()
+    exec(check, {"data": data})
+    changed = bytearray(data)
+    changed[len(data) // 2] ^= 0x01
+    with pytest.raises(AssertionError, match="record at byte"):
+        exec(check, {"data": bytes(changed)})
