@@ -113,6 +113,8 @@ class NetworkPolicy(BaseModel):
 
 
 _NAME = re.compile(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*")
+# A session secret's or admin token's shape (as a host name folds it): never in a record.
+_SECRET_SHAPED = re.compile(r"sk-ic-|ic-admin-")
 
 
 def canonical_host(host: str) -> str | None:
@@ -252,6 +254,8 @@ class Egress:
             if session.config.network.allows(flow.request.host):
                 continue
             shown = host or "(not a host name)"
+            if _SECRET_SHAPED.search(shown):  # a rollout cannot write a secret into its trace this way
+                shown = "(withheld: shaped like a secret of the proxy)"
             count = session.egress.get(shown, 0) + 1
             session.egress[shown] = count
             session.recorder.record_egress(shown, port, count)

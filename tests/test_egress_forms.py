@@ -271,3 +271,17 @@ def test_refusals_are_on_the_trace(eproxy, forbidden):
     trace = read_trace(session["trace_path"])
     assert trace.egress == {"localhost": len(FORMS)}
     assert {(e.host, e.port) for e in trace.egress_refusals} == {("localhost", forbidden.port)}
+
+
+def test_a_host_shaped_like_a_secret_is_not_written(eproxy):
+    """The refused host goes into the trace: a rollout cannot smuggle a secret there by
+    naming it as a host."""
+    session = eproxy.create_session(network={"allow": ["*.allowed.invalid"], "egress": True})
+    secret = session["model_secret"]
+    for authority in (f"{secret}.invalid:443", f"{eproxy.admin_token}.x:443"):
+        head = _send(eproxy, "connect", authority, "http", "x", _credential(secret), earlier=False)
+        assert head.startswith(b"HTTP/1.1 403"), head
+    eproxy.api("DELETE", f"sessions/{session['id']}")
+    raw = open(session["trace_path"], "rb").read().lower()
+    assert secret.lower().encode() not in raw and eproxy.admin_token.lower().encode() not in raw
+    assert len(read_trace(session["trace_path"]).egress_refusals) == 2
