@@ -586,7 +586,8 @@ def rollout(httpx, paths: list[Path_], turns: int, chunk: int) -> dict[str, dict
 # -- setting the paths up ----------------------------------------------------------------------
 
 
-def start_paths(httpx, work: Path, sim_url: str, names: list[str], skipped: dict[str, str]) -> list[Path_]:
+def start_paths(httpx, work: Path, sim_url: str, names: list[str], skipped: dict[str, str],
+                before: str | None = None) -> list[Path_]:
     from mitm import MitmProcess
 
     from interceptor.client import Proxy
@@ -646,21 +647,32 @@ def start_paths(httpx, work: Path, sim_url: str, names: list[str], skipped: dict
 
         return Path_(name, what, URL, "gpt-4o", model, True, new_session=new, traces=traces, stop=stop, pids=pids)
 
-    def plain() -> Path_:
+    def plain(rev: str | None = None) -> Path_:
         """As ``make run`` starts it: one mitmdump with the script, no front, in a session of its
         own as the bare paths are (a terminal of its own, as a service would be; the evaluator's
-        ``Proxy.start`` would put it in this benchmark's session, and so in its autogroup)."""
-        m = MitmProcess(workdir=work / "plain", options={"intercept_upstreams": upstreams}, env=env, new_session=True)
+        ``Proxy.start`` would put it in this benchmark's session, and so in its autogroup).
+        ``rev``: the proxy as it was at that revision (``git archive``), to read a change side by
+        side with what came before it."""
+        options = {"intercept_upstreams": upstreams}
+        if rev is None:
+            m = MitmProcess(workdir=work / "plain", options=options, env=env, new_session=True)
+        else:
+            from failclosed import checkout_proxy
+            m = checkout_proxy(rev, work / "before", options, env, new_session=True)
         try:
             m.start()
             proxy = Proxy.attach(m.url, m.admin_token)
         except Exception as e:  # noqa: BLE001 - said, and the run goes on
             m.cleanup()
-            raise Unavailable(f"mitmdump -s addons/interception.py did not start: {e}") from None
-        return attached("proxy", proxy, "bench-proxy", "this proxy: one mitmdump -s addons/interception.py (make run), "
-                        "HTTPS_PROXY", m.cleanup, lambda: [m.proc.pid])
+            raise Unavailable(f"mitmdump -s addons/interception.py{f' at {rev}' if rev else ''} did not start: {e}") from None
+        name, model = ("proxy", "bench-proxy") if rev is None else (f"proxy@{rev}", "bench-proxy-before")
+        return attached(name, proxy, model, f"this proxy{f' as it was at {rev}' if rev else ''}: one mitmdump -s "
+                        "addons/interception.py (make run), HTTPS_PROXY", m.cleanup, lambda: [m.proc.pid])
 
     add("proxy", plain)
+    if before:
+        names.append(f"proxy@{before}")
+        add(f"proxy@{before}", lambda: plain(before))
 
     def ours(n: int) -> Path_:
         name = f"proxy {n}w"
@@ -976,6 +988,8 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=None, help="rollout turns (default 300, quick 20; 0 skips it)")
     ap.add_argument("--paths", default=",".join(ALL), help=f"comma-separated, of: {', '.join(ALL)}")
     ap.add_argument("--no-peers", action="store_true", help="leave out litellm and verifiers")
+    ap.add_argument("--before", default=None, metavar="REV",
+                    help="also this proxy as it was at REV (git archive), the path 'proxy@REV', side by side")
     ap.add_argument("--workloads", default=None, help="only the workloads whose names contain one of these "
                     "comma-separated words (e.g. '64,sequential'); the rollout is --turns")
     ap.add_argument("--report", default=str(ROOT / "bench-results" / "compare.md"))
@@ -1039,7 +1053,7 @@ def main() -> int:
     run_problems: list[str] = []
     try:
         print("starting the paths:", flush=True)
-        paths = start_paths(httpx, work, sim_url, names, skipped)
+        paths = start_paths(httpx, work, sim_url, names, skipped, before=args.before)
         read_tally(httpx, sim_url)  # start counting from here
         for w in workloads:
             for r in range(reps):

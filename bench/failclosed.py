@@ -59,14 +59,15 @@ def package_dir(tree: Path, into: Path) -> Path:
     return into
 
 
-def checkout_proxy(rev: str, work: Path, options: dict, env: dict) -> MitmProcess:
-    """This proxy as it was at ``rev`` (``git archive`` into ``work``), ready to start."""
+def checkout_proxy(rev: str, work: Path, options: dict, env: dict, **kwargs) -> MitmProcess:
+    """This proxy as it was at ``rev`` (``git archive`` into ``work``), ready to start;
+    ``kwargs`` go to ``MitmProcess``."""
     tree = work / "before-tree"
-    tree.mkdir()
+    tree.mkdir(parents=True)
     archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     proc = MitmProcess(workdir=work / "before", options=options,
-                       env={**env, "PYTHONPATH": str(package_dir(tree, work / "before-pkg"))})
+                       env={**env, "PYTHONPATH": str(package_dir(tree, work / "before-pkg"))}, **kwargs)
     proc.script_path = tree / "addons" / "interception.py"  # (and its own package, above)
     return proc
 
