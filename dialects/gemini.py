@@ -94,8 +94,20 @@ FINISH: dict[str, FinishReason] = {
 _NATIVE_FINISH = {"stop": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS",
                   "content_filter": "SAFETY", "error": "OTHER"}
 
-# google.rpc.Code names by HTTP status, as the API answers them
-# (https://ai.google.dev/gemini-api/docs/troubleshooting#error-codes).
+# google.rpc.Code: the canonical names, and the HTTP status each maps to, as
+# https://github.com/googleapis/googleapis/blob/master/google/rpc/code.proto gives them
+# (https://cloud.google.com/apis/design/errors#handling_errors). A Gemini error's ``status`` is
+# always one of them: Google's clients classify an error by it and know no other name.
+CODES = {
+    "OK": 200, "CANCELLED": 499, "UNKNOWN": 500, "INVALID_ARGUMENT": 400, "DEADLINE_EXCEEDED": 504,
+    "NOT_FOUND": 404, "ALREADY_EXISTS": 409, "PERMISSION_DENIED": 403, "UNAUTHENTICATED": 401,
+    "RESOURCE_EXHAUSTED": 429, "FAILED_PRECONDITION": 400, "ABORTED": 409, "OUT_OF_RANGE": 400,
+    "UNIMPLEMENTED": 501, "INTERNAL": 500, "UNAVAILABLE": 503, "DATA_LOSS": 500,
+}
+# The name for each HTTP status the proxy answers with: code.proto's own for the status (the
+# API's, https://ai.google.dev/gemini-api/docs/troubleshooting#error-codes), and for the two it
+# has none for, a body over the size limit is an invalid argument, a gateway's failure
+# (502) an unavailable service. Any other status is UNKNOWN.
 _STATUS = {
     400: "INVALID_ARGUMENT",
     401: "UNAUTHENTICATED",
@@ -106,10 +118,15 @@ _STATUS = {
     429: "RESOURCE_EXHAUSTED",
     499: "CANCELLED",
     500: "INTERNAL",
+    501: "UNIMPLEMENTED",
     502: "UNAVAILABLE",
     503: "UNAVAILABLE",
     504: "DEADLINE_EXCEEDED",
 }
+# Where the proxy's own kind of error (``hook_error``, ...) goes: Google's ErrorInfo detail,
+# whose ``reason`` is the machine-readable cause (https://cloud.google.com/apis/design/errors#error_info).
+ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
+ERROR_DOMAIN = "llm-interceptor"
 
 _GC = "generationConfig"
 # Where Gemini's error messages name a field (see GeminiDialect.refused_parameters).
@@ -842,7 +859,13 @@ class GeminiDialect(KnobDialect):
     # -- errors -------------------------------------------------------------------------------
 
     def error_body(self, status: int, message: str, type: str | None = None) -> dict[str, Any]:
-        return {"error": {"code": status, "message": message, "status": type or _STATUS.get(status, "UNKNOWN")}}
+        """Google's error shape: ``status`` the canonical name (``type`` when it is one, else
+        the HTTP status's); a kind of the proxy's own goes into an ErrorInfo detail."""
+        name = type if type in CODES else _STATUS.get(status, "UNKNOWN")
+        error: dict[str, Any] = {"code": status, "message": message, "status": name}
+        if type is not None and type not in CODES:
+            error["details"] = [{"@type": ERROR_INFO, "reason": type.upper(), "domain": ERROR_DOMAIN}]
+        return {"error": error}
 
     def response_error(self, status: int, body: Any) -> ResponseError:
         err = body.get("error") if isinstance(body, dict) else None

@@ -41,14 +41,26 @@ ROUTES = {"generateContent": "gemini", "streamGenerateContent": "gemini", "count
 
 _FINISH = {"stop": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS", "refusal": "SAFETY", "failed": "OTHER"}
 
+# Google's canonical google.rpc.Code names (https://github.com/googleapis/googleapis/blob/master/
+# google/rpc/code.proto): the only ones the API puts in an error's `status`, so a scripted
+# `error_type` of another API's vocabulary never reaches a Gemini client.
+CANONICAL = frozenset({
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+    "PERMISSION_DENIED", "UNAUTHENTICATED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
+    "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+})
+# Per HTTP status, code.proto's name and the API's usual message
+# (https://ai.google.dev/gemini-api/docs/troubleshooting#error-codes).
 _STATUS = {
     400: ("INVALID_ARGUMENT", "Request contains an invalid argument."),
     401: ("UNAUTHENTICATED", "Request had invalid authentication credentials."),
     403: ("PERMISSION_DENIED", "Method doesn't allow unregistered callers."),
     404: ("NOT_FOUND", "Requested entity was not found."),
+    409: ("ABORTED", "The operation was aborted."),
     429: ("RESOURCE_EXHAUSTED", "Resource has been exhausted (e.g. check quota)."),
     500: ("INTERNAL", "An internal error has occurred. Please retry or report in https://developers.generativeai.google/guide/troubleshooting"),
     503: ("UNAVAILABLE", "The model is overloaded. Please try again later."),
+    501: ("UNIMPLEMENTED", "Operation is not implemented, or supported, or enabled."),
     504: ("DEADLINE_EXCEEDED", "The request timed out. Please try again."),
 }
 
@@ -213,7 +225,8 @@ def array_events(turn: Turn) -> list[bytes]:
 
 def error(status: int, reply: Reply) -> dict[str, Any]:
     kind, message = _STATUS.get(status, _STATUS[500] if status >= 500 else _STATUS[400])
-    return {"error": {"code": status, "message": reply.error_message or message, "status": reply.error_type or kind}}
+    name = reply.error_type if reply.error_type in CANONICAL else kind
+    return {"error": {"code": status, "message": reply.error_message or message, "status": name}}
 
 
 def error_body(status: int, reply: Reply) -> bytes:
