@@ -205,3 +205,77 @@ def test_a_json_error_bomb_is_not_passed_on(proxy, new_session, sim):
     assert after["VmHWM"] - before["VmHWM"] < 300 * MB, (before, after)
     _, call = _cut_call(proxy, session)
     assert "502 instead" in call.error.message and call.status in (500, 502)
+
+
+# -- a request body without Content-Length ---------------------------------------------------
+
+def _tunnel(proxy) -> ssl.SSLSocket:
+    """A TLS connection to api.openai.com through the proxy, as a harness opens one."""
+    import socket
+
+    raw = socket.create_connection(("127.0.0.1", proxy.port), timeout=60)
+    raw.sendall(b"CONNECT api.openai.com:443 HTTP/1.1\r\nHost: api.openai.com:443\r\n\r\n")
+    assert raw.recv(4096).startswith(b"HTTP/1.1 200")
+    context = ssl.create_default_context(cafile=str(proxy.ca_bundle))
+    return context.wrap_socket(raw, server_hostname="api.openai.com")
+
+
+def test_a_chunked_body_past_the_cap_is_refused_while_it_is_still_sent(start_proxy, sim):
+    """The body is never finished (no last chunk): the 413 can only come as the bytes arrive."""
+    small = start_proxy({"intercept_max_body": "4m"})
+    status, created = small.api("POST", "sessions", {"model": "m", "upstream": {"base_url": sim.url("/v1")}})
+    conn = _tunnel(small)
+    conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: api.openai.com\r\n"
+                 b"authorization: Bearer " + created["model_secret"].encode() + b"\r\n"
+                 b"content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n")
+    piece = b"a" * MB
+    for _ in range(12):  # three times the cap, and never the last chunk
+        conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        data = conn.recv(65536)  # the socket's timeout fails the test if nothing comes
+        assert data, answer
+        answer += data
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413"), head
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(rest) < length:
+        rest += conn.recv(65536)
+    error = json.loads(rest[:length])["error"]
+    assert error["type"] == "invalid_request_error" and "intercept_max_body" in error["message"]
+    assert created["model_secret"] not in rest.decode()
+    conn.close()
+    assert sim.requests == []
+    status, summary = small.api("GET", f"sessions/{created['id']}")
+    assert summary["oversized_requests"] == 1 and summary["calls"] == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chunked_body_within_the_cap_goes_through_rewritten_and_recorded(start_proxy, sim, stream):
+    small = start_proxy({"intercept_max_body": "4m"})
+    status, created = small.api("POST", "sessions", {"model": "imposed", "upstream": {"base_url": sim.url("/v1")}})
+    sim.script(Reply(text=["read ", "it"]))
+    body = json.dumps({"model": "x", "stream": stream,
+                       "messages": [{"role": "user", "content": "c" * (3 * MB)}]}).encode()
+
+    def chunks():
+        for i in range(0, len(body), 100_000):
+            yield body[i:i + 100_000]
+
+    context = ssl.create_default_context(cafile=str(small.ca_bundle))
+    with httpx.Client(proxy=small.url, verify=context, timeout=60) as client:
+        resp = client.post("https://api.openai.com/v1/chat/completions", content=chunks(),
+                           headers={"authorization": f"Bearer {created['model_secret']}",
+                                    "content-type": "application/json"})
+    assert resp.status_code == 200, resp.text
+    if stream:
+        chunks = [json.loads(line[6:]) for line in resp.text.splitlines() if line.startswith("data: {")]
+        assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "read it"
+    else:
+        assert resp.json()["choices"][0]["message"]["content"] == "read it"
+    (req,) = sim.model_requests()
+    assert req.json["model"] == "imposed" and len(req.json["messages"][0]["content"]) == 3 * MB
+    assert "bearer " + created["model_secret"] not in str(req.headers).lower()
+    small.api("DELETE", f"sessions/{created['id']}")
+    trace = read_trace(created["trace_path"])
+    assert trace.num_turns == 1 and trace.calls[0].error is None
