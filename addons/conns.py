@@ -9,10 +9,11 @@ before its first byte or between events), nor once it carries a WebSocket (Codex
 for a whole rollout) or a tunnel the proxy does not read. mitmproxy's own ``tcp_timeout``
 counts any activity, so a client that sends a byte now and then holds its connection for
 ever; and mitmproxy 12 has no way to close a client connection from outside a hook (a flow
-killed in transit is not stopped, its ``Flow.kill`` says so). The timers run from the hooks
-that mark each phase; at expiry the connection's own socket, found by the addresses mitmproxy
-reports for it (``Client.sockname``/``peername``), is shut down: mitmproxy reads its end as
-the client's close and tears the connection down its usual way.
+killed in transit is not stopped, its ``Flow.kill`` says so, and
+https://github.com/mitmproxy/mitmproxy/issues/8045). The hooks that mark each phase note when
+it began; a sweep finds what is past its timeout, and the connection's own socket, found by the
+addresses mitmproxy reports for it (``Client.sockname``/``peername``), is shut down: mitmproxy
+reads its end as the client's close and tears the connection down its usual way.
 
 ``AcceptErrors``: out of file descriptors, asyncio's accept loop reports every failed
 ``accept()`` to the loop's exception handler (several hundred a second, each a traceback in
@@ -51,8 +52,8 @@ OUT_OF = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 @dataclass(eq=False, slots=True)
 class _Conn:
     client: connection.Client
-    waiting: asyncio.TimerHandle | None = None  # for the next request's head
-    bodies: dict[str, asyncio.TimerHandle] = field(default_factory=dict)  # flow id -> its body's timer
+    waiting: float | None = None  # since when it waits for a request's head (monotonic); None: not
+    bodies: dict[str, float] = field(default_factory=dict)  # flow id -> when its head came, body not yet whole
     open: set[str] = field(default_factory=set)  # flows whose answer has not ended
     carried: bool = False  # a WebSocket or an unread tunnel: no request comes any more
 
@@ -97,12 +98,15 @@ def shut_down(client: connection.Client) -> bool:
 
 
 class ClientTimeouts:
-    """The addon (see the module docstring); its state per client connection id."""
+    """The addon (see the module docstring). A hook only notes when a phase began (a float per
+    connection, no timer per request); one sweep every ``tick`` seconds closes what is past its
+    timeout, so a timeout fires at most a tick late."""
 
     def __init__(self) -> None:
         self.idle = 600.0
         self.body = 300.0
         self.conns: dict[str, _Conn] = {}
+        self.sweeping: asyncio.TimerHandle | None = None
 
     def load(self, loader) -> None:
         loader.add_option(
@@ -126,51 +130,61 @@ class ClientTimeouts:
         if "intercept_client_body_timeout" in updated:
             self.body = float(ctx.options.intercept_client_body_timeout)
 
+    @property
+    def tick(self) -> float:
+        """A quarter of the shorter timeout, between 50 ms and 5 s."""
+        timeouts = [t for t in (self.idle, self.body) if t > 0]
+        return min(max(min(timeouts) / 4, 0.05), 5.0) if timeouts else 5.0
+
+    def running(self) -> None:
+        if self.sweeping is None:
+            self.sweeping = asyncio.get_running_loop().call_later(self.tick, self._sweep)
+
+    def done(self) -> None:
+        if self.sweeping is not None:
+            self.sweeping.cancel()
+            self.sweeping = None
+
     # -- the phases --------------------------------------------------------------------------
 
     def client_connected(self, client: connection.Client) -> None:
-        conn = self.conns[client.id] = _Conn(client)
-        self._wait(conn)
+        self.conns[client.id] = _Conn(client, waiting=time.monotonic())
 
     def client_disconnected(self, client: connection.Client) -> None:
-        conn = self.conns.pop(client.id, None)
-        if conn is not None:
-            self._stop(conn)
-            for timer in conn.bodies.values():
-                timer.cancel()
+        self.conns.pop(client.id, None)
 
     def tls_established_client(self, data: tls.TlsData) -> None:
         """The tunnel's TLS is the proxy's: its first request is waited for as any."""
         conn = self.conns.get(data.context.client.id)
         if conn is not None:
             conn.carried = False
-            self._wait(conn)
+            if not conn.open:
+                conn.waiting = time.monotonic()
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
         conn = self.conns.get(flow.client_conn.id)
         if conn is not None:
-            self._stop(conn)
+            conn.waiting = None
             conn.carried = True  # until its TLS is the proxy's (``tls_established_client``)
 
     def http_connect_error(self, flow: http.HTTPFlow) -> None:
         conn = self.conns.get(flow.client_conn.id)
         if conn is not None:
             conn.carried = False
-            self._wait(conn)
+            if not conn.open:
+                conn.waiting = time.monotonic()
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         conn = self.conns.get(flow.client_conn.id)
-        if conn is None:
-            return
-        self._stop(conn)
-        conn.open.add(flow.id)
-        if self.body > 0:
-            conn.bodies[flow.id] = asyncio.get_running_loop().call_later(self.body, self._expire, conn, "body")
+        if conn is not None:
+            conn.waiting = None
+            conn.open.add(flow.id)
+            conn.bodies[flow.id] = time.monotonic()
 
     def request(self, flow: http.HTTPFlow) -> None:
         conn = self.conns.get(flow.client_conn.id)
-        if conn is not None and (timer := conn.bodies.pop(flow.id, None)) is not None:
-            timer.cancel()
+        if conn is not None:
+            conn.bodies.pop(flow.id, None)
 
     def response(self, flow: http.HTTPFlow) -> None:
         self._ended(flow, carried=flow.response is not None and flow.response.status_code == 101)
@@ -182,7 +196,7 @@ class ClientTimeouts:
         conn = self.conns.get(flow.client_conn.id)
         if conn is not None:
             conn.carried = True
-            self._stop(conn)
+            conn.waiting = None
 
     def _ended(self, flow: http.HTTPFlow, carried: bool = False) -> None:
         """The flow's answer ended (the ``response`` hook of a stream comes at its end): with
@@ -190,33 +204,26 @@ class ClientTimeouts:
         conn = self.conns.get(flow.client_conn.id)
         if conn is None:
             return
-        if (timer := conn.bodies.pop(flow.id, None)) is not None:
-            timer.cancel()
+        conn.bodies.pop(flow.id, None)
         conn.open.discard(flow.id)
         conn.carried = conn.carried or carried
-        if not conn.open:
-            self._wait(conn)
+        if not conn.open and not conn.carried:
+            conn.waiting = time.monotonic()
 
-    # -- the timers --------------------------------------------------------------------------
+    # -- the sweep ---------------------------------------------------------------------------
 
-    def _wait(self, conn: _Conn) -> None:
-        self._stop(conn)
-        if self.idle > 0 and not conn.carried and not conn.open:
-            conn.waiting = asyncio.get_running_loop().call_later(self.idle, self._expire, conn, "idle")
+    def _sweep(self) -> None:
+        self.sweeping = asyncio.get_running_loop().call_later(self.tick, self._sweep)
+        now, idle, body = time.monotonic(), self.idle, self.body
+        for conn in list(self.conns.values()):
+            if idle > 0 and conn.waiting is not None and now - conn.waiting >= idle:
+                self._close(conn, f"no request within intercept_client_idle_timeout ({idle:g} s)")
+            elif body > 0 and conn.bodies and now - min(conn.bodies.values()) >= body:
+                self._close(conn, f"no whole request body within intercept_client_body_timeout ({body:g} s)")
 
-    @staticmethod
-    def _stop(conn: _Conn) -> None:
-        if conn.waiting is not None:
-            conn.waiting.cancel()
-            conn.waiting = None
-
-    def _expire(self, conn: _Conn, phase: str) -> None:
-        if self.conns.get(conn.client.id) is not conn:
-            return
-        if phase == "idle":
-            what = f"no request within intercept_client_idle_timeout ({self.idle:g} s)"
-        else:
-            what = f"no whole request body within intercept_client_body_timeout ({self.body:g} s)"
+    def _close(self, conn: _Conn, what: str) -> None:
+        conn.waiting = None  # said once: the connection's end comes as its client_disconnected
+        conn.bodies.clear()
         where = _where(conn.client.peername)
         if shut_down(conn.client):
             log.info(f"interceptor: closed the client connection {where}: {what}")
