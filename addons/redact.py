@@ -15,8 +15,8 @@ script):
   plain summary before the flow is saved (mitmproxy deep-copies ``flow.metadata`` into flow files);
 - every log record, ours and mitmproxy's, is scrubbed as it is made.
 
-What counts as a secret: anything shaped like a session secret (``sk-ic-m-``/``sk-ic-s-``) or a
-generated admin token (``ic-admin-``), the admin token given in the environment, and the
+What counts as a secret: anything shaped like a session secret (``sk-ic-m-``/``sk-ic-s-``, and a
+worker's ``sk-ic-<worker>-m-``/``-s-`` behind a front) or a generated admin token (``ic-admin-``), the admin token given in the environment, and the
 current value of every declared upstream's key variable.
 """
 
@@ -38,7 +38,7 @@ REDACTED = "[redacted]"
 CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key")
 CREDENTIAL_FIELDS = frozenset(h.encode() for h in CREDENTIAL_HEADERS)  # as mitmproxy keeps them: bytes
 REDACTED_BYTES = REDACTED.encode()
-SHAPED = re.compile(r"(?:sk-ic-[ms]-|ic-admin-)[A-Za-z0-9_-]+")
+SHAPED = re.compile(r"(?:sk-ic-(?:[A-Za-z0-9_]+-)?[ms]-|ic-admin-)[A-Za-z0-9_-]+")
 PLAIN = (str, int, float, bool, type(None), list, dict, bytes)
 MIN_SECRET = 8  # a shorter "key" (a placeholder such as "x") would redact half of every line
 

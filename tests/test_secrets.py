@@ -98,14 +98,14 @@ def test_redact_checks_every_header_line_and_leaves_the_rest_byte_for_byte():
 
     redact = Redact(Settings(Registry()))
     fields = ((b"Host", b"api.openai.com"), (b"Authorization", b"Bearer sk-any-thing"),
-              (b"X-Trace", b"plain"), (b"x-trace", b"id sk-ic-m-abcdefgh0123"),
+              (b"X-Trace", b"plain"), (b"x-trace", b"id sk-ic-m-abcdefgh0123"), (b"X-Worker", b"sk-ic-w1-s-abcdefgh0123"),
               (b"Accept", b"\xff\xfe raw"), (b"X-API-Key", b"k1"), (b"x-api-key", b"k2"))
     flow = tflow.tflow(req=http.Request.make("POST", "https://api.openai.com/v1/chat/completions", b"{}"))
     flow.request.headers.fields = fields
     redact.responseheaders(flow)
     assert flow.request.headers.fields == (
         (b"Host", b"api.openai.com"), (b"Authorization", b"[redacted]"), (b"X-Trace", b"plain"),
-        (b"x-trace", b"[redacted]"), (b"Accept", b"\xff\xfe raw"), (b"X-API-Key", b"[redacted]"),
+        (b"x-trace", b"[redacted]"), (b"X-Worker", b"[redacted]"), (b"Accept", b"\xff\xfe raw"), (b"X-API-Key", b"[redacted]"),
         (b"x-api-key", b"[redacted]"))
     untouched = ((b"Host", b"api.openai.com"), (b"Accept", b"*/*"))
     flow.request.headers.fields = untouched
