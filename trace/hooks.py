@@ -16,8 +16,9 @@ bool: true ends the rollout), and say by their annotation where they sit::
 
 One parameter annotated ``Request`` or ``Response`` (``interceptor.trace``'s) picks the
 boundary; a parameter annotated ``HookContext`` (or named ``ctx``) gets the context. Hooks
-run in ``(-priority, name)`` order; a plain function runs in a worker thread (it may block),
-an ``async def`` on the proxy's loop (it must not).
+run in ``(-priority, name)`` order; a plain function runs in one of its session's threads (it
+may block), an ``async def`` on the proxy's loop (it must not). Whatever a hook raises, or a
+hook that does not return within the session's ``hook_timeout``, is a ``hook_error``.
 
 This module imports nothing of the proxy: a hooks file can be imported and unit-tested alone.
 """
