@@ -38,7 +38,11 @@ class Raised(Exception):
     """The hook raised ``raised`` (any ``BaseException``)."""
 
     def __init__(self, raised: BaseException) -> None:
-        super().__init__(f"raised {type(raised).__name__}: {raised}")
+        try:
+            text = str(raised)
+        except BaseException:  # noqa: BLE001 - its own __str__ is the hook's code too
+            text = "(its str() raised)"
+        super().__init__(f"raised {type(raised).__name__}: {text}")
         self.raised = raised
 
 

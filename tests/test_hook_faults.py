@@ -22,6 +22,8 @@ import threading
 import httpx
 import openai
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from interceptor.trace import read_trace
 from mitm import MitmProcess
@@ -302,7 +304,7 @@ def test_the_proxys_own_cancellation_is_still_a_cancellation():
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await cancelled.wait()
+        await asyncio.wait_for(cancelled.wait(), 30)  # a bound, not a synchronisation: it is set or never
 
         async def own() -> None:
             raise asyncio.CancelledError("the hook's own")
@@ -310,5 +312,52 @@ def test_the_proxys_own_cancellation_is_still_a_cancellation():
         with pytest.raises(Raised) as e:
             await pool.run_async(own)
         assert isinstance(e.value.raised, asyncio.CancelledError)
+
+    asyncio.run(main())
+
+
+# --- the property: any exception class, anywhere in a hook ---------------------------------------
+
+BASES = [BaseException, Exception, SystemExit, KeyboardInterrupt, GeneratorExit, asyncio.CancelledError,
+         StopIteration, StopAsyncIteration, ValueError, TimeoutError, MemoryError, RecursionError]
+
+
+@settings(max_examples=150, deadline=None)
+@given(bases=st.lists(st.sampled_from(BASES), min_size=1, max_size=3, unique=True), is_async=st.booleans(),
+       after_await=st.booleans(), str_raises=st.sampled_from([None, AttributeError, SystemExit]))
+def test_whatever_a_hook_raises_is_a_hook_failure(bases, is_async, after_await, str_raises):
+    """Any exception class (built-in or a user's own, several bases, even one whose ``str()``
+    itself raises), raised by a plain or an async hook at once or after an await: ``call``
+    raises HookFailure naming the hook, never anything else."""
+    from interceptor.addons.hookrun import HookFailure, call
+    from interceptor.hooks import HookContext
+    from interceptor.trace.hooks import HookSpec
+
+    namespace = {}
+    if str_raises is not None:
+        def broken_str(self):
+            raise str_raises("no text for this one")
+        namespace["__str__"] = broken_str
+    try:
+        kind = type("Drawn", tuple(bases), namespace)
+    except TypeError:  # bases whose layouts cannot be combined
+        assume(False)
+
+    async def async_hook(ctx):
+        if after_await:
+            await asyncio.sleep(0)
+        raise kind()
+
+    def sync_hook(ctx):
+        raise kind()
+
+    spec = HookSpec(fn=async_hook if is_async else sync_hook, kind="stop", boundary="between", priority=0,
+                    name="h", wants_ctx="ctx", value_arg=None, is_async=is_async)
+
+    async def main() -> None:
+        # A coroutine's StopIteration is a RuntimeError by the time it leaves it (PEP 479).
+        name = "RuntimeError" if is_async and issubclass(kind, StopIteration) else "Drawn"
+        with pytest.raises(HookFailure, match=f"^hook h: raised {name}: "):
+            await call(spec, HookContext(session_id="s"))
 
     asyncio.run(main())
