@@ -546,17 +546,20 @@ class StripStream:
                     out += self.decoder.flush()
             out = self.events.feed(out) if chunk else self.events.feed(out) + self.events.flush()
             if self.max_event and len(self.events.event) > self.max_event:
-                raise EventTooLarge(f"an event of the stream passed {self.max_event} bytes")
+                self._cut(EventTooLarge(f"an event of the stream passed {self.max_event} bytes"))
         except TooLarge as e:
-            self.cut = True
-            self.events = EventStrip(self.plan)  # what it held goes now
-            self.decoder = None
-            log.warning(f"interceptor: session {self.ex.session.id!r}: {e}; token fields cannot be "
-                        "stripped past it, so the harness's stream ends there")
+            self._cut(e)
             out = b""
         if self.ex.committed:
             self.plan.record(self.ex)
         return [out] if out else []
+
+    def _cut(self, e: TooLarge) -> None:
+        self.cut = True
+        self.events = EventStrip(self.plan)  # what it held goes now
+        self.decoder = None
+        log.warning(f"interceptor: session {self.ex.session.id!r}: {e}; token fields cannot be "
+                    "stripped past it, so the harness's stream ends there")
 
 
 class Collect:

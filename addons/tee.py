@@ -70,6 +70,7 @@ class Bounds:
 PASSED_ON = "the harness got the upstream's bytes unchanged"
 REPLACED = "the harness got a 502 instead (the proxy must read this answer to pass it on)"
 ENDED = "the harness's stream ends there (the proxy must read this answer to pass it on)"
+WENT_ON = "the stream went on to the harness through the session's translation or response hooks"
 
 
 def too_large(e: TooLarge, got: str, status: int | None = None) -> ResponseError:
@@ -126,8 +127,9 @@ class StreamTee:
         except TooLarge as e:  # the record stops at the bound; the harness's bytes go on
             self._drop()
             log.warning(f"interceptor: session {self.ex.session.id!r}: {e}; the record stops there")
-            rewritten = self.ex.collect is not None or self.ex.translation is not None or self.ex.hold is not None
-            commit(self.ex, self.flow, None, too_large(e, ENDED if rewritten else PASSED_ON))
+            ex = self.ex
+            got = ENDED if ex.collect is not None else WENT_ON if ex.translation or ex.hold else PASSED_ON
+            commit(ex, self.flow, None, too_large(e, got))
         except Exception as e:
             # Never let the record break the harness's stream: forward, and say so.
             self._drop()

@@ -12,6 +12,7 @@ import json
 import ssl
 import threading
 import zlib
+from types import SimpleNamespace
 
 import brotli
 import httpx
@@ -19,6 +20,7 @@ import openai
 import pytest
 import zstandard
 
+from interceptor.addons.collect import Plan, StripStream
 from interceptor.dialects.encoding import PIECE, Decoder, TooLarge
 from interceptor.dialects.sse import EventTooLarge, SSEDecoder
 from interceptor.trace import read_trace
@@ -105,6 +107,34 @@ def test_an_sse_line_or_event_past_max_event_raises_and_smaller_ones_pass():
     stream = SSEDecoder(max_event=1000)
     for _ in range(100):
         assert len(stream.feed(b"data: " + b"z" * 500 + b"\n\n")) == 1
+
+
+class _Tee:
+    """Stands for the Tee inside Collect's strip: its bounds, the chunk passed on."""
+
+    def __init__(self, limit: int, max_event: int) -> None:
+        self.decoder = SimpleNamespace(limit=limit)
+        self.sse = SimpleNamespace(max_event=max_event)
+
+    def __call__(self, chunk: bytes) -> bytes:
+        return chunk
+
+
+@pytest.mark.parametrize("case", ["bomb", "event"])
+def test_collects_strip_holds_no_more_than_the_tee_and_ends_the_stream_there(case):
+    """Token fields cannot be stripped past a bound: the harness's stream ends there (the
+    Tee's record says so), never a decoded bomb in memory, never an exception to mitmproxy."""
+    ex = SimpleNamespace(committed=False, session=SimpleNamespace(id="s"))
+    if case == "bomb":
+        data, encoding, strip = bomb("gzip", "sse"), "gzip", StripStream(_Tee(8 * MB, 0), ex, Plan(True, True), "gzip")
+    else:
+        data, encoding = SSE_EVENT * 3 + b"data: " + b"x" * 5000, None
+        strip = StripStream(_Tee(0, 4096), ex, Plan(True, True), None)
+    out = [strip(data[i:i + 65536]) for i in range(0, min(len(data), 4 * MB), 65536)] + [strip(b"")]
+    sent = sum(len(p) for c in out for p in c)
+    assert strip.cut and out[-1] == [] and sent <= 8 * MB
+    if case == "event":
+        assert sent == 3 * len(SSE_EVENT)  # the whole events before it went on
 
 
 # -- through the real proxy ----------------------------------------------------------------
