@@ -15,15 +15,14 @@ returns b""), bounded by a socket timeout far above the configured one.
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import json
+import logging
 import os
 import resource
 import socket
 import time
-
-import asyncio
-import errno
-import logging
 
 import pytest
 from mitmproxy import exceptions
@@ -38,7 +37,7 @@ BOUND = 20.0  # seconds a test waits for what a 1 s timeout makes happen
 BODY = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def _head(session: dict, length: int, *, stream: bool = False, close: bool = False) -> bytes:
+def _head(session: dict, length: int, *, close: bool = False) -> bytes:
     return (b"POST http://api.openai.com/v1/chat/completions HTTP/1.1\r\nHost: api.openai.com\r\n"
             b"Authorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
             % (session["model_secret"].encode(), length, b"Connection: close\r\n" if close else b""))
@@ -179,7 +178,7 @@ def test_out_of_descriptors_the_open_sessions_are_served_and_the_log_says_it_onc
     proxy = start_proxy()
     session = _session(proxy, sim)
     # A live session's stream, started before the descriptors run out, paced past it.
-    sim.script(Reply(text=["a", "b", "c", "d"], delay=[0.1, 0.1, 2.0, 0.1]))
+    sim.script(Reply(text=["a", "b", "c", "d"], delay=[0.1, 0.1, 3.0, 0.1]))
     live = _connect(proxy)
     live.sendall(_request(session, stream=True))
     first = live.recv(65536)
@@ -216,9 +215,10 @@ def test_out_of_descriptors_the_open_sessions_are_served_and_the_log_says_it_onc
 @pytest.mark.parametrize("relay", [True, False], ids=["relay", "no-relay"])
 def test_a_client_that_half_closes_after_its_request_is_recorded_truthfully(start_proxy, sim, relay):
     """mitmproxy 12's HTTP/1 server ends a connection whose client sent FIN while it waits for
-    the answer (its ``Http1Server.wait``); no addon can keep it. The record says so: the turn
-    undelivered when the relay read it, the client's disconnection otherwise, never the
-    upstream's."""
+    the answer (``Http1Server.wait``, after https://github.com/httpwg/http-core/issues/22, whose
+    outcome says a half-close does not mean the client lost interest); no hook can keep it, so
+    the client gets nothing. The record says what happened: the turn undelivered when the relay
+    read it, the client's disconnection otherwise, never the upstream's."""
     proxy = start_proxy({} if relay else {"intercept_drain_timeout": 0})
     session = _session(proxy, sim)
     sim.script(Reply(text="hello", first_byte_delay=0.5))
