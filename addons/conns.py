@@ -155,11 +155,7 @@ class ClientTimeouts:
 
     def tls_established_client(self, data: tls.TlsData) -> None:
         """The tunnel's TLS is the proxy's: its first request is waited for as any."""
-        conn = self.conns.get(data.context.client.id)
-        if conn is not None:
-            conn.carried = False
-            if not conn.open:
-                conn.waiting = time.monotonic()
+        self._requests_again(data.context.client.id)
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
         conn = self.conns.get(flow.client_conn.id)
@@ -168,7 +164,11 @@ class ClientTimeouts:
             conn.carried = True  # until its TLS is the proxy's (``tls_established_client``)
 
     def http_connect_error(self, flow: http.HTTPFlow) -> None:
-        conn = self.conns.get(flow.client_conn.id)
+        self._requests_again(flow.client_conn.id)
+
+    def _requests_again(self, client_id: str) -> None:
+        """The connection carries requests again (not a tunnel): the next one is waited for."""
+        conn = self.conns.get(client_id)
         if conn is not None:
             conn.carried = False
             if not conn.open:
