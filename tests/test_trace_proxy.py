@@ -561,9 +561,19 @@ def test_kill_9_in_the_middle_of_a_write(sim, harness_env):
 # --- schema versions -------------------------------------------------------------------------
 
 def with_header_version(src: Path, dst: Path, version: int) -> Path:
+    from interceptor.trace.records import CHECKSUMS_SINCE
+    from interceptor.trace.store import checksum, pack
+
     records = [rec for _, rec in iter_records(src)]
     records[0]["schema_version"] = version
-    dst.write_bytes(b"".join(msgpack.packb(r, use_bin_type=True) for r in records))
+    if version < CHECKSUMS_SINCE:  # as that version's writer wrote them: no checksums
+        dst.write_bytes(b"".join(msgpack.packb(r, use_bin_type=True) for r in records))
+        return dst
+    out, crc = [], 0
+    for r in records:
+        out.append(pack(r, crc))
+        crc = checksum(out[-1])
+    dst.write_bytes(b"".join(out))
     return dst
 
 
