@@ -64,10 +64,10 @@ def rig(tmp_path_factory):
 
 
 class Rig:
-    def __init__(self, rig, monkeypatch):
+    def __init__(self, rig, monkeypatch, **config):
         self.sim, self.proxy, self.faults = rig
         self.session = self.proxy.create_session(
-            model=IMPOSED, upstream={"base_url": self.sim.url("/v1")})
+            model=IMPOSED, upstream={"base_url": self.sim.url("/v1")}, **config)
         for k, v in self.session["env"].items():
             monkeypatch.setenv(k, v)
         self.client = anthropic.Anthropic(api_key=self.session["model_secret"], max_retries=0, timeout=30)
@@ -183,6 +183,39 @@ def test_a_response_side_fault_never_delivers_an_unrecorded_answer(r, step, stre
     if not delivered:
         assert first.error.type == "internal_error"
     assert second.node is not None and trace.nodes[second.node].message.text() == "second"
+
+
+@pytest.mark.parametrize("policy", ["stop", "pass"])
+@pytest.mark.parametrize("boundary", ["request", "response"])
+@pytest.mark.parametrize("raised", ["SystemExit(3)", "KeyboardInterrupt()", "asyncio.CancelledError()",
+                                    "GeneratorExit()", "Custom()"])
+def test_a_session_hook_raising_any_base_exception_fails_closed(rig, monkeypatch, tmp_path, raised, boundary, policy):
+    """The evaluator's hooks are in the class too: whatever one raises, a BaseException no
+    ``except Exception`` stops included, is its session's ``hook_error`` under ``on_hook_error``:
+    ``stop`` refuses a streamed request in Anthropic's shape (nothing forwarded for a request
+    hook), ``pass`` serves the answer; the trace verifies, and the proxy serves the next session."""
+    path = tmp_path / "raising.py"
+    path.write_text("import asyncio\nfrom interceptor.hooks import Request, Response, intercept\n"
+                    "class Custom(BaseException):\n    pass\n"
+                    f"@intercept\ndef h({boundary}: {boundary.title()}):\n    raise {raised}\n")
+    r = Rig(rig, monkeypatch, hooks={"module": str(path)}, on_hook_error=policy)
+    r.sim.script(Reply(text="first"))
+    if policy == "pass":
+        assert r.ask("one", stream=True).content[0].text == "first"
+    else:
+        with pytest.raises(anthropic.InternalServerError) as e:
+            r.ask("one", stream=True)
+        assert e.value.response.headers["x-should-retry"] == "false"
+        assert f"hook h: raised {raised.split('(')[0].split('.')[-1]}" in e.value.message
+        if boundary == "request":
+            assert r.sim.model_requests() == []
+    r.forwarded_prepared()
+    trace = r.sealed()
+    assert [c.error.type if c.error else "turn" for c in trace.calls] == ["turn" if policy == "pass" else "hook_error"]
+    after = Rig(rig, monkeypatch)
+    after.sim.clear_scripts()  # "first" is still queued where nothing was forwarded
+    after.sim.script(Reply(text="next"))
+    assert after.ask("two", stream=True).content[0].text == "next"
 
 
 def test_a_websocket_frame_fault_drops_the_frame_and_the_next_frame_records(r):
