@@ -1,5 +1,5 @@
 """``verify`` finds a changed byte, not only a broken structure: every record of a version-3
-file ends in a CRC-32 that chains it to the record before it (README "Record format").
+file ends in an XXH3-64 checksum that chains it to the record before it (README "Record format").
 
 The chain is recomputed here from the README's words alone (not with the package's code), so
 the documented format and the writer cannot drift apart; every byte of a header, a turn with
@@ -13,11 +13,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import warnings
-import zlib
 from pathlib import Path
 
 import msgpack
 import pytest
+import xxhash
 
 from interceptor.scripts.replay_trace import main as replay_main
 from interceptor.trace import ModelCall, ResponseError, Usage, iter_records, read_trace
@@ -27,7 +27,7 @@ from test_trace import Rollout, tool_turns
 
 DATA = Path(__file__).resolve().parent / "data"
 REPLAY = Path(__file__).resolve().parent.parent / "scripts" / "replay_trace.py"
-TRAILER = b"\xa3crc\xce"  # the README: fixstr "crc", then a uint32 in its 5-byte form
+TRAILER = b"\xa4xxh3\xcf"  # the README: fixstr "xxh3", then a uint64 in its 9-byte form
 
 
 def spans(blob: bytes) -> list[tuple[int, int, dict]]:
@@ -60,19 +60,19 @@ def verify(path: Path, capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-def test_every_record_ends_in_the_documented_crc_chain(tmp_path):
+def test_every_record_ends_in_the_documented_checksum_chain(tmp_path):
     blob = trace_file(tmp_path).read_bytes()
     prev = 0
     records = spans(blob)
     assert [r["kind"] for _, _, r in records][0] == "header" and records[-1][2]["kind"] == "footer"
     for start, end, record in records:
         raw = blob[start:end]
-        assert raw[-9:-4] == TRAILER, f"record at byte {start} does not end in its checksum"
-        assert list(record)[-1] == "crc" and record["crc"] == int.from_bytes(raw[-4:], "big")
-        prev = zlib.crc32(raw[:-4], prev)
-        assert record["crc"] == prev, f"record at byte {start}: the chain does not hold"
+        assert raw[-14:-8] == TRAILER, f"record at byte {start} does not end in its checksum"
+        assert list(record)[-1] == "xxh3" and record["xxh3"] == int.from_bytes(raw[-8:], "big")
+        prev = xxhash.xxh3_64_intdigest(raw[:-8], seed=prev)
+        assert record["xxh3"] == prev, f"record at byte {start}: the chain does not hold"
     # the reader hands out the records without their framing
-    assert all("crc" not in rec for _, rec in iter_records(tmp_path / "c.msgpack"))
+    assert all("xxh3" not in rec for _, rec in iter_records(tmp_path / "c.msgpack"))
 
 
 def _classes(blob: bytes) -> dict[str, tuple[int, int]]:

@@ -31,8 +31,8 @@ from interceptor.trace.messages import (
 
 # 2: per-call tool sets, per-node reference_logprobs and loss_weights, a typed header and
 # typed rewrites (unknown fields refused); ``prompt``, ``stop`` and ``metric`` records, the
-# footer's stopped_by, truncated, timing, rewards and info. 3: every record ends in a CRC-32
-# chained to the record before it (trace/records.py). README "Record format" says what each
+# footer's stopped_by, truncated, timing, rewards and info. 3: every record ends in an XXH3-64
+# checksum chained to the record before it (trace/records.py). README "Record format" says what each
 # version reads.
 SCHEMA_VERSION = 3
 # The oldest record format this reader still folds. Raise it only with a migration note in

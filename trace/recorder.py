@@ -99,7 +99,7 @@ class Recorder:
         self._last_tools: tuple[list[Tool], int | None] = ([], None)  # the previous turn's set
         self._tools_estimates: dict[int | None, int] = {}  # tool set index -> its token count
         self._released: dict | None = None  # the summary, once the graph was let go
-        self._crc = 0  # the checksum of the last record appended: the next one chains on it
+        self._chain = 0  # the checksum of the last record appended: the next one chains on it
         self._append({"kind": "header", **header.model_dump()}, sync=fsync == "turn", new=True)
 
     # --- public API --------------------------------------------------------------------
@@ -527,7 +527,7 @@ class Recorder:
 
     def _append(self, record: dict, *, sync: bool = False, close: bool = False,
                 new: bool = False) -> None:
-        self._crc = self.store.append(self.path, record, sync=sync, close=close, new=new, prev=self._crc)
+        self._chain = self.store.append(self.path, record, sync=sync, close=close, new=new, prev=self._chain)
 
     def _fill(self, call: ModelCall, request: Request, response: Response,
               prompt_path: list[int]) -> None:

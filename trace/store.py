@@ -68,6 +68,7 @@ from interceptor.trace.escape import ESCAPE_UTF8, escape
 from interceptor.trace.records import (
     BIG_INT_EXT,
     CHECKSUM_KEY,
+    DIGEST_BYTES,
     MAX_RECORD_BYTES,
     PLACEHOLDER,
     seal_record,
@@ -154,7 +155,7 @@ def pack(record: dict[str, Any], prev: int = 0) -> bytes:
 
 def checksum(data: bytes) -> int:
     """The checksum a packed record carries: the next record's ``prev``."""
-    return int.from_bytes(data[-4:], "big")
+    return int.from_bytes(data[-DIGEST_BYTES:], "big")
 
 
 def create(path: Path) -> bool:
