@@ -32,6 +32,7 @@ from interceptor.trace.model import (
     Trace,
 )
 from interceptor.trace.records import (
+    ChecksumWarning,
     HoleWarning,
     TornRecordWarning,
     TraceFormatError,
@@ -42,13 +43,13 @@ from interceptor.trace.records import (
 )
 from interceptor.trace.follow import Follower, Sealed, TurnLanded, follow_traces
 from interceptor.trace.recorder import Recorder
-from interceptor.trace.store import FSYNC_POLICIES, Store
+from interceptor.trace.store import FSYNC_POLICIES, Store, TraceExistsError
 
 __all__ = [
-    "Branch", "Choice", "FSYNC_POLICIES", "Follower", "Header", "HoleWarning", "MIN_SCHEMA_VERSION", "Message",
+    "Branch", "ChecksumWarning", "Choice", "FSYNC_POLICIES", "Follower", "Header", "HoleWarning", "MIN_SCHEMA_VERSION", "Message",
     "MessageNode", "Sealed", "TurnLanded", "follow_traces",
     "ModelCall", "Override", "ReplaySource", "Part", "Reasoning", "Recorder", "Request", "Response", "ResponseError", "Rewrite",
     "SCHEMA_VERSION", "Sampling", "Store", "Tool", "ToolCall", "TornRecordWarning", "Trace",
-    "TraceFormatError", "TraceVersionError", "Usage", "VERSION", "canonical_json", "iter_records",
+    "TraceExistsError", "TraceFormatError", "TraceVersionError", "Usage", "VERSION", "canonical_json", "iter_records",
     "message_hash", "read_trace", "record_schema",
 ]

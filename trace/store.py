@@ -14,7 +14,13 @@ back), hands that file, and every later write, to the thread. A file's first rec
 footer, and every record of a file the thread holds (failing, closed to bound the open
 descriptors, or with records still queued) go through the queue, in order. A killed proxy
 loses at most what was still queued (the turn in flight). Each record is one msgpack map,
-self-framing: a reader stops cleanly at a torn tail.
+self-framing, its last entry a checksum chained to the record before it (``trace/records.py``):
+a reader stops cleanly at a torn tail, and ``verify`` finds a byte changed later.
+
+A trace's file is created exclusively when the trace begins (``create``, ``O_EXCL``), on the
+caller's thread so a session whose file exists is refused before it is made: no trace is ever
+truncated, moved or appended to by another. The only truncation is the roll-back below, of the
+writer's own torn last record.
 
 Who writes a file is its ``inline`` flag, changed only under ``Store._own``: True, the
 producer writes it (and the thread only fsyncs it); False, the thread alone does. The producer
