@@ -204,6 +204,22 @@ def test_a_hook_that_does_not_return_is_a_hook_error_after_the_limit(proxy, sim,
     assert read_trace(s["trace_path"]).calls[-1].error.type == "hook_error"
 
 
+@pytest.mark.parametrize("limit", [0, -1, 1e9, "soon"])
+def test_a_session_limit_that_is_not_a_positive_number_of_seconds_is_a_400(proxy, limit):
+    status, answer = proxy.api("POST", "sessions", {"hook_timeout": limit})
+    assert status == 400 and "hook_timeout" in answer["error"]["message"], answer
+
+
+def test_the_option_out_of_range_stops_the_proxy_at_start(sim):
+    proc = MitmProcess(options={"intercept_hook_timeout": "0", "intercept_upstream": sim.url("/v1")})
+    proc.start(expect_failure=True)
+    try:
+        assert proc.wait(30) != 0
+        assert "intercept_hook_timeout must be between 1 and 86400 seconds" in proc.log()
+    finally:
+        proc.cleanup()
+
+
 # asyncio's default executor has min(32, cpu_count + 4) threads (concurrent.futures'
 # ThreadPoolExecutor): one more blocked session than that would starve a shared pool on any machine.
 BLOCKED = max(8, min(32, (os.cpu_count() or 1) + 4))
