@@ -111,3 +111,45 @@ def test_gemini_cli_on_a_chat_upstream_in_vllm_mode(sim, gemini, tmp_path):
     assert all((c.dialect, c.upstream_dialect) == ("gemini", "chat") for c in trace.calls)
     check_branch_tokens(trace, vllm)
     assert trace.branches[0].messages[-1].reasoning[0].text == "It printed."  # thought parts, as streamed
+
+
+INVALID = "Flash, I think."  # not JSON: Gemini CLI asks again
+VALID = '{"complexity_reasoning": "One shell command.", "complexity_score": 10}'  # below the threshold: flash
+
+
+def _classifier(record) -> bool:
+    """Gemini CLI's routing classifier (NumericalClassifierStrategy through
+    BaseLlmClient.generateJson): a generateContent asking for JSON by schema, sent before a
+    prompt's first turn when the model is ``auto``."""
+    return isinstance(record.json, dict) and "responseJsonSchema" in (record.json.get("generationConfig") or {})
+
+
+def test_gemini_cli_content_retry_reaches_the_upstream(hproxy, sim, tmp_path):
+    """Gemini CLI re-sends its classifier's request, byte for byte, after a backoff of seconds
+    when the answer is not JSON (generateJson's shouldRetryOnContent). That answer was handed
+    to it in full, so the identical request is a new sample: it reaches the upstream, and the
+    valid second answer lets the run go on, rather than the invalid one replayed from the
+    record until the CLI gives up."""
+    sim.script(Reply(text=INVALID), Reply(text=VALID), key=_classifier)
+    _script_task(sim)
+    sid = f"gemini-content-retry-{uuid.uuid4().hex[:8]}"
+    command = [node_harness("gemini"), "-p", PROMPT, "--yolo", "-m", "auto"]
+    result = run_harness(hproxy, sim, command, sid=sid, cwd=tmp_path / "work", session=SESSION)
+    asks = [r for r in sim.model_requests() if _classifier(r)]
+    assert len(asks) == 2 and asks[0].body == asks[1].body, [r.path for r in sim.model_requests()]
+    assert not asks[0].stream and [r.reply.text for r in asks] == [INVALID, VALID]
+    check_ran(result)
+    trace = trace_of(hproxy, sid)
+    assert len(trace.calls) == len(sim.model_requests()) == 4 and not trace.errors
+    assert not [c.replay_of for c in trace.calls if c.replay_of]
+    # The valid answer routed the task: its turns asked for a flash model (a classifier that
+    # failed would leave the CLI's default, a pro model).
+    routed = [c.requested_model for c in trace.calls if c.stream]
+    assert len(routed) == 2 and all("flash" in m and "pro" not in m for m in routed), routed
+    first, second = [c for c in trace.calls if not c.stream]
+    assert first.node is not None and second.node is not None and first.node != second.node
+    assert first.delivered and second.delivered
+    # Two samples of one prompt: sibling leaves, each its own branch; the task's turns a third.
+    leaves = {b.messages[-1].text(): b.messages[:-1] for b in trace.branches}
+    assert len(leaves) == 3 and trace.num_turns == 4, list(leaves)
+    assert leaves[INVALID] == leaves[VALID] and f"The answer is {FINAL}" in leaves, list(leaves)
