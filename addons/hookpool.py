@@ -17,7 +17,7 @@ A hook is the evaluator's code, so nothing it does may reach the proxy or anothe
 - **One session cannot starve another.** Each session has up to ``WORKERS`` threads of its
   own (started on demand, ended after ``IDLE`` seconds unused or when the session is
   released), never asyncio's small shared executor, where blocked hooks of a few sessions
-  held every other session's hooks back. The threads are daemons: a stuck hook never keeps
+  hold every other session's hooks back. The threads are daemons: a stuck hook never keeps
   the proxy from exiting.
 """
 
