@@ -68,6 +68,7 @@ class Stage(Protocol):
 class Pipeline:
     def __init__(self, assemble: Stage, strip: Stage | None = None, translate: Stage | None = None,
                  hold: Stage | None = None, capture: Stage | None = None) -> None:
+        self.bounds = getattr(assemble, "bounds", None)  # what reading one answer may cost (tee.Bounds)
         # The order of the chain is this line.
         self.stages: tuple[Stage, ...] = tuple(s for s in (assemble, strip, translate, hold, capture)
                                                if s is not None)

@@ -125,6 +125,11 @@ class UpstreamBroke(Exception):
     """The upstream connection failed before the answer ended."""
 
 
+class AnswerTooLarge(UpstreamBroke):
+    """An answer read whole (Fetch's, an abandoned one) passed ``intercept_max_answer``: it is
+    read no further, and its connection is closed (``Drain._read_rest``)."""
+
+
 @dataclass(eq=False, slots=True)
 class Sent:
     """The request went out and its answer's head came back (``Drain._send``)."""
@@ -484,6 +489,8 @@ class _Meter:
 class Drain:
     """One model exchange through the relay; ``Exchange.drain``. See the module docstring."""
 
+    cut: str | None = None  # why the answer read whole was read no further (``_read_rest``)
+
     def __init__(self, relay: Relay, flow: http.HTTPFlow, ex: Exchange, target: Target) -> None:
         self.relay = relay
         self.flow = flow
@@ -707,9 +714,9 @@ class Drain:
             started = time.time()
             broke = await self._read_rest(sent)
             if broke is not None:
-                self._refused(self._expiry() if self.expired else
+                self._refused(self._expiry() if self.expired else self.cut or
                               f"the session's upstream {self.target.where()} broke the connection before the "
-                              f"answer's end ({broke})", True)
+                              f"answer's end ({broke})", self.cut is None)
                 return
             if self.gone():  # ``_finish`` builds the answer from ``buf`` and runs the pipeline, as a takeover's
                 self._close_out(self._finish)
@@ -740,7 +747,7 @@ class Drain:
             self._give_up(f"reading it failed ({type(e).__name__})")
             return
         if broke is not None:
-            self._give_up(self._expiry() if self.expired else f"the upstream connection broke ({broke})")
+            self._give_up(self._expiry() if self.expired else self.cut or f"the upstream connection broke ({broke})")
             return
         self._guarded(self._finish)
 
@@ -754,13 +761,19 @@ class Drain:
 
     async def _read_rest(self, sent: Sent) -> str | None:
         """The answer's body to its end into ``buf`` (nothing goes down: Fetch and the Drain
-        read it whole), its connection back to the pool; the exception's name if it broke."""
+        read it whole), its connection back to the pool; the exception's name if it broke.
+        Bounded by ``intercept_max_answer`` (the pipeline's): past it, ``cut`` says so."""
+        limit = getattr(self.relay.pipeline.bounds, "answer", 0)
         try:
             async for _ in _reads(sent.up, sent.frame, sent.rest, self.buf):
-                pass
+                if limit and len(self.buf) > limit:
+                    raise AnswerTooLarge(f"the upstream's answer passed {limit} bytes (option intercept_max_answer); "
+                                         "nothing of it was passed on")
         except BROKE as e:
             sent.up.close()
             self.broken = True
+            if isinstance(e, AnswerTooLarge):
+                self.cut, self.buf = str(e), bytearray()
             return type(e).__name__
         self.upstream_done = True
         self.relay.checkin(self.target, sent.up)

@@ -309,3 +309,19 @@ def test_a_chunked_body_within_the_cap_goes_through_rewritten_and_recorded(start
     small.api("DELETE", f"sessions/{created['id']}")
     trace = read_trace(created["trace_path"])
     assert trace.num_turns == 1 and trace.calls[0].error is None
+
+
+def test_a_json_answer_read_whole_stops_at_the_bound(start_proxy, sim):
+    """Fetch reads a JSON answer whole before mitmproxy gets it: past intercept_max_answer it
+    reads no further, the harness gets a 502 it should not retry, and the call says why."""
+    small = start_proxy({"intercept_max_answer": "16m"})
+    status, created = small.api("POST", "sessions", {"model": "m", "upstream": {"base_url": sim.url("/v1")}})
+    sim.script(Reply(raw=JSON_HEAD + b"a" * (200 * MB) + b'"}}]}', content_type="application/json"), key="big")
+    before = small.memory()
+    status, size, _, headers = _raw(small, created, "big", False)
+    after = small.memory()
+    assert status == 502 and size < 10_000 and headers["x-should-retry"] == "false"
+    assert after["VmHWM"] - before["VmHWM"] < 100 * MB, (before, after)
+    small.api("DELETE", f"sessions/{created['id']}")
+    (call,) = read_trace(created["trace_path"]).calls
+    assert "intercept_max_answer" in call.error.message and call.status == 502
