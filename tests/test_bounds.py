@@ -7,6 +7,7 @@ whole. The decoders' and the SSE parser's own bounds are tested in-process first
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import ssl
@@ -19,6 +20,7 @@ import httpx
 import openai
 import pytest
 import zstandard
+from hypothesis import given, settings, strategies as st
 
 from interceptor.addons.collect import Plan, StripStream
 from interceptor.dialects.encoding import PIECE, Decoder, TooLarge
@@ -107,6 +109,52 @@ def test_an_sse_line_or_event_past_max_event_raises_and_smaller_ones_pass():
     stream = SSEDecoder(max_event=1000)
     for _ in range(100):
         assert len(stream.feed(b"data: " + b"z" * 500 + b"\n\n")) == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=3000), st.sampled_from(["gzip", "br", "zstd", "deflate", "identity"]),
+       st.integers(0, 4000), st.lists(st.integers(0, 3000), max_size=6), st.integers(-2, 2), st.booleans())
+def test_any_split_decodes_the_same_bytes_up_to_the_limit(data, name, limit, cuts, slack, near):
+    """Whatever the network's chunks: the pieces are the body's bytes in order, and the
+    decoder raises exactly when the body passes the limit (0: never)."""
+    if near:  # the limit at the body's size, or a byte or two either side
+        limit = max(0, len(data) + slack)
+    encoded = {"gzip": gzip.compress,
+               "br": brotli.compress, "zstd": zstandard.ZstdCompressor().compress,
+               "deflate": zlib.compress, "identity": lambda d: d}[name](data)
+    decoder = Decoder.for_encoding(name, limit)
+    got = bytearray()
+    bounds = sorted({0, len(encoded), *(c for c in cuts if c < len(encoded))})
+    try:
+        for start, end in zip(bounds, bounds[1:]):
+            for piece in decoder.pieces(encoded[start:end]):
+                got += piece
+        got += decoder.flush()
+    except TooLarge:
+        assert limit and len(data) > limit and data.startswith(bytes(got))
+        return
+    assert bytes(got) == data and (not limit or len(data) <= limit)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 300), min_size=1, max_size=4), min_size=1, max_size=6),
+       st.integers(1, 1500), st.lists(st.integers(0, 5000), max_size=6))
+def test_an_sse_event_bound_holds_for_any_split(events, bound, cuts):
+    """Wherever the chunks split the stream: what the parser holds between chunks never
+    passes ``max_event`` (an event finished within one chunk is that chunk's), it raises only
+    for an event past it, and below it the events are the same as without a bound."""
+    stream = b"".join(b"".join(b"data: " + b"x" * n + b"\n" for n in lines) + b"\n" for lines in events)
+    largest = max(sum(6 + n for n in lines) for lines in events)
+    decoder, got = SSEDecoder(max_event=bound), []
+    bounds = sorted({0, len(stream), *(c for c in cuts if c < len(stream))})
+    try:
+        for start, end in zip(bounds, bounds[1:]):
+            got += decoder.feed(stream[start:end])
+            assert len(decoder._line) <= bound and decoder._size <= bound
+    except EventTooLarge:
+        assert largest > bound
+        return
+    assert [e.data for e in got] == ["\n".join("x" * n for n in lines) for lines in events]
 
 
 class _Tee:
