@@ -139,7 +139,11 @@ class SSEDecoder:
     idle: bool = False
     #: The bytes an unfinished line or the data of an unfinished event may hold (0: no bound).
     max_event: int = 0
-    _size: int = 0  # the data lines of the unfinished event, bytes
+    # The unfinished event's data lines measured so far (``_bounded``): the list they are in
+    # (a new event has a new one), how many of them, their size.
+    _held: list | None = None
+    _counted: int = 0
+    _size: int = 0
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         self.bytes_seen += len(chunk)
@@ -168,7 +172,7 @@ class SSEDecoder:
             self._pending_cr = False
             self.idle = (not rest and not self._has_data and self._event is None and self._retry is None
                          and not self._malformed)
-            if self.max_event:
+            if not self.idle and self.max_event:
                 self._bounded()
             return events
         i = start
@@ -182,14 +186,24 @@ class SSEDecoder:
         self._pending_cr = chunk.endswith(b"\r")
         self.idle = (not self._line and not self._pending_cr and not self._has_data and self._event is None
                      and self._retry is None and not self._malformed)
-        if self.max_event:
+        if not self.idle and self.max_event:
             self._bounded()
         return events
 
     def _bounded(self) -> None:
-        if len(self._line) > self.max_event or self._size > self.max_event:
-            what = "a line" if len(self._line) > self.max_event else "an event"
-            raise EventTooLarge(f"{what} of the stream passed {self.max_event} bytes")
+        """What is held between chunks, measured once per chunk that leaves some (the lines
+        added since the last look), never per line: a stream of whole events pays nothing."""
+        if len(self._line) > self.max_event:
+            raise EventTooLarge(f"a line of the stream passed {self.max_event} bytes")
+        if not self._has_data:
+            return
+        data = self._data
+        if data is not self._held:
+            self._held, self._counted, self._size = data, 0, 0
+        self._size += sum(map(len, data[self._counted:]))
+        self._counted = len(data)
+        if self._size > self.max_event:
+            raise EventTooLarge(f"an event of the stream passed {self.max_event} bytes")
 
     def flush(self) -> list[SSEEvent]:
         """End of stream: a final event without its blank line is still dispatched, as
@@ -211,7 +225,6 @@ class SSEDecoder:
             try:
                 self._data.append(str(memoryview(raw)[6:], "utf-8"))  # no copy of the line first
                 self._has_data = True
-                self._size += len(raw)
                 return None
             except UnicodeDecodeError:
                 pass
@@ -223,7 +236,6 @@ class SSEDecoder:
                 ev = SSEEvent(self._event, "\n".join(self._data), self._id, self._retry, self._malformed)
             self._event, self._data, self._has_data, self._retry = None, [], False, None
             self._malformed = False
-            self._size = 0
             return ev
         try:
             line = raw.decode("utf-8")
@@ -238,7 +250,6 @@ class SSEDecoder:
         if name == "data":
             self._data.append(value)
             self._has_data = True
-            self._size += len(raw)
         elif name == "event":
             self._event = value
         elif name == "id":
