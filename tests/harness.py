@@ -16,6 +16,8 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,6 +83,7 @@ def sim(hsim: ProviderSimulator) -> ProviderSimulator:
     """The module's simulator, emptied for this test (overrides conftest's per-test one)."""
     hsim.clear_scripts()
     hsim.clear()
+    hsim.default = None
     hsim.websockets = True
     hsim.strict = True
     hsim.refuse.clear()
@@ -89,9 +92,10 @@ def sim(hsim: ProviderSimulator) -> ProviderSimulator:
 
 def run_harness(proxy: MitmProcess, sim: ProviderSimulator | None, command: list[str], *, sid: str, cwd: Path,
                 session: dict, extra: list[str] = (), timeout: float = 120,
-                upstream: str | None = None) -> subprocess.CompletedProcess:
+                upstream: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """The harness run as a user runs it: scripts/run_harness.py against the module's proxy,
-    its session's upstream the simulator (or the declared upstream named ``upstream``)."""
+    its session's upstream the simulator (or the declared upstream named ``upstream``);
+    ``env``: more variables for the harness (run_harness.py passes its own environment on)."""
     cwd.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, str(RUN_HARNESS), "--proxy", proxy.url, f"--admin-token={proxy.admin_token}",
             "--id", sid, "--upstream", upstream or sim.url("/v1"), "--cwd", str(cwd),
@@ -104,7 +108,49 @@ def run_harness(proxy: MitmProcess, sim: ProviderSimulator | None, command: list
     if rest:
         args += ["--session", json.dumps(rest)]
     return subprocess.run([*args, *extra, "--", *command], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=timeout, cwd=cwd)
+                          stdin=subprocess.DEVNULL, timeout=timeout, cwd=cwd,
+                          env={**os.environ, **env} if env else None)
+
+
+LEFT = "the client left before the answer's end"  # addons/relay.py Drain._left, at the default verbosity
+
+
+def when_left(proxy: MitmProcess, sid: str, timeout: float = 90) -> threading.Event:
+    """Set once the proxy logs that session ``sid``'s harness left an answer before its end.
+    A scripted answer held on it (``Reply(pause_before=..., resume=...)``, or a ``sim.default``
+    that waits on it before its status line) goes on only after the harness's own timeout cut
+    it for real: the order is the harness's, no sleep of the test decides it."""
+    left = threading.Event()
+    line = f"session {sid!r}: {LEFT}"
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if line in proxy.log():
+                left.set()
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=watch, name=f"when-left-{sid}", daemon=True).start()
+    return left
+
+
+def check_cut_retry(requests: list[RequestRecord], trace: Trace, *, turns: int) -> None:
+    """The harness left its first answer before the end and sent the same request again: the
+    upstream saw that request once, its call is on the record as undelivered, the retry got
+    its answer from the record (a replay, or coalesced on it while the proxy read it on)
+    and committed nothing, and the graph did not fork."""
+    def asked(r: RequestRecord) -> dict:
+        # What the model is asked: the JSON, without Codex's client_metadata (ids, and over its
+        # WebSocket a per-attempt timestamp), whose keys come in a new order on every attempt.
+        return {k: v for k, v in r.json.items() if k != "client_metadata"}
+
+    assert [asked(r) == asked(requests[0]) for r in requests].count(True) == 1, "the upstream was asked again"
+    cut, retry, *rest = trace.calls
+    assert cut.node is not None and not cut.delivered and cut.status == 200, cut
+    assert retry.replay_of == cut.id and retry.node is None and retry.delivered, retry
+    assert all(c.replay_of is None and c.delivered and c.node is not None for c in rest), rest
+    assert trace.num_turns == turns == len(rest) + 1 and len(trace.branches) == 1 and not trace.errors
 
 
 def direct_env(session: dict, secret: str, home: Path) -> dict[str, str]:

@@ -12,7 +12,8 @@ import pytest
 from harness import (
     FINAL, PROMPT, SESSIONS, TOOL_OUTPUT, check_history_recognised, check_ran, check_retried_529,
     check_sim_saw_only_the_session,
-    check_strict, check_task_trace, check_unknown_secret_fails, node_harness, run_harness, trace_of,
+    check_strict, check_task_trace, check_unknown_secret_fails, check_cut_retry, node_harness, run_harness,
+    trace_of, when_left,
 )
 from harness import hproxy, hsim, sim  # noqa: F401 (this module's fixtures)
 from interceptor.dialects import ANTHROPIC
@@ -28,12 +29,14 @@ def claude() -> list[str]:
     return [node_harness("claude"), "-p", PROMPT, "--allowedTools", "Bash"]
 
 
+def _task() -> list[Reply]:
+    return [Reply(reasoning="The user wants a command run.",
+                  tool_calls=[ToolCall(name="Bash", arguments={"command": f"echo {TOOL_OUTPUT}", "description": "Print"})]),
+            Reply(reasoning="It printed.", text=["The answer is ", FINAL])]
+
+
 def _script_task(sim) -> None:
-    sim.script(
-        Reply(reasoning="The user wants a command run.",
-              tool_calls=[ToolCall(name="Bash", arguments={"command": f"echo {TOOL_OUTPUT}", "description": "Print"})]),
-        Reply(reasoning="It printed.", text=["The answer is ", FINAL]),
-    )
+    sim.script(*_task())
 
 
 def test_claude_code_runs_a_tool_task_through_the_proxy(hproxy, sim, claude, tmp_path):
@@ -177,3 +180,28 @@ def test_claude_code_on_a_chat_upstream_in_vllm_mode(sim, claude, tmp_path):
     # the thinking on the trace is the upstream's reasoning
     thoughts = [r.text for m in branch.messages if m.role == "assistant" for r in m.reasoning]
     assert thoughts == ["The user wants a command run.", "It printed."]
+
+
+def test_claude_code_retry_after_a_real_cut_gets_the_recorded_answer(hproxy, sim, claude, tmp_path):
+    """Claude Code gives up on an answer whose head does not come within API_TIMEOUT_MS
+    (its SDK client's timeout, honoured as set), and its own retry loop sends the same body
+    again, unflagged (x-stainless-retry-count 0 every time). The simulator holds its first
+    answer until the proxy has seen the harness leave, so the cut is Claude Code's own; the
+    answer, read on by the proxy and never handed to the harness, is what the retry gets
+    (one sample, no fork), not a second sample of the same prompt."""
+    sid = f"claude-cut-{uuid.uuid4().hex[:8]}"
+    left = when_left(hproxy, sid)
+    replies = _task()
+
+    def answer(record):
+        if len(replies) == 2:
+            left.wait(60)  # the status line only after the harness went away
+        return replies.pop(0)
+
+    sim.default = answer
+    result = run_harness(hproxy, sim, claude, sid=sid, cwd=tmp_path / "work", session=SESSION,
+                         env={"API_TIMEOUT_MS": "3000"})
+    assert left.is_set(), "the proxy never saw Claude Code leave its first answer"
+    check_ran(result)
+    assert [r.headers.get("x-stainless-retry-count") for r in sim.model_requests()] == ["0", "0"]
+    check_cut_retry(sim.model_requests(), trace_of(hproxy, sid), turns=2)
