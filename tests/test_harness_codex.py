@@ -12,7 +12,8 @@ import pytest
 
 from harness import (
     FINAL, PROMPT, SESSIONS, TOOL_OUTPUT, check_ran, check_retried_529, check_sim_saw_only_the_session,
-    check_strict, check_task_trace, check_unknown_secret_fails, node_harness, normalized, run_harness, trace_of,
+    check_strict, check_task_trace, check_unknown_secret_fails, check_cut_retry, node_harness, normalized,
+    run_harness, trace_of, when_left,
 )
 from harness import hproxy, hsim, sim  # noqa: F401 (this module's fixtures)
 from provider import Reply, ToolCall
@@ -36,12 +37,14 @@ def _codex() -> list[str]:
     return [node_harness("codex"), "exec", "--skip-git-repo-check", PROMPT]
 
 
+def _task() -> list[Reply]:
+    return [Reply(reasoning="Run it with exec.", tool_calls=[ToolCall(name="exec", arguments=SCRIPT, type="custom",
+                                                                      id="call_codex_exec")]),
+            Reply(text=["The answer is ", FINAL])]
+
+
 def _script_task(sim) -> None:
-    sim.script(
-        Reply(reasoning="Run it with exec.", tool_calls=[ToolCall(name="exec", arguments=SCRIPT, type="custom",
-                                                                 id="call_codex_exec")]),
-        Reply(text=["The answer is ", FINAL]),
-    )
+    sim.script(*_task())
 
 
 def _home(path, transport: str):
@@ -234,3 +237,56 @@ def test_codex_socket_on_a_chat_upstream_is_as_fast_as_on_a_responses_one(sim, t
     shapes = {name: [[(m.role, [c.name for c in m.tool_calls]) for m in t.branches[0].messages] for _, t in r]
               for name, r in runs.items()}
     assert shapes["native"][0] == shapes["vllm"][0] == shapes["vllm"][1]
+
+
+# A provider profile whose stream gives up after 2 s without an event (Codex's per-provider
+# stream_idle_timeout_ms, https://developers.openai.com/codex/config-reference), then
+# reconnects and sends the same request again (stream_max_retries).
+CUT_PROFILE = """model_provider = "cut"
+
+[model_providers.cut]
+name = "OpenAI, impatient"
+base_url = "https://api.openai.com/v1"
+env_key = "CODEX_API_KEY"
+wire_api = "responses"
+supports_websockets = {websockets}
+stream_idle_timeout_ms = 2000
+stream_max_retries = 3
+"""
+
+
+# Codex 0.171.0 does not resend the same bytes: client_metadata (a map) comes with its keys in
+# a new order on every attempt, and over its WebSocket with a per-attempt timestamp
+# (x-codex-ws-stream-request-start-ms). Retry's digest is of the raw body (addons/retry.py),
+# WsServe's of the frame as sent (addons/wsserve.py), so neither knows the resend: it reaches
+# the upstream as a new sample and the trace forks.
+RESEND_DIFFERS = pytest.mark.xfail(strict=True, raises=AssertionError,
+                                   reason="Codex's resend differs in client_metadata only; the retry rules compare whole bodies")
+
+
+@RESEND_DIFFERS
+@pytest.mark.parametrize("transport", ["websocket", "sse"])
+def test_codex_retry_after_a_real_cut_gets_the_recorded_answer(hproxy, sim, tmp_path, transport):
+    """Codex gives up on a stream that goes quiet for its provider's stream_idle_timeout_ms,
+    reconnects and sends the request again, unflagged. The simulator holds its first answer
+    after two events until the proxy has seen Codex leave, so the cut is Codex's own; the
+    answer the proxy read on is what the resend gets, not a second sample. Over the
+    WebSocket the upstream here serves none (the proxy serves Codex's socket, addons/wsserve.py,
+    and sends each frame as a POST): an upstream's own socket is relayed by mitmproxy, which
+    closes it when Codex's goes, so the record has an ``incomplete_stream`` error and no
+    answer to give, and the resent frame is sampled again."""
+    sim.websockets = False
+    sid = f"codex-cut-{transport}-{uuid.uuid4().hex[:8]}"
+    left = when_left(hproxy, sid)
+    first, second = _task()
+    sim.script(first.replace(pause_before=2, resume=left), second)
+    home = tmp_path / "home"
+    (home / ".codex").mkdir(parents=True)
+    (home / ".codex" / "config.toml").write_text(CUT_PROFILE.format(websockets=str(transport == "websocket").lower()))
+    result = run_harness(hproxy, sim, _codex(), sid=sid, cwd=tmp_path / "work", session=SESSION,
+                         extra=["--home", str(home)])
+    assert left.is_set(), "the proxy never saw Codex leave its first answer"
+    check_ran(result)
+    requests = [r for r in sim.model_requests() if r.route == "responses"]
+    assert all(r.transport == "http" for r in requests)
+    check_cut_retry(requests, trace_of(hproxy, sid), turns=2)
