@@ -57,6 +57,10 @@ from interceptor.trace.messages import ResponseError
 log = logging.getLogger(__name__)
 
 MAX_ANSWER, MAX_EVENT = "64m", "16m"  # the options' defaults
+# Deflate's largest ratio, 1032:1 (zlib's technical details, https://zlib.net/zlib_tech.html);
+# brotli's and zstd's have no such small bound.
+DEFLATE_RATIO = 1032
+_DEFLATED = ("gzip", "x-gzip", "deflate")
 
 
 @dataclass(slots=True)
@@ -237,10 +241,13 @@ class Assemble:
         ``get_content`` would): it goes on as the upstream sent it where nothing must read
         it (a 200 in a plain session); elsewhere it becomes a 502 in the dialect's shape.
         Either way the call is on the record with what was cut."""
+        limit, size = self.bounds.answer, len(flow.response.raw_content)
+        if not limit or (encoding.strip().lower() in _DEFLATED and size * DEFLATE_RATIO <= limit):
+            return  # no bound, or it cannot inflate past it: not decoded twice to find that out
         try:
-            decoder = Decoder.for_encoding(encoding, self.bounds.answer)
+            decoder = Decoder.for_encoding(encoding, limit)
             if isinstance(decoder, Identity):
-                decoder.count(len(flow.response.raw_content))
+                decoder.count(size)
             else:
                 for _ in decoder.pieces(flow.response.raw_content):
                     pass  # counted and let go: only the size is wanted here
