@@ -98,7 +98,7 @@ class Gauge:
         req.headers = self.headers
         req.scheme, req.host, req.port, req.path, req.authority = self.target
         req.raw_content = bytes(self.body)
-        self.body = bytearray()
+        self.body, self.headers = bytearray(), None
 
 
 class BodyCap:
@@ -161,6 +161,9 @@ class BodyCap:
         req.host_header = f"127.0.0.1:{self.sink_port}"
 
     def request(self, flow: http.HTTPFlow) -> None:
+        gauge = flow.request.stream
+        if isinstance(gauge, Gauge) and gauge.headers is not None and not gauge.over.done():
+            gauge.restore()  # no body came after all (mitmproxy streams none): the flow's own request
         if flow.response or flow.error or not flow.live:
             return
         ex = exchange_of(flow)
