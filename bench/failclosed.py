@@ -145,7 +145,7 @@ def intrinsic() -> None:
 
 # The guarded hook calls one plain JSON exchange makes (addons/interception.py's list).
 REQUEST_HOOK_CALLS = ["Control.requestheaders", "Claim.requestheaders", "BodyCap.requestheaders",
-                      "Retry.requestheaders", "Control.request", "BodyCap.request", "Rewrite.request",
+                      "Control.request", "BodyCap.request", "Rewrite.request",
                       "Reach.request", "Collect.request", "Retry.request", "Relay.request", "Collect.responseheaders",
                       "Tee.responseheaders", "Retry.responseheaders", "WsRelay.response", "Tee.response",
                       "Collect.response", "Retry.response"]

@@ -99,7 +99,7 @@ def main() -> int:
                                                      if args.responses else URL, body, {
                 "content-type": "application/json", **key}), client_conn=tflow.tclient_conn())
             t0 = time.perf_counter_ns()
-            for hook in (claim.requestheaders, retry.requestheaders, rewrite.request, collect.request, retry.request):
+            for hook in (claim.requestheaders, rewrite.request, collect.request, retry.request):
                 run(hook(flow))
             t1 = time.perf_counter_ns()
             flow.response = http.Response.make(200, b"", {"content-type": "text/event-stream; charset=utf-8",
