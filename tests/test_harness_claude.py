@@ -182,26 +182,37 @@ def test_claude_code_on_a_chat_upstream_in_vllm_mode(sim, claude, tmp_path):
     assert thoughts == ["The user wants a command run.", "It printed."]
 
 
-def test_claude_code_retry_after_a_real_cut_gets_the_recorded_answer(hproxy, sim, claude, tmp_path):
-    """Claude Code gives up on an answer whose head does not come within API_TIMEOUT_MS
-    (its SDK client's timeout, honoured as set), and its own retry loop sends the same body
-    again, unflagged (x-stainless-retry-count 0 every time). The simulator holds its first
-    answer until the proxy has seen the harness leave, so the cut is Claude Code's own; the
-    answer, read on by the proxy and never handed to the harness, is what the retry gets
-    (one sample, no fork), not a second sample of the same prompt."""
-    sid = f"claude-cut-{uuid.uuid4().hex[:8]}"
+# Where Claude Code 2.1.332 gives up on an answer, and what makes it: API_TIMEOUT_MS is its SDK
+# client's timeout to an answer's head (used as set); CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS its
+# watchdog on a stream's bytes (10 s at the least). After a cut stream it re-asks without
+# streaming (another body: a new sample by the rules) unless that fallback is off.
+CUTS = {"head": {"API_TIMEOUT_MS": "3000"},
+        "stream": {"CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS": "10000", "CLAUDE_CODE_DISABLE_NONSTREAMING_FALLBACK": "1"}}
+
+
+@pytest.mark.parametrize("cut", list(CUTS))
+def test_claude_code_retry_after_a_real_cut_gets_the_recorded_answer(hproxy, sim, claude, tmp_path, cut):
+    """Claude Code gives up on an answer (before its head, or mid-stream) and its own retry
+    loop sends the same body again, unflagged (x-stainless-retry-count 0 every time). The
+    simulator holds its first answer (before its status line, or after three events) until
+    the proxy has seen the harness leave, so the cut is Claude Code's own; the answer, read
+    on by the proxy and never handed to the harness whole, is what the retry gets (one
+    sample, no fork), not a second sample of the same prompt."""
+    sid = f"claude-cut-{cut}-{uuid.uuid4().hex[:8]}"
     left = when_left(hproxy, sid)
     replies = _task()
+    if cut == "stream":
+        replies[0] = replies[0].replace(pause_before=3, resume=left)
 
     def answer(record):
-        if len(replies) == 2:
+        if cut == "head" and len(replies) == 2:
             left.wait(60)  # the status line only after the harness went away
         return replies.pop(0)
 
     sim.default = answer
-    result = run_harness(hproxy, sim, claude, sid=sid, cwd=tmp_path / "work", session=SESSION,
-                         env={"API_TIMEOUT_MS": "3000"})
+    result = run_harness(hproxy, sim, claude, sid=sid, cwd=tmp_path / "work", session=SESSION, env=CUTS[cut])
     assert left.is_set(), "the proxy never saw Claude Code leave its first answer"
     check_ran(result)
-    assert [r.headers.get("x-stainless-retry-count") for r in sim.model_requests()] == ["0", "0"]
+    assert [(r.json["stream"], r.headers.get("x-stainless-retry-count")) for r in sim.model_requests()] == \
+           [(True, "0")] * 2
     check_cut_retry(sim.model_requests(), trace_of(hproxy, sid), turns=2)
