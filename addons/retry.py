@@ -3,7 +3,8 @@
 RL training needs a graph that does not fork because an SDK sent a request twice, and a
 rollout must not loop on a stale answer when a harness legitimately sends the same body
 again (compaction regenerates byte-identical requests). The rules, per session, keyed by the
-digest of the body exactly as the harness sent it:
+digest of the body exactly as the harness sent it (less what the dialect knows a harness sends
+anew with every attempt: ``Dialect.identity``):
 
 - **flagged**: ``x-stainless-retry-count`` > 0 (every OpenAI/Anthropic SDK attempt carries
   it, 0 first), or a header named in ``intercept_retry_headers`` repeating a value seen
@@ -160,7 +161,7 @@ class Retry:
         ex = exchange_of(flow)
         if ex is None or ex.route.kind != "model" or flow.request.method != "POST":
             return
-        raw = ex.raw_body
+        raw = ex.dialect.identity(ex.raw_body)
         if len(raw) > HASH_OFF_LOOP:
             digest = await asyncio.to_thread(xxhash.xxh3_128_hexdigest, raw)
         else:

@@ -359,7 +359,8 @@ class WsServe:
 
     async def _post(self, served: Served, body: dict[str, Any]) -> None:
         content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-        digest = hashlib.sha256(content).hexdigest()
+        # What the frame asks, less what Codex sends anew with every attempt: its resend is the same.
+        digest = hashlib.sha256(served.upgrade.dialect.identity(content)).hexdigest()
         state = served.upgrade.session.state
         # The frame a dropped socket left unanswered, resent: flagged as the SDKs flag a retry,
         # so Retry coalesces it on the answer the proxy is still reading, or replays it.

@@ -179,6 +179,10 @@ class Dialect(ABC):
     #: it (``list_messages``); a dialect whose elements' messages depend on later ones stops
     #: the known part where they cannot (``Listed.keep``). None: every request parsed whole.
     message_list: ClassVar[str | None] = None
+    #: Top-level body keys a harness sends anew with every attempt of the same request
+    #: (metadata of the attempt, not part of what the model is asked): left out of what
+    #: identifies a request (``identity``), so a resent request is still known as the same.
+    per_attempt: ClassVar[tuple[str, ...]] = ()
 
     # -- where it is spoken ------------------------------------------------------------
 
@@ -404,6 +408,23 @@ class Dialect(ABC):
         if is_error is not None:
             block[slot.error_path[-1]] = is_error
         return [Edit(slot.path[:-1], block)]
+
+    def identity(self, raw: bytes) -> bytes:
+        """What identifies a request among a session's attempts (Retry's digest is of it):
+        the body's bytes as the harness sent them, or, when they carry a ``per_attempt`` key,
+        the body without those keys, serialised one fixed way (a per-attempt value may also
+        reorder its own keys, so the bytes around it cannot be trusted either). Parsed here,
+        from the harness's own bytes: the body the proxy sends may be a translation."""
+        if not self.per_attempt or not any(b'"%s"' % k.encode() in raw for k in self.per_attempt):
+            return raw
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return raw
+        if not isinstance(body, dict):
+            return raw
+        kept = {k: v for k, v in body.items() if k not in self.per_attempt}
+        return json.dumps(kept, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()
 
     def previous_response(self, body: dict[str, Any]) -> str | None:
         """The id of the stored answer this request continues (Responses'

@@ -499,6 +499,10 @@ class ResponsesDialect(OpenAIDialect):
     # After the instructions; known items are used up to the last that closes a run of
     # assistant items (parse_request), since such a run is one message.
     message_list = "input"
+    # Codex CLI's ``client_metadata``: a map whose keys come in another order on every
+    # attempt, and over the WebSocket the attempt's start time
+    # (``x-codex-ws-stream-request-start-ms``); its resend after a cut is the same request.
+    per_attempt = ("client_metadata",)
     # vLLM's own /v1/responses returns the prompt and the output as token ids when asked
     # (``enable_response_messages``: ``input_messages`` / ``output_messages`` of
     # ``raw_message_tokens``, ResponseRawMessageAndToken in

@@ -257,14 +257,10 @@ stream_max_retries = 3
 
 # Codex 0.171.0 does not resend the same bytes: client_metadata (a map) comes with its keys in
 # a new order on every attempt, and over its WebSocket with a per-attempt timestamp
-# (x-codex-ws-stream-request-start-ms). Retry's digest is of the raw body (addons/retry.py),
-# WsServe's of the frame as sent (addons/wsserve.py), so neither knows the resend: it reaches
-# the upstream as a new sample and the trace forks.
-RESEND_DIFFERS = pytest.mark.xfail(strict=True, raises=AssertionError,
-                                   reason="Codex's resend differs in client_metadata only; the retry rules compare whole bodies")
+# (x-codex-ws-stream-request-start-ms). The Responses dialect names it a per-attempt key
+# (Dialect.identity), so Retry and WsServe know the resend as the same request.
 
 
-@RESEND_DIFFERS
 @pytest.mark.parametrize("transport", ["websocket", "sse"])
 def test_codex_retry_after_a_real_cut_gets_the_recorded_answer(hproxy, sim, tmp_path, transport):
     """Codex gives up on a stream that goes quiet for its provider's stream_idle_timeout_ms,
