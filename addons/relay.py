@@ -59,11 +59,9 @@ harness reads the same bytes (chunk boundaries carry no meaning in HTTP, and mit
 its own chunks to the harness: extensions never reach it, trailers never were passed on).
 Each read of a streamed answer is handled in the upstream transport's callback (``_Through``,
 once the StreamReader holds nothing more), not by a task woken per read: at a provider's pace
-every event is a read of its own. And it is handed to mitmproxy as a read of mitmproxy's
-socket to the relay (``addons/handover.py``), not written to that socket: no second write,
-read and pass of the loop per event. What is left of the loopback hop is the request's head
-and, when the handover cannot be made, the answer (``docs/benchmarks.md``, "The relay" and
-"The relay's reads").
+every event is a read of its own. Each goes down the loopback as it came, one write of the
+relay's to mitmproxy's socket, which mitmproxy reads as its upstream through its public
+streaming (``flow.response.stream``); the relay never touches mitmproxy's connection handler.
 ``intercept_drain_timeout=0`` turns the relay off: mitmproxy talks to the upstream itself, and
 an answer the client abandons is lost as before. Upstream-proxy modes and client certificates
 are left to mitmproxy (the relay would bypass them).
@@ -73,7 +71,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import secrets
 import ssl
@@ -92,7 +89,6 @@ from interceptor.addons import hold
 from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import KEY, Exchange, exchange_of
 from interceptor.addons.framing import CHUNKED, CLOSE, Body, FramingError, Head, read_head
-from interceptor.addons.handover import Handover
 from interceptor.addons.record import commit, mark_undelivered
 from interceptor.addons.settings import regular_mode
 from interceptor.dialects.base import drop, header
@@ -247,31 +243,14 @@ def _request(method: bytes, target: bytes, headers, body: bytes, host: str) -> b
 _NOT_SENT = {TICKET.encode(), b"content-length", b"transfer-encoding"}
 
 
-# mitmproxy's ResponseData, as this file builds it (below); checked once at import.
-_RESPONSE_FIELDS = ("http_version", "headers", "content", "trailers", "timestamp_start", "timestamp_end",
-                    "status_code", "reason")
-_TRUSTED = tuple(f.name for f in dataclasses.fields(http.ResponseData)) == _RESPONSE_FIELDS
-
-
 def _response(status: int, reason: bytes, fields: Any, *, version: bytes = b"HTTP/1.1",
               started: float, ended: float | None = None) -> http.Response:
     """The upstream's answer as mitmproxy's ``Response``, its body to be set by the caller.
 
-    Built as the constructor builds it, without ``MessageData.__post_init__``'s type check
-    of every field (mitmproxy runs it only under ``__debug__``, i.e. unless Python runs
-    with -O): ~40 us of each fetched answer (issue 16), for values this file makes itself
-    from a head ``read_head`` parsed (bytes, an int, mitmproxy's own ``Headers``). If
-    mitmproxy's ``ResponseData`` ever has other fields, its own constructor is used."""
-    headers = http.Headers(fields)
-    if not _TRUSTED:
-        return http.Response(http_version=version, status_code=status, reason=reason, headers=headers,
-                             content=None, trailers=None, timestamp_start=started, timestamp_end=ended)
-    data = object.__new__(http.ResponseData)
-    data.http_version, data.headers, data.content, data.trailers = version, headers, None, None
-    data.timestamp_start, data.timestamp_end, data.status_code, data.reason = started, ended, status, reason
-    response = object.__new__(http.Response)
-    response.data = data
-    return response
+    Made by mitmproxy's public constructor, so whatever mitmproxy's ``Response`` becomes in a
+    release, the flow holds one it made itself, its fields checked by mitmproxy's own rules."""
+    return http.Response(http_version=version, status_code=status, reason=reason, headers=http.Headers(fields),
+                         content=None, trailers=None, timestamp_start=started, timestamp_end=ended)
 
 
 def _chunk(buf: bytearray, start: int, end: int, last: bool) -> bytes:
@@ -337,7 +316,7 @@ class _Through(asyncio.Protocol):
     written (mitmproxy not reading) pauses the upstream's reading until it drains, as the
     StreamReader loop's ``drain()`` did."""
 
-    def __init__(self, drain: Drain, up: Upstream, frame: Body, down: _Loopback | Handover) -> None:
+    def __init__(self, drain: Drain, up: Upstream, frame: Body, down: _Loopback) -> None:
         self.drain, self.up, self.frame, self.down = drain, up, frame, down
         self.rechunk = frame.kind == CHUNKED
         self.mark = drain.base + len(drain.buf)  # the body's bytes read so far (the buffer's trims keep the sum)
@@ -363,9 +342,8 @@ class _Through(asyncio.Protocol):
             self.ended.set_result(None)
 
     def _full(self) -> bool:
-        """The way down holds bytes not yet sent (the loopback's write buffer, or the
-        harness's when handed over): drain it before reading on (not once taken over: nothing
-        more goes down then)."""
+        """The loopback holds bytes not yet sent (mitmproxy reads no faster than its harness
+        does): drain it before reading on (not once taken over: nothing more goes down then)."""
         d = self.drain
         return not d.taken and d.down_alive and self.down.full()
 
@@ -455,8 +433,8 @@ class _Through(asyncio.Protocol):
 
 
 class _Loopback:
-    """The answer down the loopback: the relay's side of mitmproxy's server connection (the
-    way when ``Handover.of`` finds none)."""
+    """The answer down the loopback: the relay's side of mitmproxy's server connection, which
+    mitmproxy reads as the flow's upstream."""
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
@@ -654,7 +632,7 @@ class Drain:
             return await self._held(down, writer, up, frame, rest)
         # The answer goes down as the upstream framed it, a chunked body one chunk per read
         # (``_chunk``; ``addons/framing.py`` takes the body out); the Drain keeps the body.
-        down = self.relay.way_down(self.flow, writer)
+        down = _Loopback(writer)
         if self.taken:
             self._guarded(self._headers)
         else:
@@ -666,7 +644,7 @@ class Drain:
             self.broken = True
             self._give_up(self._expiry() if self.expired else f"the upstream connection broke ({type(e).__name__})")
             return False  # not taken over: mitmproxy sees the body cut, as it would have from the upstream
-        except Exception as e:  # noqa: BLE001 - the relay's own failure passing it on (the handover's, say)
+        except Exception as e:  # noqa: BLE001 - the relay's own failure passing it on (not the upstream's)
             # Ended as a broken answer, on the record: left to ``_serve``'s catch-all, no one
             # would read the upstream on, and a drain that took over would wait its whole
             # ``intercept_drain_timeout`` without ever recording the exchange (its retries with it).
@@ -932,7 +910,7 @@ class Drain:
         """Down the loopback (a held answer, its keep-alives): ``_pass_down``'s rule."""
         self._pass_down(_Loopback(writer), data)
 
-    def _pass_down(self, down: _Loopback | Handover, data: bytes) -> None:
+    def _pass_down(self, down: _Loopback, data: bytes) -> None:
         if not (self.down_alive and down.write(data)):
             self.down_alive = False
 
@@ -1071,18 +1049,12 @@ class Relay:
         self.fetching: dict[str, set[Drain]] = {}  # client connection id -> the drains Fetch is reading
         self._idle: dict[tuple[str, str, int], list[Upstream]] = {}
         self._tls: ssl.SSLContext | None = None
-        self.handover = True  # ``intercept_relay_handover``
 
     def load(self, loader) -> None:
         loader.add_option(
             "intercept_drain_timeout", int, 300,
             "Seconds the proxy keeps reading a model's answer after the harness went away, to "
             "record it (the retry is answered from the record); 0: no relay, such an answer is lost.",
-        )
-        loader.add_option(
-            "intercept_relay_handover", bool, True,
-            "A streamed answer the relay reads is handed to mitmproxy's connection to it as if "
-            "read from that socket, not written to it (addons/handover.py); false: over the loopback.",
         )
         loader.add_option(
             "intercept_hold_keepalive", str, "0",
@@ -1108,8 +1080,6 @@ class Relay:
             if not 0 <= every < float("inf"):
                 raise exceptions.OptionsError("intercept_hold_keepalive: seconds, 0 (off) or more")
             self.keepalive = every
-        if "intercept_relay_handover" in updated:
-            self.handover = ctx.options.intercept_relay_handover
         if "intercept_hold_spill" in updated:
             if ctx.options.intercept_hold_spill < 0:
                 raise exceptions.OptionsError("intercept_hold_spill: bytes, 0 or more")
@@ -1159,12 +1129,6 @@ class Relay:
         flow.request.scheme = "http"
         flow.request.data.host = "127.0.0.1"
         flow.request.data.port = self.port
-
-    def way_down(self, flow: http.HTTPFlow, writer: asyncio.StreamWriter) -> _Loopback | Handover:
-        """How an answer goes down to mitmproxy, chosen once per exchange: handed over
-        (``addons/handover.py``) when it can be, else the loopback ``writer``."""
-        handover = Handover.of(flow, writer) if self.handover else None
-        return handover if handover is not None else _Loopback(writer)
 
     def forget(self, drain: Drain) -> None:
         self._tickets.pop(drain.ticket, None)

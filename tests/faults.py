@@ -24,9 +24,9 @@ time, what should fail:
   ``UNWATCHED_SAID`` when it kept one from looking;
 - ``{"read_on_fails": true}``: the Drain's read of an answer whose client went away
   (``Drain._read_rest`` once the drain has taken it over) raises, as a bug there would;
-- ``{"handover_fails": N}``: the relay's handover of a streamed answer to mitmproxy
-  (``Handover.write``, addons/handover.py) raises from its N+1th piece on (the head is the
-  first), as a bug there would;
+- ``{"passdown_fails": N}``: the relay's write of a streamed answer down its loopback
+  connection to mitmproxy (``_Loopback.write``, addons/relay.py) raises from its N+1th piece
+  on (the head is the first), as a bug there would;
 - ``{}``: nothing fails.
 
 The hooks are replaced on the addon instances inside their ``Guard``s (the steps of the
@@ -48,7 +48,7 @@ from mitmproxy.connection import ConnectionState
 from mitmproxy.addonmanager import traverse
 
 from interceptor.addons.chain import Chain
-from interceptor.addons import handover, relay
+from interceptor.addons import relay
 from interceptor.addons.gate import FLOW_HOOKS, Guard
 from interceptor.trace import store
 
@@ -136,17 +136,17 @@ class Faults:
             return await read_rest(drain, *args)
 
         relay.Drain._read_rest = read_rest_fails
-        hand_on = handover.Handover.write
+        pass_down = relay._Loopback.write
 
-        def handover_fails(down, data: bytes) -> bool:
-            after = self.spec().get("handover_fails")
+        def passdown_fails(down, data: bytes) -> bool:
+            after = self.spec().get("passdown_fails")
             if after is not None:
                 down.pieces = getattr(down, "pieces", 0) + 1
                 if down.pieces > after:
-                    raise InjectedFault("injected into Handover.write")
-            return hand_on(down, data)
+                    raise InjectedFault("injected into _Loopback.write")
+            return pass_down(down, data)
 
-        handover.Handover.write = handover_fails
+        relay._Loopback.write = passdown_fails
         gone = relay.Drain.gone
 
         def blind(drain) -> bool:
