@@ -1,14 +1,15 @@
 """Gate: a claimed flow leaves only when every step that must touch it completed; any error
 in any addon on it answers the harness in the dialect's shape and forwards nothing.
 
-mitmproxy runs a script's addons as one chain: an exception in one hook is logged ("Addon
-error"), the rest of the script's addons are skipped for that hook, and the flow carries on
-as if they had not been there. For this proxy that is fail open: a body that made Rewrite
+mitmproxy runs a script's addons as one branch of its dispatch: an exception in one hook is
+logged ("Addon error"), the rest of the script's addons are skipped for that hook, and the flow
+carries on as if they had not been there. For this proxy that is fail open: a body that made Rewrite
 raise went to the real provider with the harness's model and the session secret as its key.
 So the mechanism has two halves, and no addon needs a try/except of its own:
 
-- ``guarded`` wraps each addon so that an exception in a hook on a flow is caught and kept
-  on the flow as a ``Fault`` (which addon, which hook, which exception type). The hooks after
+- ``guard`` wraps each flow hook of one of this project's addons, on that addon object, so
+  that an exception in it is caught and kept on the flow as a ``Fault`` (which addon, which
+  hook, which exception type); mitmproxy still sees and calls the addon itself. The hooks after
   it still run, except the request-side hooks of the addons after it (their input is half
   made); the Gate always runs.
 - ``Gate``, listed last, refuses what is not ready. A provider-host flow about to leave
@@ -53,6 +54,7 @@ FLOW_HOOKS = frozenset({
 REQUEST_HOOKS = frozenset({"http_connect", "requestheaders", "request"})
 STEP_OWNERS = {Step.REWRITTEN: "Rewrite", Step.DECIDED: "Retry", Step.ADMITTED: "Stops"}
 REFUSED = "x-interceptor-fault"  # on the Gate's own answers: the step that failed
+GUARDED = "fault_step"  # on a guarded hook: the step its faults name ("Rewrite.request")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,59 +73,54 @@ def fault_of(flow: Any) -> Fault | None:
     return fault if isinstance(fault, Fault) else None
 
 
-class Guard:
-    """One addon, with every flow hook guarded (see the module docstring). Everything else
-    (``load``, ``configure``, attributes) is the addon's own; a hook is looked up on the
-    addon at each call, so a test can replace it on the instance."""
-
-    def __init__(self, addon: Any) -> None:
-        self.addon = addon
-        self.name = getattr(addon, "name", type(addon).__name__.lower())
-        self._step = type(addon).__name__
-
-    def __getattr__(self, attr: str) -> Any:
-        value = getattr(self.addon, attr)
-        if attr not in FLOW_HOOKS or not callable(value):
-            return value
-        hook = self._guard(attr, inspect.iscoroutinefunction(value))
-        setattr(self, attr, hook)  # found directly from now on, without __getattr__
-        return hook
-
-    def _guard(self, hook: str, is_async: bool):
-        step = f"{self._step}.{hook}"
-        skip_after_fault = hook in REQUEST_HOOKS
-
-        def failed(flow: Any, e: BaseException) -> None:
-            if not hasattr(flow, "metadata"):
-                raise e
-            flow.metadata.setdefault(FAULT_KEY, Fault(step, f"raised {type(e).__name__}"))
-            # The exception's text may quote the request (a secret, a body): frames only.
-            frames = "".join(traceback.format_tb(e.__traceback__))
-            log.error(f"interceptor: {step} raised {type(e).__name__}; the Gate answers the "
-                      f"flow with an error\n{frames}")
-
-        if is_async:
-            async def guarded_async(flow, *args):
-                if skip_after_fault and FAULT_KEY in flow.metadata:
-                    return
-                try:
-                    await getattr(self.addon, hook)(flow, *args)
-                except Exception as e:  # noqa: BLE001 - the mechanism: see the module docstring
-                    failed(flow, e)
-            return guarded_async
-
-        def guarded_sync(flow, *args):
-            if skip_after_fault and FAULT_KEY in flow.metadata:
-                return
-            try:
-                getattr(self.addon, hook)(flow, *args)
-            except Exception as e:  # noqa: BLE001 - the mechanism: see the module docstring
-                failed(flow, e)
-        return guarded_sync
+def guard(addon: Any) -> Any:
+    """``addon`` itself, each flow hook of it guarded (see the module docstring): the guarded
+    hook is set on this instance, so mitmproxy finds it as it finds any addon's hook, under the
+    addon's own name, beside its options and commands; the class and mitmproxy are untouched.
+    The original hook is the guarded one's ``__wrapped__``, looked up at each call, so a test
+    can replace it there (tests/faults.py). Guarding an addon twice guards it once."""
+    for hook in FLOW_HOOKS:
+        method = getattr(addon, hook, None)
+        if callable(method) and not isinstance(getattr(method, GUARDED, None), str):
+            setattr(addon, hook, _guarded(f"{type(addon).__name__}.{hook}", hook in REQUEST_HOOKS, method))
+    return addon
 
 
 def guarded(addons: list[Any]) -> list[Any]:
-    return [Guard(a) for a in addons]
+    return [guard(a) for a in addons]
+
+
+def _guarded(step: str, skip_after_fault: bool, method: Any) -> Any:
+    def failed(flow: Any, e: BaseException) -> None:
+        if not hasattr(flow, "metadata"):
+            raise e
+        flow.metadata.setdefault(FAULT_KEY, Fault(step, f"raised {type(e).__name__}"))
+        # The exception's text may quote the request (a secret, a body): frames only.
+        frames = "".join(traceback.format_tb(e.__traceback__))
+        log.error(f"interceptor: {step} raised {type(e).__name__}; the Gate answers the "
+                  f"flow with an error\n{frames}")
+
+    if inspect.iscoroutinefunction(method):
+        async def hook(flow, *args):
+            if skip_after_fault and FAULT_KEY in flow.metadata:
+                return
+            try:
+                await hook.__wrapped__(flow, *args)
+            except Exception as e:  # noqa: BLE001 - the mechanism: see the module docstring
+                failed(flow, e)
+    else:
+        def hook(flow, *args):
+            if skip_after_fault and FAULT_KEY in flow.metadata:
+                return
+            try:
+                hook.__wrapped__(flow, *args)
+            except Exception as e:  # noqa: BLE001 - the mechanism: see the module docstring
+                failed(flow, e)
+    hook.__wrapped__ = method
+    hook.__name__ = method.__name__
+    hook.__qualname__ = f"guarded {step}"
+    setattr(hook, GUARDED, step)
+    return hook
 
 
 def required(ex: Exchange, flow: http.HTTPFlow) -> Step:

@@ -39,9 +39,6 @@ calls each hook in list order):
 - GcTuning: once started, what is alive is frozen out of the garbage collector's passes, so
   a full collection does not stall every session, and dead flows' bodies are collected after
   every few MiB of them rather than after thousands of objects (``intercept_gc_tuning``);
-- Dispatch: mitmproxy's own walk over its ~40 addons for each flow event done from a plan
-  (the addons that implement the hook, found once), in its order and with its error handling
-  (``intercept_fast_dispatch``);
 - MallocHeap: glibc serves the blocks below ``intercept_malloc_heap`` MiB from its heap and
   keeps freed ones for reuse, so a growing rollout's history-sized blocks do not fault in
   fresh pages every turn;
@@ -51,9 +48,10 @@ calls each hook in list order):
 - Redact: no key or secret in what mitmproxy prints, saves or shows (last: after every addon
   that still needs them, before mitmproxy's own dumper, save and view).
 
-mitmproxy sees the list as one addon (``Chain``, ``chain.py``): it dispatches each event by
-walking every addon it knows, and two dozen of them listed one by one cost more per request
-than several of their hooks; the Chain calls each step's hooks in the same order.
+mitmproxy sees this list as it is, each addon under its class's name in lower case
+(``ctx.master.addons.get("claim")``), with its options and commands; its own dispatch calls
+every hook. The guard (``gate.py``) sets each guarded addon's flow hooks on the addon object
+itself; nothing of mitmproxy's is replaced.
 
 The request hooks run in list order; the answer's stages run in the pipeline's order. The
 in-process test of the whole list (``tests/test_addons.py``) fails if the list is in an
@@ -67,12 +65,10 @@ live sessions are forgotten (their traces on disk stay whole).
 
 from interceptor.addons.annotate import Annotate
 from interceptor.addons.bodycap import BodyCap
-from interceptor.addons.chain import Chain
 from interceptor.addons.claim import Claim
 from interceptor.addons.collect import Collect
 from interceptor.addons.conns import AcceptErrors, ClientTimeouts
 from interceptor.addons.control import Control
-from interceptor.addons.dispatch import Dispatch
 from interceptor.addons.feedback import Feedback, Refused
 from interceptor.addons.gate import Gate, guarded
 from interceptor.addons.gctuning import GcTuning
@@ -105,7 +101,7 @@ tee = Tee(strip=collect, capture=retry)  # the answer's pipeline: its stages' or
 reach = Reach()
 relay = Relay(tee.pipeline, reach.reached)
 
-steps = guarded([
+addons = guarded([
     settings,
     ClientTimeouts(),  # before every request step: a request's body timer ends as its request hook begins
     AcceptErrors(),
@@ -132,8 +128,6 @@ steps = guarded([
     Fetch(relay),  # after the Gate and Annotate's look at it: every exchange sent from the request hook
     GcTuning(),  # ``running``: after the addons above have started; ``response``/``error``: a flow ended
     MallocHeap(),  # ``running`` too: glibc's thresholds, set once
-    Dispatch(),  # mitmproxy's walk over its addons per flow event, from a plan made once
     MallocTrim(registry),  # a sealed session's freed heap back to the system, off the event loop
     Redact(settings),  # last, unguarded (it fails closed itself): after everything that needs a secret
 ]
-addons = [Chain(steps)]  # mitmproxy sees one addon: each hook walks only the steps that have it

@@ -33,7 +33,7 @@ the record.
 
 Each stage runs even when an earlier one raised (Retry must still settle what it has in
 flight); the first exception is put on the flow as a ``Fault`` naming the stage, exactly as
-the Guard would for an addon of its own, and the Gate answers it (``addons/gate.py``).
+a guarded hook of an addon would (``guard``), and the Gate answers it (``addons/gate.py``).
 """
 
 from __future__ import annotations
@@ -146,6 +146,6 @@ class Pipeline:
     def _fault(flow: http.HTTPFlow, stage: Stage, hook: str, e: Exception) -> None:
         step = f"{type(stage).__name__}.{hook}"
         flow.metadata.setdefault(FAULT_KEY, Fault(step, f"raised {type(e).__name__}"))
-        # The exception's text may quote the answer: frames only, as the Guard logs them.
+        # The exception's text may quote the answer: frames only, as a guarded hook logs them.
         frames = "".join(traceback.format_tb(e.__traceback__))
         log.error(f"interceptor: {step} raised {type(e).__name__}; the Gate answers the flow\n{frames}")

@@ -115,7 +115,7 @@ def intrinsic() -> None:
 
     from mitmproxy.test import tflow
 
-    from interceptor.addons.gate import Guard
+    from interceptor.addons.gate import guard
     from interceptor.trace import store
     from test_trace import Rollout, tool_turns
 
@@ -124,7 +124,7 @@ def intrinsic() -> None:
             return None
 
     flow, bare = tflow.tflow(), Step()
-    guarded = Guard(bare)
+    guarded = guard(Step())
     n = 200_000
     t_bare = min(timeit.repeat(lambda: bare.request(flow), number=n, repeat=5)) / n
     t_guard = min(timeit.repeat(lambda: guarded.request(flow), number=n, repeat=5)) / n

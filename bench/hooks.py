@@ -149,7 +149,7 @@ def main() -> int:
     from interceptor.addons.session import SessionConfig
     from interceptor.addons.upstream import Upstream
 
-    addons = script.steps  # timed one by one; mitmproxy sees them as one Chain (script.addons)
+    addons = script.addons  # timed one by one, in the order mitmproxy calls them
     work = Path(tempfile.mkdtemp(prefix="bench-hooks-"))
     reply = ("The answer, at length. " * (args.chunk // 23 + 1))[:args.chunk]
     rows: list[dict[str, int]] = []
@@ -181,7 +181,7 @@ def main() -> int:
         gc.callbacks.append(collected)
 
         async def phase(hook: str, flow: http.HTTPFlow) -> None:
-            # One coroutine per hook, as the Chain's dispatch is: an async step that does not
+            # One coroutine per hook, as mitmproxy's dispatch is: an async step that does not
             # suspend costs no pass of the loop (running each with run_until_complete gave
             # every async hook a loop pass of its own, ~30-50 µs it never costs in mitmdump).
             for addon in addons:
@@ -192,7 +192,7 @@ def main() -> int:
                 value = method(flow)
                 if inspect.isawaitable(value):
                     await value
-                per[f"{type(getattr(addon, 'addon', addon)).__name__}.{hook}"] += time.thread_time_ns() - t0
+                per[f"{type(addon).__name__}.{hook}"] += time.thread_time_ns() - t0
 
         def run(hook: str, flow: http.HTTPFlow) -> None:
             loop.run_until_complete(phase(hook, flow))

@@ -29,9 +29,9 @@ time, what should fail:
   on (the head is the first), as a bug there would;
 - ``{}``: nothing fails.
 
-The hooks are replaced on the addon instances inside their ``Guard``s (the steps of the
-script's ``Chain``), so the mechanism under test (addons/gate.py) is exactly the one that runs
-in production.
+The hooks are replaced inside their guards (each guarded hook's ``__wrapped__``, on the addon
+objects of the script's ``addons`` list), so the mechanism under test (addons/gate.py) is
+exactly the one that runs in production.
 """
 
 from __future__ import annotations
@@ -47,9 +47,8 @@ from mitmproxy import ctx, http
 from mitmproxy.connection import ConnectionState
 from mitmproxy.addonmanager import traverse
 
-from interceptor.addons.chain import Chain
 from interceptor.addons import relay
-from interceptor.addons.gate import FLOW_HOOKS, Guard
+from interceptor.addons.gate import FLOW_HOOKS, GUARDED
 from interceptor.trace import store
 
 
@@ -90,12 +89,11 @@ class Faults:
         return self._spec
 
     def running(self) -> None:
-        for addon in (s for a in traverse(ctx.master.addons.chain)
-                      for s in (a.steps if isinstance(a, Chain) else [a])):
-            if isinstance(addon, Guard):
-                for hook in FLOW_HOOKS:
-                    if callable(getattr(addon.addon, hook, None)):
-                        self._arm(addon.addon, hook)
+        for addon in traverse(ctx.master.addons.chain):
+            for hook in FLOW_HOOKS:
+                guarded = getattr(addon, hook, None)
+                if isinstance(getattr(guarded, GUARDED, None), str):
+                    self._arm(guarded)
         write_all = store._write_all
 
         def full_disk(fd: int, data: bytes) -> None:
@@ -160,9 +158,9 @@ class Faults:
         hidden: weakref.WeakSet = weakref.WeakSet()
         relay.Drain.gone = blind
 
-    def _arm(self, addon, hook: str) -> None:
-        original = getattr(addon, hook)
-        name = f"{type(addon).__name__}.{hook}"
+    def _arm(self, guarded) -> None:
+        original = guarded.__wrapped__
+        name = getattr(guarded, GUARDED)
 
         def check(flow) -> bool:
             """False: skip the hook."""
@@ -181,7 +179,7 @@ class Faults:
             def armed(flow, *args):
                 if check(flow):
                     return original(flow, *args)
-        setattr(addon, hook, armed)
+        guarded.__wrapped__ = armed
 
 
 addons = [Faults()]

@@ -128,7 +128,7 @@ def _serve(tmp_path: Path, sequence, monkeypatch) -> dict[str, tuple[list[bytes]
         loop = tctx.master.event_loop
 
         async def phase(hook: str, flow: http.HTTPFlow) -> None:
-            for addon in script.steps:
+            for addon in script.addons:
                 method = getattr(addon, hook, None)
                 if method is not None:
                     value = method(flow)
