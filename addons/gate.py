@@ -2,16 +2,16 @@
 in any addon on it answers the harness in the dialect's shape and forwards nothing.
 
 mitmproxy runs a script's addons as one branch of its dispatch: an exception in one hook is
-logged ("Addon error"), the rest of the script's addons are skipped for that hook, and the flow
-carries on as if they had not been there. For this proxy that is fail open: a body that made Rewrite
-raise went to the real provider with the harness's model and the session secret as its key.
-So the mechanism has two halves, and no addon needs a try/except of its own:
+logged ("Addon error"), the rest of the script's addons are skipped for that hook, and the
+flow carries on as if they had not been there. For this proxy that is fail open: a body that
+made Rewrite raise went to the real provider with the harness's model and the session secret
+as its key. So the mechanism has two halves, and no addon needs a try/except of its own:
 
 - ``guard`` wraps each flow hook of one of this project's addons, on that addon object, so
   that an exception in it is caught and kept on the flow as a ``Fault`` (which addon, which
-  hook, which exception type); mitmproxy still sees and calls the addon itself. The hooks after
-  it still run, except the request-side hooks of the addons after it (their input is half
-  made); the Gate always runs.
+  hook, which exception type); mitmproxy still sees and calls the addon itself. The hooks
+  after it still run, except the request-side hooks of the addons after it (their input is
+  half made); the Gate always runs.
 - ``Gate``, listed last, refuses what is not ready. A provider-host flow about to leave
   without an answer must carry an ``Exchange`` whose required steps are all marked done
   (``Exchange.done``: set by each step as its last act) and no fault; else it is answered
