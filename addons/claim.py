@@ -8,36 +8,19 @@ CONNECT's ``Proxy-Authorization``). Paths on a provider host that are not model 
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 
 from mitmproxy import connection, http
 
 from interceptor.addons.answers import error_response, json_response
 from interceptor.addons.exchange import KEY, Exchange
+from interceptor.addons.proxyauth import proxy_auth_secret
 from interceptor.addons.session import Registry
 from interceptor.addons.settings import Settings
 from interceptor.dialects import host_dialect, local_answer, resolve
 from interceptor.dialects.base import header
 
 log = logging.getLogger(__name__)
-
-
-def proxy_auth_secret(value: str) -> str | None:
-    """The session secret a ``Proxy-Authorization`` value carries (Basic's password, or a
-    Bearer token): the one parser of it, for Claim, the TLS guard, the open-proxy guard, the
-    egress check and the tool route."""
-    scheme, _, rest = value.partition(" ")
-    if scheme.lower() == "basic":
-        try:
-            user_pass = base64.b64decode(rest.strip(), validate=True).decode()
-        except (binascii.Error, UnicodeDecodeError):
-            return None
-        return user_pass.partition(":")[2] or None
-    if scheme.lower() == "bearer":
-        return rest.strip() or None
-    return None
 
 
 class Claim:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Literal
 from mitmproxy import http
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from interceptor.addons.proxyauth import proxy_auth_secret
 from interceptor.dialects.base import Dialect, Mediation
 from interceptor.dialects.common import NETWORK_POLICY
 from interceptor.trace.messages import Message, Response, Usage
@@ -229,8 +230,6 @@ class Egress:
         self._check(flow)
 
     def _sessions(self, flow: http.HTTPFlow) -> list:
-        from interceptor.addons.claim import proxy_auth_secret  # one parser of the credential
-
         bound = self._bound.get(flow.client_conn.id)
         value = flow.request.headers.get("proxy-authorization", "")
         secret = proxy_auth_secret(value) if value else None
