@@ -212,8 +212,8 @@ def read_head(buf: bytes | bytearray, limit: int) -> tuple[Head, int] | None:
     Content-Length and Transfer-Encoding, an incomplete head over ``limit`` bytes).
 
     Why not h11: for each exchange an h11 connection, a request event to put it in the state
-    that reads an answer, its event objects and header normalisation cost ~100 us here, more
-    than the rest of the relay's work on a JSON answer (issue 16). mitmproxy reads heads with
+    that reads an answer, its event objects and header normalisation cost more than the rest
+    of the relay's work on a JSON answer (docs/benchmarks.md). mitmproxy reads heads with
     its own parser too; this one keeps h11's strictness, which tests/test_relay_framing.py
     holds it to on generated heads, valid and broken."""
     if buf[:1] == b"\n" or buf[:2] == b"\r\n":

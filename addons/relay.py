@@ -109,8 +109,8 @@ POOL = 256
 READ = 1 << 16
 # The request from mitmproxy (on loopback, already whole in mitmproxy's memory) is read in
 # reads this large, and the relay's side of that connection buffers as much before it stops
-# reading: a 340 KB body (a rollout's turn 300) in one or two reads instead of six, each a
-# pass of the event loop and of h11 (issue 16).
+# reading: a long history's body in one or two reads, not one per 64 KiB, each a pass of the
+# event loop and of h11.
 DOWN_READ = 1 << 20
 TRIM = 1 << 16  # consumed bytes kept before the buffer is cut
 MAX_HEAD = 1 << 20  # request/response head size accepted (h11's default is 16 KiB)
@@ -307,9 +307,9 @@ class _Through(asyncio.Protocol):
 
     Once the StreamReader holds nothing more (a read of it came back short), this is the
     upstream transport's protocol until the answer ends: each read is handled in the
-    transport's own callback, so it costs no StreamReader buffer, future or task wake-up. At
-    a provider's pace every event is a read of its own: ~30 µs less CPU per event here, paired
-    (issue 16, docs/benchmarks.md "The relay's reads"). The
+    transport's own callback, so it costs no StreamReader buffer, future or task wake-up (at
+    a provider's pace every event is a read of its own). Only public transport methods are
+    used (``get_protocol``, ``set_protocol``, ``pause_reading``, ``resume_reading``). The
     StreamReader's protocol is put back at the end, for the connection's next exchange from
     the pool; a connection lost meanwhile is passed on to it, so its reader is at EOF and its
     writer closing, as if it had read the end itself. A loopback that does not take what is
@@ -509,11 +509,10 @@ class Drain:
     def _lighten(self) -> None:
         """The request went upstream from Fetch and its answer is the relay's to pass down
         (``sent``): the relay never reads the body mitmproxy sends it, so mitmproxy sends only
-        the head. A history-sized body crossed the loopback twice a streamed turn (mitmproxy's
-        write, the relay's read: +1.8 ms a turn over bare streaming mitmdump at a 363 KB
-        history, docs/benchmarks.md). Put back by ``restore`` at the answer's headers (or the
-        flow's error), before anything observes the flow again. A body framed otherwise than
-        by its length (chunked) is left as it is."""
+        the head: a history-sized body would otherwise cross the loopback twice a streamed
+        turn (mitmproxy's write, the relay's read). Put back by ``restore`` at the answer's
+        headers (or the flow's error), before anything observes the flow again. A body framed
+        otherwise than by its length (chunked) is left as it is."""
         req = self.flow.request
         length = req.headers.get("content-length")
         if self.kept is not None or length is None or "transfer-encoding" in req.headers or not req.raw_content:
@@ -1221,8 +1220,8 @@ class Fetch:
 
     Why: through the relay every exchange is two HTTP exchanges, mitmproxy's with the relay
     on loopback and the relay's with the upstream; a JSON answer is read whole before anything
-    goes down anyway, so the first one only costs (~0.9 ms of CPU and ~1 ms of latency per
-    turn, more as the history grows: bench/relay.py, docs/benchmarks.md). What stays as it was:
+    goes down anyway, so the first one only costs (CPU and latency every turn, more as the
+    history grows: bench/relay.py). What stays as it was:
     mitmproxy runs the answer's hooks on it (``responseheaders``, ``response``: the pipeline,
     the commit, Retry's capture), observers see the real upstream, the upstream connections
     are the relay's pool. A client that goes away meanwhile is seen by ``Drain._watch``: the
