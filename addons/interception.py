@@ -36,15 +36,9 @@ calls each hook in list order):
   exchange is sent from the request hook; an answer that is not a stream, read whole, is
   handed to mitmproxy (no loopback hop to the relay's server); a stream takes the hop, the
   request's head only, its body gone upstream already;
-- GcTuning: once started, what is alive is frozen out of the garbage collector's passes, so
-  a full collection does not stall every session, and dead flows' bodies are collected after
-  every few MiB of them rather than after thousands of objects (``intercept_gc_tuning``);
-- MallocHeap: glibc serves the blocks below ``intercept_malloc_heap`` MiB from its heap and
-  keeps freed ones for reuse, so a growing rollout's history-sized blocks do not fault in
-  fresh pages every turn;
-- MallocTrim: after sessions are sealed, glibc's free pages go back to the system (in a
-  thread, at most once per ``intercept_malloc_trim`` seconds), so the resident set follows
-  what the live sessions hold rather than the peak of the turns once in flight;
+- RuntimeTuning: the collector and glibc's allocator set for a long-running proxy (start-up
+  frozen, dead flows collected by their bodies' bytes, the heap kept and trimmed after seals),
+  behind one deployment switch, ``intercept_runtime_tuning``; no request depends on it;
 - Redact: no key or secret in what mitmproxy prints, saves or shows (last: after every addon
   that still needs them, before mitmproxy's own dumper, save and view).
 
@@ -71,9 +65,6 @@ from interceptor.addons.conns import AcceptErrors, ClientTimeouts
 from interceptor.addons.control import Control
 from interceptor.addons.feedback import Feedback, Refused
 from interceptor.addons.gate import Gate, guarded
-from interceptor.addons.gctuning import GcTuning
-from interceptor.addons.mallocheap import MallocHeap
-from interceptor.addons.malloctrim import MallocTrim
 from interceptor.addons.network import Egress
 from interceptor.addons.openproxy import OpenProxyGuard
 from interceptor.addons.reach import Reach
@@ -88,6 +79,7 @@ from interceptor.addons.status import Status
 from interceptor.addons.stops import Stops
 from interceptor.addons.tee import Tee
 from interceptor.addons.tlsguard import TlsGuard
+from interceptor.addons.tuning import RuntimeTuning
 from interceptor.addons.wsrelay import WsRelay
 from interceptor.addons.wsserve import WsServe
 
@@ -126,8 +118,6 @@ addons = guarded([
     Gate(settings),  # after every step, and never guarded: it is what answers their faults
     Annotate(), Status(registry),  # observers after the Gate (they see its answers too); never raise
     Fetch(relay),  # after the Gate and Annotate's look at it: every exchange sent from the request hook
-    GcTuning(),  # ``running``: after the addons above have started; ``response``/``error``: a flow ended
-    MallocHeap(),  # ``running`` too: glibc's thresholds, set once
-    MallocTrim(registry),  # a sealed session's freed heap back to the system, off the event loop
+    RuntimeTuning(registry),  # ``running``: after the addons above have started; its hooks only look
     Redact(settings),  # last, unguarded (it fails closed itself): after everything that needs a secret
 ]

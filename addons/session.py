@@ -306,7 +306,7 @@ class Registry:
         # file and secret it makes starts with the tag, so the front routes by them without
         # knowing any session, and workers sharing one trace folder never pick the same name.
         self.worker: str | None = None
-        # Called after each release (addons/malloctrim.py: the freed heap back to the system).
+        # Called after each release (addons/tuning.py: the freed heap back to the system).
         self.on_release: Callable[[], None] | None = None
 
     def session_id(self, requested: str | None) -> str:

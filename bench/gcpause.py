@@ -1,5 +1,5 @@
 """How long a full garbage collection stalls the proxy's event loop, with and without
-``GcTuning``'s freeze of start-up (addons/gctuning.py), in one process.
+``RuntimeTuning``'s freeze of start-up (addons/tuning.py), in one process.
 
     .venv/bin/python bench/gcpause.py [--turns 300] [--sessions 4] [--repeats 7]
 
@@ -9,7 +9,7 @@ proxy's own code path (``prepare`` then ``commit_turn``, 570 characters a side p
 the heap holds what a proxy with those live sessions holds. Then times ``gc.collect()`` (a
 full collection, what the collector runs on its own from time to time): first as Python
 leaves it, then after ``gc.freeze()`` of everything that was alive before the sessions
-started (what GcTuning does once mitmdump has started). Median and min-max over
+started (what RuntimeTuning does once mitmdump has started). Median and min-max over
 ``--repeats`` collections each, and the number of objects each walks.
 """
 
@@ -55,7 +55,7 @@ def main() -> int:
     args = ap.parse_args()
     gc.collect()
     startup = len(gc.get_objects())
-    gc.freeze()  # what GcTuning does once mitmdump has started, before any session
+    gc.freeze()  # what RuntimeTuning does once mitmdump has started, before any session
     work = Path(tempfile.mkdtemp(prefix="bench-gc-"))
     store = Store()
     reply = ("The answer, at length. " * 25)[:570]
@@ -81,7 +81,7 @@ def main() -> int:
     print("| full collection | objects walked | ms: median (min-max) |")
     print("|---|---|---|")
     for label, xs, walked in (("Python's defaults", plain, walked_plain),
-                              ("start-up frozen (GcTuning)", tuned, walked_tuned)):
+                              ("start-up frozen (RuntimeTuning)", tuned, walked_tuned)):
         print(f"| {label} | {walked:,} | {statistics.median(xs) * 1e3:.2f} ({min(xs) * 1e3:.2f}-{max(xs) * 1e3:.2f}) |")
     store.close()
     return 0

@@ -1,11 +1,11 @@
 """Which addon hook costs what, per request, in process: a growing rollout and a fixed 20 KB body.
 
-    .venv/bin/python bench/hooks.py [--turns 300] [--mode rollout|fixed] [--band 25] [--hooks] [--malloc-heap MIB]
+    .venv/bin/python bench/hooks.py [--turns 300] [--mode rollout|fixed] [--band 25] [--hooks] [--no-tuning]
                                     [--collect-tokens] [--stream] [--memory] [--dialect chat|anthropic] [--tools]
 
 Every hook of ``addons/interception.py``'s list, in its order, on ``tflow`` flows (mitmproxy's
 ``taddons``; no sockets, no TLS, the relay off, since there is no upstream to relay to), with
-the start-up tuning (``GcTuning.running``, ``MallocHeap.running``) done first, as in the proxy. Per request: the CPU
+the start-up tuning (``RuntimeTuning.running``) done first, as in the proxy. Per request: the CPU
 time of this thread (``time.thread_time_ns``, so the shared machine's load mostly cancels)
 in each addon's ``requestheaders``, ``request``, ``responseheaders`` and ``response`` hook,
 and the collector's passes (``gc.callbacks``). ``rollout``: issue 16's conversation (a
@@ -116,8 +116,8 @@ def main() -> int:
     ap.add_argument("--band", type=int, default=25)
     ap.add_argument("--hooks", action="store_true",
                     help="the session has a request hook (it redacts a word the user writes every tenth turn)")
-    ap.add_argument("--malloc-heap", type=int, default=32,
-                    help="the proxy's intercept_malloc_heap (MiB; 0: glibc's defaults), set at start as the proxy does")
+    ap.add_argument("--no-tuning", action="store_true",
+                    help="intercept_runtime_tuning false: Python's collector and glibc's allocator at their defaults")
     ap.add_argument("--collect-tokens", action="store_true",
                     help="the session collects token ids; the answer is vLLM's, with the prompt's ids")
     ap.add_argument("--stream", action="store_true", help="every answer streamed through the Tee's stream callable")
@@ -144,9 +144,8 @@ def main() -> int:
     from trace_turns import template_ids
     os.environ[KEY_ENV] = "sk-bench-real-key"
     script = load_script()
-    from interceptor.addons.gctuning import GcTuning
-    from interceptor.addons.mallocheap import MallocHeap
     from interceptor.addons.session import SessionConfig
+    from interceptor.addons.tuning import RuntimeTuning
     from interceptor.addons.upstream import Upstream
 
     addons = script.addons  # timed one by one, in the order mitmproxy calls them
@@ -157,9 +156,8 @@ def main() -> int:
     upstream = socket.create_server(("127.0.0.1", 0))  # listening is all Reach's probe needs
     with upstream, taddons.context(*script.addons) as tctx:
         tctx.configure(script.addons[0], intercept_trace_dir=str(work), confdir=str(work / "conf"), intercept_drain_timeout=0,
-                       intercept_malloc_heap=args.malloc_heap)
-        next(a for a in addons if isinstance(a, GcTuning)).running()
-        next(a for a in addons if isinstance(a, MallocHeap)).running()
+                       intercept_runtime_tuning=not args.no_tuning)
+        next(a for a in addons if isinstance(a, RuntimeTuning)).running()
         hooked = {}
         if args.hooks:
             from interceptor.addons.hookload import load_hooks
