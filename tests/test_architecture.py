@@ -81,11 +81,6 @@ CYCLES_ALLOWED: dict[tuple[str, str], str] = {
                                            "session's config names, and names the Settings (type-only)",
     ("addons.state", "addons.session"): "to split: the state's control routes live beside the TaskState the "
                                         "session holds, and name the Session and Registry (type-only)",
-    ("dialects.translate", "dialects.translate.anthropic_chat"): "to move below both: the pairs import the "
-                                                                 "package's base types, it imports them back "
-                                                                 "(function-local)",
-    ("dialects.translate", "dialects.translate.gemini_chat"): "to move below both: as anthropic_chat",
-    ("dialects.translate", "dialects.translate.responses_chat"): "to move below both: as anthropic_chat",
 }
 
 # ---------------------------------------------------------------------------------------------

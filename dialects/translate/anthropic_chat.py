@@ -41,7 +41,7 @@ from interceptor.dialects.base import Override
 from interceptor.dialects.chat import CHAT
 from interceptor.dialects.common import dumps_arguments, first, loads_or_raw
 from interceptor.dialects.sse import SSEEvent
-from interceptor.dialects.translate import (
+from interceptor.dialects.translate.base import (
     ChatEvents, Lost, Translation, chat_content, chat_request, chat_usage, content_text, first_choice, sse,
 )
 

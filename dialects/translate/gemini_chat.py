@@ -38,7 +38,7 @@ from interceptor.dialects.chat import CHAT
 from interceptor.dialects.common import first
 from interceptor.dialects.gemini import GEMINI, PLACEHOLDER_SIGNATURE
 from interceptor.dialects.sse import SSEEvent
-from interceptor.dialects.translate import (
+from interceptor.dialects.translate.base import (
     ChatEvents, Lost, Translation, chat_messages, chat_request, chat_usage, compact, content_text, first_choice,
 )
 from interceptor.trace import export

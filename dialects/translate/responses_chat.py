@@ -47,7 +47,7 @@ from interceptor.dialects.chat import CHAT
 from interceptor.dialects.common import first
 from interceptor.dialects.responses import RESPONSES
 from interceptor.dialects.sse import SSEEvent
-from interceptor.dialects.translate import (
+from interceptor.dialects.translate.base import (
     ChatEvents, Lost, Translation, chat_content, chat_messages, chat_request, chat_usage, content_text, first_choice,
     sse,
 )
