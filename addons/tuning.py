@@ -57,7 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mitmproxy import ctx, exceptions, http
+from mitmproxy import connection, ctx, exceptions, http
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +223,10 @@ class RuntimeTuning:
             self._cancel()
             log.info(f"interceptor: runtime tuning off: {untune()}")
 
+    def done(self) -> None:
+        """Removed (a reloaded script, shutdown): nothing armed outlives the addon."""
+        self._cancel()
+
     def _cancel(self) -> None:
         if self.pending is not None:
             self.pending.cancel()
@@ -272,10 +276,10 @@ class RuntimeTuning:
 
     # -- the freed heap back to the system after seals
 
-    def client_connected(self, client) -> None:
+    def client_connected(self, client: connection.Client) -> None:
         self.connections += 1
 
-    def client_disconnected(self, client) -> None:
+    def client_disconnected(self, client: connection.Client) -> None:
         self.connections = max(0, self.connections - 1)  # a reloaded script counts from zero
 
     def soon(self) -> None:

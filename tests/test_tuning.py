@@ -243,6 +243,25 @@ def test_a_released_session_is_trimmed(fresh):
         assert addon.trimmed.wait(30) and addon.trims == 1
 
 
+def test_nothing_armed_outlives_the_addon(fresh):
+    """A reloaded script or a shutdown removes the addon (mitmproxy's ``done``): its armed
+    trim and its asked-for collection are cancelled."""
+    addon, registry = fresh
+    addon.trim_interval = 3600
+
+    async def run() -> None:
+        with taddons.context(addon):
+            addon.running()
+            addon.response(_ended(tuning.COLLECT_MIB * MIB))
+            registry.on_release()
+            pending, armed = addon.pending, addon.timer
+            addon.done()
+            assert pending.cancelled() and armed.finished.is_set()
+            assert addon.pending is None and addon.timer is None
+
+    asyncio.run(run())
+
+
 def test_trim_zero_never_trims_and_a_negative_interval_is_refused(fresh):
     addon, registry = fresh
     with taddons.context(addon) as tctx:
