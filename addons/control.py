@@ -23,7 +23,8 @@ from interceptor.addons.answers import api_error, json_response, read_body
 from interceptor.addons.redact import Secrets
 from interceptor.addons.session import Registry, SealConfig, SessionConfig
 from interceptor.addons.settings import Settings
-from interceptor.addons.state import TOOL_SERVER_ROUTES, StateRoutes
+from interceptor.addons.state import TOOL_SERVER_ROUTES
+from interceptor.addons.stateroutes import StateRoutes
 from interceptor.addons.toolroute import ToolRoute
 from interceptor.trace import read_trace
 from interceptor.trace.store import TraceExistsError

@@ -79,8 +79,6 @@ CYCLES_ALLOWED: dict[tuple[str, str], str] = {
                                           "config names, and names the Registry (type-only)",
     ("addons.network", "addons.settings"): "to split: Egress (an addon) lives beside the policy the "
                                            "session's config names, and names the Settings (type-only)",
-    ("addons.state", "addons.session"): "to split: the state's control routes live beside the TaskState the "
-                                        "session holds, and name the Session and Registry (type-only)",
 }
 
 # ---------------------------------------------------------------------------------------------
