@@ -63,9 +63,9 @@ from interceptor.addons.claim import Claim
 from interceptor.addons.collect import Collect
 from interceptor.addons.conns import AcceptErrors, ClientTimeouts
 from interceptor.addons.control import Control
+from interceptor.addons.egress import Egress
 from interceptor.addons.feedback import Feedback, Refused
 from interceptor.addons.gate import Gate, guarded
-from interceptor.addons.network import Egress
 from interceptor.addons.openproxy import OpenProxyGuard
 from interceptor.addons.reach import Reach
 from interceptor.addons.replay import Replay

@@ -19,8 +19,8 @@ tool choice forced one, as Claude Code's WebSearch call does) is answered here, 
 dialect's shape, with a search-unavailable reply: nothing goes upstream, the call is on the
 record. ``notice`` appends a fixed sentence to the first user message of every restricted
 request. ``egress`` refuses (403) and records every way out of the proxy to a non-provider
-host outside the allow list, on a connection that carried the session's secret (``Egress``):
-this covers what honours ``HTTPS_PROXY``; it is not a sandbox.
+host outside the allow list, on a connection that carried the session's secret (``Egress``,
+in ``egress.py``): this covers what honours ``HTTPS_PROXY``; it is not a sandbox.
 """
 
 from __future__ import annotations
@@ -35,15 +35,12 @@ from typing import TYPE_CHECKING, Literal
 from mitmproxy import http
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from interceptor.addons.proxyauth import proxy_auth_secret
 from interceptor.dialects.base import Dialect, Mediation
 from interceptor.dialects.common import NETWORK_POLICY
 from interceptor.trace.messages import Message, Response, Usage
 
 if TYPE_CHECKING:
     from interceptor.addons.exchange import Exchange
-    from interceptor.addons.session import Registry
-    from interceptor.addons.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +111,6 @@ class NetworkPolicy(BaseModel):
 
 
 _NAME = re.compile(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*")
-# A session secret's or admin token's shape (as a host name folds it): never in a record.
-_SECRET_SHAPED = re.compile(r"sk-ic-|ic-admin-")
 
 
 def canonical_host(host: str) -> str | None:
@@ -195,71 +190,3 @@ def answer_search_only(flow: http.HTTPFlow, ex: Exchange) -> None:
     ex.session.recorder.record_call(call)
     log.info(f"interceptor: session {ex.session.id!r}: a search-only request was answered locally "
              "(network policy); nothing was forwarded")
-
-
-class Egress:
-    """``network.egress``: every way a request can leave the proxy for a host that is no
-    provider's, outside the allow list of a session whose secret the connection carried in
-    its proxy credentials, is refused (403) and recorded: one ``egress`` record per refusal
-    with the count so far for its host.
-
-    Two hooks see every way out, and both decide by ``_check``: ``http_connect`` for a
-    CONNECT, ``requestheaders`` for every other request, where mitmproxy has already chosen
-    the destination it will connect to (``flow.request.host``/``port``) from whatever form
-    the request took: an absolute-form target, an origin-form ``Host``, HTTP/2's
-    ``:authority``, a WebSocket upgrade, or a tunnel's own address. The host is compared in
-    its canonical spelling (``canonical_host``). A connection that showed a session's secret
-    once is that session's for every later request on it, with or without the header.
-    Listed before Claim, which takes the CONNECT's ``Proxy-Authorization``; the proxy's own
-    API (answered here, never forwarded) is not a way out."""
-
-    def __init__(self, registry: Registry, settings: Settings) -> None:
-        self.registry = registry
-        self.settings = settings
-        self._bound: dict[str, set[str]] = {}  # client connection -> ids of the sessions it showed
-
-    def client_disconnected(self, client) -> None:
-        self._bound.pop(client.id, None)
-
-    def http_connect(self, flow: http.HTTPFlow) -> None:
-        self._check(flow)
-
-    def requestheaders(self, flow: http.HTTPFlow) -> None:
-        if flow.response or flow.error or not flow.live or flow.metadata.get("interceptor_control"):
-            return
-        self._check(flow)
-
-    def _sessions(self, flow: http.HTTPFlow) -> list:
-        bound = self._bound.get(flow.client_conn.id)
-        value = flow.request.headers.get("proxy-authorization", "")
-        secret = proxy_auth_secret(value) if value else None
-        session = self.registry.by_model_secret(secret) if secret else None
-        if session is not None and session.config.network is not None and session.config.network.egress:
-            if bound is None:
-                bound = self._bound[flow.client_conn.id] = set()
-            bound.add(session.id)
-        if not bound:
-            return []
-        return [s for sid in bound if (s := self.registry.get(sid)) is not None and not s.sealed]
-
-    def _check(self, flow: http.HTTPFlow) -> None:
-        sessions = self._sessions(flow)
-        if not sessions:
-            return
-        host, port = canonical_host(flow.request.host), flow.request.port
-        if host is not None and host in self.settings.hosts:  # claimed: the model routes' own rules apply
-            return
-        for session in sessions:
-            if session.config.network.allows(flow.request.host):
-                continue
-            shown = host or "(not a host name)"
-            if _SECRET_SHAPED.search(shown):  # a rollout cannot write a secret into its trace this way
-                shown = "(withheld: shaped like a secret of the proxy)"
-            count = session.egress.get(shown, 0) + 1
-            session.egress[shown] = count
-            session.recorder.record_egress(shown, port, count)
-            flow.response = http.Response.make(
-                403, f"interceptor: {shown} is outside this rollout's network allow list\n".encode(),
-                {"content-type": "text/plain"})
-            log.info(f"interceptor: session {session.id!r}: egress to {shown}:{port} refused (network policy)")
-            return

@@ -75,10 +75,6 @@ CYCLES_ALLOWED: dict[tuple[str, str], str] = {
     ("addons.exchange", "addons.tee"): _EXCHANGE,
     ("addons.relay", "addons.pipeline"): "removed by the redesign (one answer pipeline in the gateway): "
                                          "the relay names the Pipeline it feeds (type-only)",
-    ("addons.network", "addons.session"): "to split: Egress (an addon) lives beside the policy the session's "
-                                          "config names, and names the Registry (type-only)",
-    ("addons.network", "addons.settings"): "to split: Egress (an addon) lives beside the policy the "
-                                           "session's config names, and names the Settings (type-only)",
 }
 
 # ---------------------------------------------------------------------------------------------
