@@ -14,7 +14,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3 \
 	/usr/local/bin/python3.1[2-9] /usr/bin/python3.1[2-9]; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
 
-.PHONY: run test test-latest venv test-deps browser haproxy serve bench clean
+.PHONY: run test test-latest venv test-deps browser haproxy serve bench docs clean
 
 # trace/_version.py: setup.cfg reads the version from it, and an editable install keeps the
 # version it was installed with until it is reinstalled.
@@ -91,6 +91,16 @@ run: venv
 WORKERS ?=
 serve: venv $(HAPROXY_STAMP)
 	$(PY) scripts/serve.py $(if $(WORKERS),--workers $(WORKERS)) $(ARGS)
+
+# The manual (mkdocs.yml, docs/) served at http://127.0.0.1:8000, rebuilt as pages change; the
+# builder comes with the test extra. ARGS for more of `mkdocs serve`'s options (-a host:port).
+DOCS_STAMP := $(VENV)/.installed-docs
+$(DOCS_STAMP): $(STAMP) $(CONSTRAINTS)
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[test]'
+	@touch $@
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve $(ARGS)
 
 # Set up and run the whole test suite.
 test: test-deps

@@ -21,7 +21,7 @@ from interceptor.trace import store as store_module
 from mitm import MitmProcess
 from provider import ProviderSimulator
 
-# Which tests are which, to run a part of the suite (README "Development"): `proxy` tests
+# Which tests are which, to run a part of the suite (docs/development/testing.md): `proxy` tests
 # start a real mitmdump (through a fixture, MitmProcess or run_harness), `harness` tests also
 # run a real harness CLI; everything else is the fast in-process part.
 PROXY_FIXTURES = {"proxy", "start_proxy", "new_session", "mproxy", "hproxy"}

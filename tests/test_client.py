@@ -1,5 +1,5 @@
 """interceptor.client, the evaluator's API, against real mitmdump processes: one it starts,
-one it attaches to; the README's 16-rollout example run as a user runs it."""
+one it attaches to; the Python API page's 16-rollout example run as a user runs it."""
 
 from __future__ import annotations
 
@@ -227,7 +227,7 @@ def test_the_readme_example_runs_16_rollouts_each_sealed_with_its_reward(sim, tm
                                        for row in exported)
 
 
-def test_the_readme_shows_the_example_file():
-    readme = (ROOT / "README.md").read_text()
+def test_the_python_api_page_shows_the_example_file():
+    readme = (ROOT / "docs" / "python-api.md").read_text()
     assert EXAMPLE.read_text().strip() in readme
     assert len(EXAMPLE.read_text().splitlines()) < 40

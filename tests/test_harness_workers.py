@@ -145,7 +145,7 @@ def test_claude_code_and_codex_at_once_each_on_its_own_worker(front, msim, tmp_p
 
 
 def test_run_harness_through_the_front(front, msim, tmp_path):
-    """README's shortest way, ``run_harness.py --proxy <front>``: its session lands on a worker,
+    """The manual's shortest way (docs/harnesses/index.md), ``run_harness.py --proxy <front>``: its session lands on a worker,
     the id it asked for tagged with that worker's name, and the task runs as on one proxy."""
     _script(msim)
     result = run_harness(front, None, [node_harness("claude"), "-p", PROMPT, "--allowedTools", "Bash"],

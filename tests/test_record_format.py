@@ -32,7 +32,7 @@ def test_the_record_format_changes_only_with_a_schema_version_bump():
     assert record_schema() == json.loads(snapshot.read_text()), (
         f"the record format changed under schema version {SCHEMA_VERSION}, which readers of that "
         "version would misread: raise SCHEMA_VERSION (trace/model.py) with its upgrade in "
-        "trace/records.py and the README's record format, then run tests/data/make_golden.py; "
+        "trace/records.py and docs/record-format.md, then run tests/data/make_golden.py; "
         "or undo the change")
 
 
@@ -66,8 +66,8 @@ def test_a_value_msgpack_cannot_pack_is_an_error_not_a_string(tmp_path):
 
 
 def readme_block(after: str) -> str:
-    """The first Python block of the README after the line that starts with ``after``."""
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    """The first Python block of the record format's page after the line that starts with ``after``."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "record-format.md").read_text()
     block = re.search(r"```python\n(.*?)```", text[text.index(after):], re.S)
     assert block, after
     return block.group(1)
@@ -81,7 +81,7 @@ BIG = (100 << 20) + 1
 
 def test_a_record_over_the_unpackers_default_limits_reads_everywhere(tmp_path):
     """Whatever the writer writes, every reader reads: ``read_trace``, follow mode, and the
-    README's reader in a few lines."""
+    record format page's reader in a few lines."""
     from interceptor.trace import Follower, ModelCall, ResponseError
 
     store = Store()

@@ -36,9 +36,9 @@ def _names(addons: list) -> list[str]:
 
 
 def _documented_options() -> set[str]:
-    """The options README's options table lists (a row may name several)."""
+    """The options the generated options reference (docs/reference/options.md) lists."""
     found: set[str] = set()
-    for line in (ROOT / "README.md").read_text().splitlines():
+    for line in (ROOT / "docs" / "reference" / "options.md").read_text().splitlines():
         if line.startswith("| `intercept_"):
             found |= set(re.findall(r"`(intercept_\w+)`", line.split("|")[1]))
     return found
@@ -101,7 +101,8 @@ def test_a_guarded_addons_commands_and_options_are_mitmproxys_too():
 
 def test_mitmdump_options_lists_every_option_of_the_script(tmp_path):
     """``mitmdump -s addons/interception.py --options``: mitmproxy's own listing holds every
-    option the script's addons add, and README's table documents exactly those."""
+    option the script's addons add, and the options reference documents exactly those
+    (tests/test_docs.py checks each row's default and help against the code)."""
     script = _load_script()
     with taddons.context() as tctx:
         tctx.master.addons.add(script)

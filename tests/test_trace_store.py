@@ -159,7 +159,7 @@ def test_newer_schema_is_refused_with_a_clear_message(tmp_path):
 
 
 def test_reads_a_version_1_file_written_by_hand(tmp_path):
-    """The format as the README documents it, written without our writer."""
+    """The format as docs/record-format.md documents it, written without our writer."""
     path = tmp_path / "v1.msgpack"
     write_records(
         path,

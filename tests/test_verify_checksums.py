@@ -1,7 +1,7 @@
 """``verify`` finds a changed byte, not only a broken structure: every record of a version-3
-file ends in an XXH3-64 checksum that chains it to the record before it (README "Record format").
+file ends in an XXH3-64 checksum that chains it to the record before it (docs/record-format.md).
 
-The chain is recomputed here from the README's words alone (not with the package's code), so
+The chain is recomputed here from the record format page's words alone (not with the package's code), so
 the documented format and the writer cannot drift apart; every byte of a header, a turn with
 nodes, an error call and a footer is changed in turn and ``verify`` must fail at that record's
 offset; a record removed or two swapped fail too; a version-2 file still reads, and ``verify``
@@ -27,7 +27,7 @@ from test_trace import Rollout, tool_turns
 
 DATA = Path(__file__).resolve().parent / "data"
 REPLAY = Path(__file__).resolve().parent.parent / "scripts" / "replay_trace.py"
-TRAILER = b"\xa4xxh3\xcf"  # the README: fixstr "xxh3", then a uint64 in its 9-byte form
+TRAILER = b"\xa4xxh3\xcf"  # docs/record-format.md: fixstr "xxh3", then a uint64 in its 9-byte form
 
 
 def spans(blob: bytes) -> list[tuple[int, int, dict]]:
