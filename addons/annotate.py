@@ -109,7 +109,7 @@ def _find_call(ex, numbers: bool) -> tuple[int | None, int | None, object | None
 def _turn_number(session, calls: list, k: int) -> int:
     """How many of ``calls[:k + 1]`` committed a turn. Counted on from where the session's
     last count stopped (kept in its state, gone with it), so a rollout's annotations cost
-    what its new calls cost, not a pass over all of them at every turn (issue 16); a call
+    what its new calls cost, not a pass over all of them at every turn; a call
     before that point (answers finishing out of order) is counted from the start."""
     seen = session.state.setdefault("annotate_turns", [0, 0])  # [calls counted, turns among them]
     if k + 1 < seen[0] or seen[0] > len(calls):

@@ -1,10 +1,9 @@
 """BodyCap: a claimed request larger than ``intercept_max_body`` is answered 413 in the
 dialect's shape as its bytes arrive, never read whole, and goes nowhere.
 
-A 200 MB request used to be buffered (mitmdump peaked at 1.56 GB and stayed at 948 MB),
-parsed, forwarded and recorded, stalling every other session. No model API takes a body that
-size, so the proxy refuses it, records nothing (the session summary counts it), and keeps
-its memory.
+Buffering, parsing and forwarding such a body would cost memory in proportion to it and stall
+every other session. No model API takes a body that size, so the proxy refuses it, records
+nothing (the session summary counts it), and keeps its memory.
 
 mitmproxy reads a request body whole before its ``request`` hook unless the body is
 streamed (``flow.request.stream``, set in ``requestheaders``), and a streamed body goes to

@@ -132,7 +132,7 @@ class ClientTimeouts:
 
     @property
     def tick(self) -> float:
-        """A quarter of the shorter timeout, between 50 ms and 5 s."""
+        """A quarter of the shorter timeout, clamped to 0.05-5 seconds."""
         timeouts = [t for t in (self.idle, self.body) if t > 0]
         return min(max(min(timeouts) / 4, 0.05), 5.0) if timeouts else 5.0
 

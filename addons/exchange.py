@@ -43,7 +43,7 @@ class EventClock:
     ``gaps`` turns them into milliseconds once, at the commit: the gap before each event, the
     first since the answer's headers (``first_byte_at``). Each gap is the difference of two
     offsets rounded down, so their sum is the last event's offset exactly (no drift over a long
-    stream), and most gaps are under 128 ms, one byte each in msgpack."""
+    stream), and a gap under 128 milliseconds is one byte in msgpack."""
 
     __slots__ = ("start", "times")
 
@@ -139,8 +139,8 @@ class Exchange:
     walked: Walked | None = None  # what ``intercept.remembered`` found of ``request.messages``
     edits: list[Edit] = field(default_factory=list)  # where they go in the body (``parsed``)
     # The body's overrides are not in ``flow.request.content`` yet: Stops writes them with the
-    # hooks' edits, as one body (a hooked model request; writing it twice, a copy of the whole
-    # history each, was ~0.1 ms at turn 300). Until then the content is the harness's bytes,
+    # hooks' edits, as one body (a hooked model request; writing it twice would copy the whole
+    # history twice). Until then the content is the harness's bytes,
     # and only a flow Stops admitted (``Step.ADMITTED``) may leave.
     unwritten: bool = False
     # For sessions with response hooks only: the answer held back until they decide (Hold).

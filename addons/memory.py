@@ -35,7 +35,7 @@ from interceptor.trace.model import Rewrite, Trace
 
 KEEP_BYTES = 64 * 1024  # intercept_rewrite_keep_bytes' default
 PASSES = 8  # conversations a session keeps a LastPass for
-HANDED = 8  # (hook, conversation) pairs a session keeps a hook's copies for (~0.54 MB each at 600 messages)
+HANDED = 8  # (hook, conversation) pairs a session keeps a hook's copies for (each a whole history's copies)
 
 
 def content_text(content: str | list[Part]) -> str:
@@ -105,8 +105,8 @@ class Memory:
     others: dict[tuple[Chain, str], Remembered] = field(default_factory=dict)
     by_call: dict[str, Remembered] = field(default_factory=dict)  # the tool route's decisions
     # The tool call ids ``tools`` holds a rewrite of: a restated tool result whose id is not
-    # here is no original of one, and is not digested to find out (every result of the
-    # history, every turn, was a sha256 of its content; issue 16).
+    # here is no original of one, and is not digested to find out (else every result of the
+    # history would be digested again every turn).
     _tool_ids: set[str] = field(default_factory=set, repr=False)
     # The message hashes ``others`` holds a rewrite under, whatever the chain.
     _other_hashes: set[str] = field(default_factory=set, repr=False)
@@ -182,8 +182,8 @@ class LastPass:
     A harness restates its history: the next request's leading messages are this one's
     (mostly the very objects its scan made, trace/prefix.py), and they were nodes, under the
     same parents, then. The rewrites delivered among them are delivered again, and nothing
-    else of them is looked at: looking up every message of the history was ~1 ms a turn at
-    turn 300 of ``bench/hooks.py --hooks`` (600 messages, a Python pass over each; issue 16).
+    else of them is looked at: looking up every message of the history would make each turn
+    cost what the whole conversation costs.
     One is kept per conversation of the session (``Memory.passes``, by its first message):
     a main agent and the sub-agents it starts take turns. What can make a shared message's
     answer differ is checked instead: a rewrite remembered since (``Memory.log``, against
@@ -235,7 +235,7 @@ class Copies:
     copies: list[Message] = field(default_factory=list)
     # The request's tools the hook was last handed a read-only copy of, and that copy: the
     # same tools (equal; each request parses its own) get the same copy. Claude Code's
-    # twenty-odd schemas were copied for every hook call (~0.14 ms for nine) and compared after.
+    # twenty-odd schemas would otherwise be copied for every hook call and compared after.
     tools: list[Any] | None = None
     tools_copy: list[Any] | None = None
 
@@ -246,8 +246,8 @@ class Handed:
     the request stops, ``intercept.for_stops``, and the hooks' context, ``branch``).
 
     A hook is handed a copy of the request (it may change it in place, and the proxy's
-    messages are the graph's), and copying a 600-message history every turn was ~10 ms at
-    turn 300 (issue 16). A message the graph holds may not change at all, so a request
+    messages are the graph's), and copying the whole history every turn would make each turn
+    cost what the conversation costs. A message the graph holds may not change at all, so a request
     hook's copies of them are ``read_only`` (a change raises where it is made, the hook's
     error) and the same copies are handed to that hook next turn, for the same message
     objects (a request's known messages are the very objects its scan remembered,

@@ -34,7 +34,7 @@ class OpenProxyGuard:
         self._exposed = False  # listening beyond loopback (``configure``)
 
     def configure(self, updated: set[str]) -> None:
-        # Read when they change, not per request (``regular_mode``); parsing the modes ~20 µs.
+        # Read when they change, not per request (``regular_mode``): parsing the modes is not free.
         if updated & {"mode", "listen_host", "intercept_open_proxy"}:
             self._open = ctx.options.intercept_open_proxy
             self._exposed = bool(exposed_hosts())

@@ -109,11 +109,11 @@ POOL = 256
 READ = 1 << 16
 # The request from mitmproxy (on loopback, already whole in mitmproxy's memory) is read in
 # reads this large, and the relay's side of that connection buffers as much before it stops
-# reading: a long history's body in one or two reads, not one per 64 KiB, each a pass of the
+# reading: a long history's body in one or two reads, not one per ``READ``, each a pass of the
 # event loop and of h11.
 DOWN_READ = 1 << 20
 TRIM = 1 << 16  # consumed bytes kept before the buffer is cut
-MAX_HEAD = 1 << 20  # request/response head size accepted (h11's default is 16 KiB)
+MAX_HEAD = 1 << 20  # request/response head size accepted (above h11's smaller default)
 WATCH = 0.25  # seconds between looks at the client's connection while an answer is fetched
 
 

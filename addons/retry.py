@@ -48,12 +48,12 @@ from interceptor.trace.ids import new_id
 log = logging.getLogger(__name__)
 
 # The body's digest is XXH3-128, not sha256: it is computed for every model request on the
-# event loop, over the whole history the request restates, and at 340 KB sha256 took ~200 us
-# here against XXH3's ~3 us (issue 16). It is only compared with this session's own earlier
+# event loop, over the whole history the request restates, and XXH3 reads it many times
+# faster than sha256 (``bench/retry.py``, docs/benchmarks.md). It is only compared with this session's own earlier
 # digests in memory (never stored, never a security boundary: a harness that forged a
 # collision would only be answered its own session's earlier answer); 128 bits make an
 # accidental collision between two bodies of one session as likely as sha256's would be, nil.
-HASH_OFF_LOOP = 32 << 20  # bodies above 32 MiB are hashed in a worker thread (~1 ms; a hop costs ~50 us)
+HASH_OFF_LOOP = 32 << 20  # bodies above this are hashed in a worker thread (only there is the hop worth it)
 HOP_BY_HOP = {"transfer-encoding", "connection", "content-length", "keep-alive"}
 
 

@@ -52,7 +52,7 @@ def accept_encoding(value: str) -> str:
     return ", ".join(keep) or "identity"
 
 
-OFF_LOOP = 1 << 20  # bodies above 1 MiB are parsed in a worker thread
+OFF_LOOP = 1 << 20  # bodies above this many bytes are parsed in a worker thread
 
 
 @dataclass(slots=True)
@@ -101,7 +101,7 @@ def prepare(raw: bytes, dialect: Dialect, kind: str, config: SessionConfig, path
     dialect step recording each change it makes as an Override (the record must say what
     changed anyway); tests/test_rewrite.py holds every dialect to it.
 
-    A body nested deeper than Python's recursion limit (a 3 KB body can be) or one that is
+    A body nested deeper than Python's recursion limit (a body of a few thousand brackets can be) or one that is
     not UTF-8 (JSON text must be, RFC 8259 section 8.1; Python's decoder lets lone surrogate
     bytes through, and they cannot be written again) is bad input, refused as such; any other
     exception is the Gate's to answer (addons/gate.py).
@@ -367,7 +367,7 @@ class Rewrite:
         req.scheme = scheme
         # What the host and port setters leave, set once: each setter rewrites the Host
         # header and the authority it finds (a header scan, a rebuild), and host_header below
-        # sets the header again anyway (issue 16).
+        # sets the header again anyway.
         req.data.host, req.data.port = host, port
         if req.data.authority:
             req.authority = hostport

@@ -476,7 +476,7 @@ class Settings:
             self.token_path = confdir / TOKEN_FILE
             _write_private(self.token_path, self.admin_token + "\n")
         self.bundle_path = self._write_ca_bundle(harness_dir)
-        # The token estimator's BPE table takes ~0.3 s to build: never on the event loop.
+        # The token estimator's BPE table is slow to build: never on the event loop.
         threading.Thread(target=warm_estimator, name="interceptor-warm", daemon=True).start()
         default = None
         if self.file_configs:
@@ -648,7 +648,7 @@ def regular_mode() -> bool:
     ``regular@127.0.0.1:8080``): the flow's address is the upstream's own (in upstream-proxy
     and other modes it is not the proxy's to probe or connect to). An addon that asks per
     request asks in ``configure``: each read of an unset option is a deep copy of its default
-    (mitmproxy's OptManager), and each parse of a spec a few µs (issue 16)."""
+    (mitmproxy's OptManager), and each parse of a spec is more work again."""
     specs = list(ctx.options.mode)
     try:
         return bool(specs) and all(isinstance(mode_specs.ProxyMode.parse(s), mode_specs.RegularMode) for s in specs)
