@@ -111,8 +111,8 @@ class Plan:
     def cut(self, payload: bytes) -> bytes | None:
         """``stripped`` done on the bytes, for the usual vLLM chunk (a piece of text, its
         token ids and logprobs): each ``"token_ids":[...]`` cut out, each ``"logprobs":``
-        value set to ``null``, the rest of the upstream's bytes as they came. Parsing the
-        chunk and writing it again cost ~14 µs an event, this ~3 (``bench/pipeline.py
+        value set to ``null``, the rest of the upstream's bytes as they came: a fraction of
+        what parsing the chunk and writing it again costs per event (``bench/pipeline.py
         --collect``). The keys are matched in the raw text because a quote inside a JSON
         string is always escaped; Chat puts both only on a choice. None for any other chunk:
         one that may exist only to carry ids (no choice with a non-empty delta), one that is
@@ -251,10 +251,9 @@ def _dumps(obj: Any) -> bytes:
 
 def with_true_keys(content: bytes, keys: list[str]) -> bytes | None:
     """The JSON object ``content`` with ``"key":true`` appended for each key, or None when
-    it does not end like an object. Splicing two keys costs a copy; re-serialising a 2 MB
-    history would cost the event loop tens of milliseconds per turn; and the copy is one
-    join of a view, not a strip, a slice and concatenations of the whole body (~0.1 ms at
-    turn 300 of ``bench/hooks.py --collect-tokens``)."""
+    it does not end like an object. Splicing two keys costs a copy; re-serialising the whole
+    history would cost the event loop a parse and a dump of it per turn; and the copy is one
+    join of a view, not a strip, a slice and concatenations of the whole body."""
     end = _back(content, len(content), b" \t\r\n")
     if not end or content[end - 1] != 0x7D:  # '}'
         return None
@@ -474,8 +473,8 @@ class EventStrip:
 
 def cut_prompt_ids(payload: bytes) -> tuple[bytes, bool]:
     """``payload`` without its ``prompt_token_ids`` array, cut from the bytes unparsed: for a
-    long conversation it is most of vLLM's first event (~7 bytes a token, 3.5 MB for a 2 MB
-    prompt), and parsing and re-dumping it would cost the event loop ~90 ms per turn. Only
+    long conversation it is most of vLLM's first event (larger than the prompt's text), and
+    parsing and re-dumping it would cost the event loop that much work per turn. Only
     a flat array is cut (``prompt_ids.span``); anything else is left to the JSON path."""
     where = prompt_ids.span(payload)
     if where is None:
@@ -486,7 +485,7 @@ def cut_prompt_ids(payload: bytes) -> tuple[bytes, bool]:
 
 def _back(data: bytes, end: int, chars: bytes) -> int:
     """Where ``data[:end]`` ends once ``chars`` are stripped from its right: ``rstrip``
-    without copying what it keeps (vLLM's first line at turn 300 is ~0.5 MB)."""
+    without copying what it keeps (vLLM's first line carries the whole prompt's ids)."""
     while end and data[end - 1] in chars:
         end -= 1
     return end

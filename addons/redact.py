@@ -148,7 +148,7 @@ class Redact:
 
     def _redact_request(self, flow: http.HTTPFlow) -> None:
         # One pass over the raw fields: looking each name up again (``headers[name]``) scans
-        # every field per name, ~30 µs per flow twice over (issue 16). Each value of a repeated
+        # every field per name, twice over per flow. Each value of a repeated
         # header is checked and redacted on its own line, but only when all the values joined
         # hold a secret: one value holding one makes the whole hold it, and most flows' hold
         # none, so one check stands for a dozen (each looks for every secret). No secret holds
