@@ -29,11 +29,11 @@ def header(headers: Any, name: str, default: str | None = None) -> str | None:
     """``headers.get(name, default)``, for mitmproxy's ``Headers`` read from their raw fields.
 
     mitmproxy's lookup lowercases every field name at each call (and goes through three
-    layers of mapping code): ~2 us a lookup on a harness's nine headers, and a model request
-    makes a dozen lookups (issue 16). This compares lengths first and lowercases only the
-    names that could match: ~0.4 us. Same answer: the values of every field with that name
-    (case-insensitive), decoded as mitmproxy does (UTF-8, surrogateescape), joined by
-    ``", "``. Anything without ``fields`` (a plain dict in a test) is asked its ``get``."""
+    layers of mapping code), and a model request makes a dozen lookups. This compares
+    lengths first and lowercases only the names that could match. Same answer: the values
+    of every field with that name (case-insensitive), decoded as mitmproxy does (UTF-8,
+    surrogateescape), joined by ``", "``. Anything without ``fields`` (a plain dict in a
+    test) is asked its ``get``."""
     fields = getattr(headers, "fields", None)
     if fields is None:
         return headers.get(name, default)
@@ -363,7 +363,7 @@ class Dialect(ABC):
         """``content_slots`` of the messages element ``j`` of the message list makes alone
         (as many as ``Listed.marks`` counts for it), for a dialect whose elements' slots do
         not depend on each other; None: ask ``content_slots`` for the whole body. A request
-        hook's session reads a few slots a turn, not every message's (issue 16)."""
+        hook's session reads a few slots a turn, not every message's."""
         return None
 
     def content_parts(self, blocks: list[Any]) -> list[Part]:

@@ -2,8 +2,8 @@
 
 Every turn of an agent restates its whole history; the session's settings change a handful
 of small top-level keys (``model``, ``temperature``, ``max_tokens``, ``reasoning``...).
-Re-serialising the whole body to change them costs ~3 ms per MB on the event loop, every
-turn, and reformats bytes the harness chose. Instead the body is read once with the JSON
+Re-serialising the whole body to change them costs the event loop work in proportion to the
+history, every turn, and reformats bytes the harness chose. Instead the body is read once with the JSON
 module's own C scanner, one top-level value at a time, which yields both the parsed values
 and where each one stands in the text; the rewritten body is the untouched spans copied as
 they were plus the changed keys serialised anew.
@@ -51,7 +51,7 @@ class Edit:
         shared with the session's remembered lists (trace/prefix.py), which must keep what
         the harness sent. A copy costs the containers on one path, not the body; ``fresh``
         (the ids of the copies made so far, for a batch of edits) keeps a container from
-        being copied once per edit (the message list, 600 items at turn 300, per rewrite)."""
+        being copied once per edit (the message list, the whole history, per rewrite)."""
         fresh = set() if fresh is None else fresh
         for step in self.path[:-1]:
             child = data[step]
@@ -148,7 +148,7 @@ def _splice_listed(text: str, start: int, ends: list[int], edits: list[tuple[tup
                    out: list[tuple[int, int] | str]) -> None:
     """``_splice_array`` for the message list, whose elements' ends are known (``Listed``):
     only the edited elements are read; the text between them is not scanned (scanning every
-    element of the history to find one was O(history) a turn, issue 16), nor copied: it goes
+    element of the history to find one would be O(history) a turn), nor copied: it goes
     to ``out`` as its span of ``text``, the new values as strings (``Body._joined``)."""
     run = next((e for rest, e in edits if not rest and e.run is not None), None)
     if run is not None and (run.run[1] <= run.run[0] or run.run[1] > len(ends)):
@@ -179,7 +179,7 @@ def _splice_listed(text: str, start: int, ends: list[int], edits: list[tuple[tup
         end = start + ends[k]
         made = mine[0][1].made if len(mine) == 1 else None
         if made is not None and len(made[0]) == end - begin and text.startswith(made[0], begin):
-            out.append(made[1])  # the same element with the same edit: the same text (~15 us an edit less)
+            out.append(made[1])  # the same element with the same edit: the same text, not made again
             copied = end
             continue
         value, copied = _splice(text, begin, mine)
@@ -209,8 +209,7 @@ class Body:
 
         Without ``edits`` the untouched spans are copied from the harness's bytes, not from
         the text: one copy of the history into the new body instead of four (slice, join,
-        concatenation, UTF-8 encoding), each a fresh allocation the size of the body, which
-        at turn 300 (363 KB) was most of Rewrite's time (issue 16)."""
+        concatenation, UTF-8 encoding), each a fresh allocation the size of the body."""
         if self.text is None:
             return _dumps(self.data).encode()
         if not edits and self.raw is not None:
@@ -261,8 +260,8 @@ class Body:
     def _joined(self, pieces: list[tuple[int, int] | str]) -> bytes:
         """The body's bytes from spans of ``text`` and new text, in one join: from views into
         ``raw`` when the text is ASCII (a span's characters are its bytes), else from the
-        text. Every slice, concatenation and encoding of the ~360 KB history was a fresh
-        allocation the size of the body (page faults and a copy each; seven a turn before)."""
+        text. Every slice, concatenation and encoding of the history would be a fresh
+        allocation the size of the body (page faults and a copy each)."""
         if self.raw is not None and len(self.raw) == len(self.text):
             raw = memoryview(self.raw)
             return b"".join([raw[p[0]:p[1]] if type(p) is tuple else p.encode() for p in pieces])

@@ -229,10 +229,9 @@ def _pattern(kinds: tuple[str, ...], rest: tuple[str, ...]) -> re.Pattern[str]:
     """The pattern of a shape that gives every value, from its first hole on: each hole's
     grammar and the fixed text after it. Not the fixed text before the first hole, which
     ``match`` compares where the event starts: that head holds what changes with every
-    stream (the completion's ``id``, ``created``), so a pattern with it was compiled anew for
-    every stream, ~0.4 ms of the event loop (``re``'s parser is Python, per character; a
-    real process's turn, ``bench/rollout.py --collect-tokens --stream``), where the rest is
-    the same from stream to stream and compiled once."""
+    stream (the completion's ``id``, ``created``), so a pattern with it would be compiled anew
+    for every stream, on the event loop (``re``'s parser is Python, per character), where the
+    rest is the same from stream to stream and compiled once."""
     key = (kinds, rest)
     pattern = _PATTERNS.get(key)
     if pattern is None:

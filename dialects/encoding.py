@@ -5,7 +5,7 @@ chunk at a time, as they arrive. Each decoder keeps only the codec's own window,
 costs O(chunk). ``Decoder.for_encoding`` takes the header value as sent, including a list
 (``gzip, br``: applied in that order, so undone in reverse).
 
-A chunk can inflate a thousandfold (a compression bomb: 1 MB of gzip is 1 GB of zeros), so
+A chunk can inflate a thousandfold (a compression bomb: a megabyte of gzip can be a gigabyte of zeros), so
 ``pieces`` gives a chunk's output about ``PIECE`` bytes at a time (each codec asked for no
 more: zlib's ``max_length``, brotli's ``output_buffer_limit``, zstd's writer size), and a
 decoder made with a ``limit`` raises ``TooLarge`` as soon as its output passes it: memory and
@@ -23,7 +23,7 @@ import brotli
 import zstandard
 
 PIECE = 1 << 16  # decoded bytes handed on at a time
-_ZSTD_IN = 64  # zstd input fed at a time: an RLE block is 128 KiB from ~4 bytes, so <= ~2 MiB out
+_ZSTD_IN = 64  # zstd input fed at a time: an RLE block is zstd's largest (1 << 17 bytes) from ~4 bytes in, so this bounds one feed's output
 
 
 class TooLarge(ValueError):

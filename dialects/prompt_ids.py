@@ -3,15 +3,14 @@
 vLLM (``return_token_ids``, what a ``collect_tokens`` session asks for) sends the token ids
 of the whole prompt with every answer: on the JSON body, or on a stream's first chunk, as
 ``"prompt_token_ids":[...]`` (vllm/entrypoints/openai/protocol.py, ``ChatCompletionResponse``
-and ``ChatCompletionStreamResponse``). At ~7 bytes an id that is ~0.5 MB at turn 300 of a
-rollout whose last request is 360 KB, and ``json.loads`` of it cost the event loop ~5-9 ms a
-turn, growing with the conversation; pydantic's check of each id another ~1.4 ms
-(``bench/rollout.py --collect-tokens``, issue 16).
+and ``ChatCompletionStreamResponse``). Late in a rollout that array is larger than the
+request itself, and parsing it whole (and pydantic's check of each id) would cost the event
+loop more every turn as the conversation grows (``bench/rollout.py --collect-tokens``).
 
 A chat template renders a conversation so that each turn's prompt begins with the previous
 turn's (the prefix property a trainer relies on), so the array almost always begins with
 the bytes of the array the session's last answer carried. Those bytes are recognised by
-their length and digest (XXH3-128, ~10 GB/s) and stand for the ids the record already holds
+their length and digest (XXH3-128) and stand for the ids the record already holds
 for them (``Prior``: the graph path the last prompt's ids were stored along), the very int
 objects; the list says so (``trace.graph.KnownIds``), so the graph does not compare them
 again and the Response takes them unchecked. Only the bytes after them are parsed. Anything else (another branch, another template, a number spelled
@@ -65,10 +64,9 @@ class Prior:
     longer has them, a rollback or a released trace; its ``holds`` says whether it still has).
 
     ``ids``: the very list that answer's Response carried, handed on once (``known``) to the
-    next prompt that begins with it, which extends it in place. Joining ~70,000 ids from the
-    path's nodes again touched every int object (a reference count each, the objects spread
-    through the heap: ~1.5 ms a turn at turn 300 of ``bench/rollout.py --collect-tokens``);
-    extending the kept list touches only the new ones. It costs 8 bytes an id while the
+    next prompt that begins with it, which extends it in place. Joining the whole prompt's ids
+    from the path's nodes again would touch every int object (a reference count each, the
+    objects spread through the heap); extending the kept list touches only the new ones. It costs 8 bytes an id while the
     session lives (the ints themselves are the nodes'), one list a session: a committed
     Response is not read again, and the list is taken from it, not copied."""
 
@@ -113,9 +111,8 @@ def span(payload: bytes, key: bytes = KEY, pos: int = 0) -> tuple[int, int, int]
 class Pending:
     """Ids read past the prior's, not yet joined to the record's (``load(later=True)``): a
     stream's first chunk carries them, and the whole list made then would live through the
-    rest of the stream as a young container of ~70,000 items that every young collection of
-    the garbage collector walks (~1.3 ms a turn at turn 300, ``bench/rollout.py --stream
-    --collect-tokens``). Joined when the stream is assembled; the array's bytes (a view of
+    rest of the stream as a young container of a whole prompt's ids that every young
+    collection of the garbage collector walks. Joined when the stream is assembled; the array's bytes (a view of
     the event's, not walked by the collector, not copied) are kept for a record that no
     longer holds the prior's ids by then."""
 

@@ -3,8 +3,8 @@
 The tee feeds whatever chunk the network produced; an event may be split anywhere, even
 inside a multi-byte UTF-8 character or between the CR and LF of a line ending. The decoder
 keeps only the unfinished line and the unfinished event, so each ``feed`` costs O(chunk),
-never O(stream): a 10 MB stream must not be re-scanned per chunk. Those two are what an
-upstream can make grow without end (an event of 100 MB, a line with no end): a decoder made
+never O(stream): a long stream must not be re-scanned per chunk. Those two are what an
+upstream can make grow without end (one huge event, a line with no end): a decoder made
 with ``max_event`` raises ``EventTooLarge`` once either passes it, and its caller stops
 reading the stream for the record and says so there.
 """
@@ -41,10 +41,9 @@ class SSEEvent:
         return "".join(out).encode()
 
 
-# CPython looks for a one-byte needle with memchr (~4 µs in 440 KB here) but for a two-byte
-# one, and splits at a one-byte separator, a byte at a time (``find(b"\n\n")`` ~360 µs,
-# ``split(b"\n")`` ~250 µs, ``splitlines`` ~190 µs in the same 440 KB: vLLM's first chunk at
-# turn 300 of ``bench/hooks.py --collect-tokens --stream``, which each stage scanned again).
+# CPython looks for a one-byte needle with memchr, but for a two-byte one, and splits at a
+# one-byte separator, a byte at a time (``find(b"\n\n")``, ``split(b"\n")``, ``splitlines``
+# are each many times slower on a long chunk, such as vLLM's first with the prompt's ids).
 # So the scans below go from LF to LF by memchr; a short chunk, the usual one, is split by
 # the C loop, which costs less there than a call per line.
 _LONG = 4096
