@@ -23,7 +23,7 @@ import brotli
 import zstandard
 
 PIECE = 1 << 16  # decoded bytes handed on at a time
-_ZSTD_IN = 64  # zstd input fed at a time: an RLE block is zstd's largest (1 << 17 bytes) from ~4 bytes in, so this bounds one feed's output
+_ZSTD_IN = 64  # zstd input fed at a time: ~4 bytes can be a whole RLE block (1 << 17 bytes) out
 
 
 class TooLarge(ValueError):
