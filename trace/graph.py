@@ -209,8 +209,7 @@ class Graph:
         leaf = ids.leaf
         # The path to ``leaf``: usually the last fitting path and the few nodes the turn
         # after it added. Walking the whole path up from its leaf, and checking each node
-        # again, touched every node object of the conversation each turn (~0.58 ms at turn
-        # 300 of ``bench/hooks.py --collect-tokens --stream``: cache misses, not Python).
+        # again, would touch every node object of the conversation each turn (cache misses).
         fit, k, consumed, path, taken = self._fit, 0, 0, None, None
         if fit is not None and fit[0] <= leaf:
             up, cur = [], leaf

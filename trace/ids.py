@@ -1,8 +1,7 @@
 """Ids for the records a proxy writes per request (calls, rewrites): 16 hex digits, random.
 
 ``uuid.uuid4().hex[:16]`` asks the kernel for 16 bytes (a ``getrandom`` system call) and
-builds a UUID object for each: ~2.4 us warm and several times that on a busy event loop,
-twice per model request (issue 16). These ids name records inside one trace; they are not
+builds a UUID object for each, twice per model request, on the event loop. These ids name records inside one trace; they are not
 secrets and need no cryptographic randomness, only not to repeat: 64 bits from a generator
 of this module's own, seeded from the system's randomness and again in a forked child (a
 hook that seeds ``random``'s shared generator cannot make them repeat). Session ids and

@@ -35,7 +35,7 @@ class Part(_Model):
 
     Images and files are kept as references (a URL, or ``sha256:<hex>`` of inline data plus
     its media type), never as the base64 payload: the trace is read by trainers that need to
-    know an image was there, and a 5 MB screenshot restated every turn would swamp the file.
+    know an image was there, and a screenshot's payload restated every turn would swamp the file.
     """
 
     type: Literal["text", "image", "file", "other"] = "text"
@@ -95,8 +95,8 @@ class Message(_Model):
     # message_hash's result: the graph asks for it several times per turn, and for a huge
     # message each hash is a pass over all of it. Reset on assignment and on copy. Read and
     # written through ``__pydantic_private__`` (a slot) by ``cached_hash``/``message_hash``:
-    # ``message._hash`` goes through pydantic's ``__getattr__``, ~2 us a read, and a turn
-    # read it ~9 times (issue 16).
+    # ``message._hash`` goes through pydantic's ``__getattr__``, and a turn reads it several
+    # times.
     _hash: str | None = PrivateAttr(default=None)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -218,8 +218,8 @@ _NUMBERS = frozenset({"prompt_token_ids", "token_ids", "logprobs"})
 
 
 def copied(value: Any) -> Any:
-    """A deep copy of a value made of these models, lists, dicts and JSON atoms, ~3x faster
-    than ``model_copy(deep=True)`` (which goes through ``copy.deepcopy`` and its memo for
+    """A deep copy of a value made of these models, lists, dicts and JSON atoms, without
+    ``model_copy(deep=True)``'s cost (it goes through ``copy.deepcopy`` and its memo for
     every field). Strings are shared: they cannot change. Anything else is deep-copied."""
     if isinstance(value, _ATOMS):
         return value
@@ -337,8 +337,7 @@ def read_only(value: Any, at: int | None = None) -> Any:
     and its lists and dicts have no method that changes them (``ReadOnly``). What a request
     hook is handed of the messages the conversation already holds: a change to one is the
     hook's error where it is made, so the proxy need not compare every copy with its
-    message after each call (~0.5 ms at turn 300 of ``bench/hooks.py --hooks``, 600
-    messages; issue 16). ``at``: a message's index in the request, for the error."""
+    message after each call (a pass over the whole history, every turn). ``at``: a message's index in the request, for the error."""
     if isinstance(value, _ATOMS):
         return value
     if isinstance(value, list):
@@ -429,7 +428,7 @@ def message_hash(message: Message) -> str:
     if h is not None:
         return h
     if _plain(message):
-        # What model_dump(exclude_defaults=True) gives for a role and a text (~8 us less).
+        # What model_dump(exclude_defaults=True) gives for a role and a text, without calling it.
         data: dict[str, Any] = {"role": message.role}
         if message.content:
             data["content"] = message.content
@@ -464,8 +463,7 @@ def _dumped(message: Message) -> dict[str, Any]:
 
 
 # Strings longer than this stand in the hash as their own digest. Low: Python's JSON encoder
-# escapes a string at ~6 ns a character here, a digest reads it at well under 1, so a 20 KB
-# message was ~130 us of JSON (issue 16). The hash lives in memory only (the graph's index, a
+# escapes a string character by character, many times slower than a digest reads it. The hash lives in memory only (the graph's index, a
 # trace's reader): no file holds it, so the threshold and the digest may change between
 # versions.
 _LONG = 1 << 10
@@ -473,12 +471,12 @@ _LONG = 1 << 10
 
 def _digest_long_strings(value: Any) -> Any:
     """Long strings (a pasted file, a huge tool output) stand in the hash as their own
-    XXH3-128 digest, so hashing a 100 MB message is one pass over its bytes instead of a
-    100 MB JSON dump on the event loop. Equal strings still hash equal.
+    XXH3-128 digest, so hashing a huge message is one pass over its bytes instead of a
+    JSON dump of it on the event loop. Equal strings still hash equal.
 
-    XXH3-128, not sha256: 20 KB is ~0.5 us against ~12 (issue 16), for the one string every
-    turn of a long conversation hashes new. It stands for the string inside the message's
-    sha256, in memory only, and the graph's index prefers a stored message that is equal,
+    XXH3-128, not sha256: many times faster, for the one string every turn of a long
+    conversation hashes new. It stands for the string inside the message's sha256, in
+    memory only, and the graph's index prefers a stored message that is equal,
     not just equal in hash (``Graph._match``); Retry's body digest makes the same choice."""
     if isinstance(value, str):
         if len(value) > _LONG:

@@ -155,8 +155,8 @@ class ModelCall(_Model):
     ended_at: float | None = None
     # A streamed answer's timing, event by event (SSE events, or a WebSocket's frames): the
     # gap in milliseconds before each event, the first counted from ``first_byte_at``. Gaps,
-    # not offsets, because most are under 128 ms and so one byte each on disk (a 1000-event
-    # answer costs ~1 KB); ``event_offsets`` adds them up. A paced replay sends each event
+    # not offsets, because a gap under 128 milliseconds is one byte on disk (a msgpack
+    # positive fixint) where an offset grows with the stream; ``event_offsets`` adds them up. A paced replay sends each event
     # at its time. None: not streamed (or read whole), or recorded before the field existed.
     event_gaps_ms: list[int] | None = None
     error: ResponseError | None = None
@@ -500,8 +500,8 @@ class Trace(_Model):
         list of its own), so ``shared[:n]`` is this moment's conversation whenever it is read,
         on any thread (a hook reads its context in a worker thread while the loop commits).
         Hooks are handed the branch every turn, and each turn's is the one before plus the
-        turn: building its list walked every node of the conversation (~0.14 ms at turn 300
-        of ``bench/hooks.py --hooks``), where this walks the turn's."""
+        turn: building its list would walk every node of the conversation, where this walks
+        the turn's."""
         last = next((c.delivered_node if c.delivered_node is not None else c.node
                      for c in reversed(self.calls) if c.node is not None), None)
         if last is None:
@@ -541,7 +541,7 @@ class Trace(_Model):
     def _tally(self) -> tuple[int, int]:
         """The turns and the output tokens, kept (``_counts``) and counted on from the calls
         since the last count: hooks and limits read them every turn, and counting every call
-        each time made a turn cost the session's age (issue 16). A call is only ever appended
+        each time would make a turn cost the session's age. A call is only ever appended
         or, the last one, rolled back (the last counted call and its node are checked)."""
         calls, memo = self.calls, self._counts
         done, turns, output = 0, 0, 0
@@ -563,8 +563,8 @@ class Trace(_Model):
         its branch. A prefix shared by two branches is counted once because each call is
         visited once; a compaction restarts the count on its new branch.
 
-        Hooks and limits read it every turn, and counting every call again made each turn
-        cost the session's age (issue 16): the count is kept (``_inputs``) and only the calls
+        Hooks and limits read it every turn, and counting every call again would make each
+        turn cost the session's age: the count is kept (``_inputs``) and only the calls
         since are counted, when that is sure to give the same: each new call's reply is a
         node made after the count (nothing counted before hangs under it), none delivered
         another message, and no count ever met a restated copy of a reply (whose lookup

@@ -2,8 +2,8 @@
 
 Every turn of an agent restates its whole history, and all but the newest messages are ones
 the session's graph already holds. Parsing them again (JSON, then the canonical messages)
-made every turn cost what the whole conversation costs: at turn 300 that was most of the
-proxy's CPU. Instead each session remembers, for its last few requests, the text of the
+would make every turn cost what the whole conversation costs, late in a rollout most of
+the proxy's CPU. Instead each session remembers, for its last few requests, the text of the
 message list exactly as it was sent, where each element ended, the element as parsed, its
 canonical message and its graph node. A new request whose list text starts with one of
 those (one ``str.startswith``: a memory compare, not a parse) takes the known elements as
@@ -117,9 +117,8 @@ class _Entry:
     and ``last`` the rest, so that both the whole list and all of it but the last element
     (the Claude Code turn's case) are compared without copying either out first. Each piece
     is a view of the request's own bytes when they were ASCII (no copy: a copy of the
-    history was a fresh history-sized block each turn, whose pages the kernel faulted in
-    anew, ~0.2 ms at turn 300 of ``bench/hooks.py``, as glibc's heap does not reuse a freed
-    block for a slightly larger one), else a copy of its text."""
+    history would be a fresh history-sized block each turn, whose pages the kernel faults in
+    anew, as glibc's heap does not reuse a freed block for a slightly larger one), else a copy of its text."""
 
     head: Text
     last: Text
@@ -224,7 +223,7 @@ def touches(overrides: Iterable[Any], key: str) -> bool:
 def identical(a: list[Any], b: list[Any]) -> int:
     """The index of the first item that is not the same object in ``a`` and ``b`` (the
     shorter one's length if there is none), in one pass in C that reads no item: a restated
-    history is mostly the very objects its last request's scan made (issue 16)."""
+    history is mostly the very objects its last request's scan made."""
     return next(itertools.compress(itertools.count(), map(operator.is_not, a, b)), min(len(a), len(b)))
 
 

@@ -3,12 +3,10 @@
 A ``collect_tokens`` session keeps every token id of its graph in memory while it lives (the
 nodes' ``token_ids``, and the list the next prompt extends, ``dialects/prompt_ids.py``). Each
 id a JSON parser makes is an int object of its own (CPython caches only -5..256): 28 bytes,
-plus the list's 8-byte pointer. At turn 300 of ``bench/hooks.py --collect-tokens --memory``
-(~95,000 ids) that was 2.65 MB of int objects on the nodes and ~1.25 MB more in the kept
-prompt list (its restated replies' ids, parsed apart from the completions'): half of the
-7.72 MB the session kept for its tokens, though a vocabulary has at most a few hundred
-thousand distinct ids. So the ids a
-node is given are replaced, in place, by one shared object per value from a table that grows
+plus the list's 8-byte pointer. Those objects, on the nodes and in the kept prompt list (its
+restated replies' ids, parsed apart from the completions'), were about half of what a session
+kept for its tokens (``bench/hooks.py --collect-tokens --memory``), though a vocabulary has at
+most a few hundred thousand distinct ids. So the ids a node is given are replaced, in place, by one shared object per value from a table that grows
 to the largest id seen (``CAP`` bounds it: an id past it, or below 0, stays as it is, so an
 upstream's odd id cannot make the table large). The values are equal and so is every record
 written of them; only where the objects live changes.
@@ -19,8 +17,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-#: Ids below this share an object (the largest vocabularies in use are ~262,000: Gemma's);
-#: the table costs 36 bytes an entry up to the largest id seen (~9.4 MB at 262,144).
+#: Ids below this share an object (above the largest vocabularies in use, Gemma's); the
+#: table costs 36 bytes an entry up to the largest id seen.
 CAP = 1 << 19
 _TABLE: list[int] = list(range(257))  # the small ints CPython already shares; _TABLE[i] is i
 _GROWING = threading.Lock()

@@ -1,55 +1,30 @@
 """Append trace records to msgpack files, never leaving a hole and never waiting for a disk.
 
-The proxy's event loop must never wait for a disk: a slow fsync would stall every stream of
-every session. Recorders pack each record on their thread (so a record that cannot be packed
-fails the commit that made it, not the file). One writer thread, shared by all sessions, does
-everything that can wait for the disk: it opens files, fsyncs, closes, truncates after a
-failure and retries held records. The record's ``write`` itself is done where it was packed
-while the file is healthy and open (``write_on_loop``, the default): a write into the page
-cache costs ~11 us for 20 KB here, while handing each record to the thread cost ~0.1-0.25 ms
-of CPU per request at 16 clients (the thread's wake-up and the GIL passed back and forth;
-issue 16, docs/benchmarks.md), most of what the proxy spent over bare mitmdump. A write that
-fails, or takes longer than ``SLOW_WRITE_SECONDS`` (a disk or network filesystem pushing
-back), hands that file, and every later write, to the thread. A file's first record, its
-footer, and every record of a file the thread holds (failing, closed to bound the open
-descriptors, or with records still queued) go through the queue, in order. A killed proxy
-loses at most what was still queued (the turn in flight). Each record is one msgpack map,
-self-framing, its last entry a checksum chained to the record before it (``trace/records.py``):
-a reader stops cleanly at a torn tail, and ``verify`` finds a byte changed later.
+The event loop must never wait for a disk: a slow fsync would stall every stream of every
+session. A record is packed on its producer's thread (one that cannot be packed fails the
+commit that made it, not the file) and, while its file is healthy and open, written there
+(``write_on_loop``): a page-cache write costs less than handing each record to a thread
+(``bench/fsync.py``, docs/benchmarks.md). One writer thread, shared by all sessions, does
+all that can wait: open, fsync, close, truncate after a failure, retry held records. Who
+writes a file is its ``inline`` flag, changed only under ``Store._own`` (never held across
+I/O): the producer turns it off for a record it must queue (a file's first, its footer) or a
+write that fails or is slower than ``SLOW_WRITE_SECONDS``; the thread before anything beyond
+an fsync, and on again only once nothing of the file is queued. A killed proxy loses at most
+what was queued.
 
-A trace's file is created exclusively when the trace begins (``create``, ``O_EXCL``), on the
-caller's thread so a session whose file exists is refused before it is made: no trace is ever
-truncated, moved or appended to by another. The only truncation is the roll-back below, of the
-writer's own torn last record.
+A file is created exclusively (``O_EXCL``, on the caller's thread, so a session whose file
+exists is refused) and is never corrupt in the middle: a failed or short write is truncated
+back to the last complete record, and the records since are held and retried every
+``RETRY_INTERVAL`` seconds; past ``MAX_HELD_BYTES`` or ``MAX_HELD_SECONDS`` the file is
+*degraded* and ends at its last good record (a later record behind a gap could not be joined
+to the graph). Each record is one msgpack map whose last entry is a checksum chained to the
+record before it (``trace/records.py``): a reader stops cleanly at a torn tail, and
+``verify`` finds a byte changed later.
 
-Who writes a file is its ``inline`` flag, changed only under ``Store._own``: True, the
-producer writes it (and the thread only fsyncs it); False, the thread alone does. The producer
-turns it off (a record it must queue, a failed or slow write); the thread turns it off before
-anything it does to the file beyond an fsync, and on only once nothing of the file is queued.
-The thread never holds ``_own`` across I/O, so the producer never waits on the disk for it.
-
-A file is never corrupt in the middle. The writer knows each file's last good offset (the end
-of its last complete record); a failed or short write (ENOSPC, EIO) is truncated back to it
-before anything else is appended, and the records that could not be written are held, in
-order, together with every later record of that file, and retried every ``RETRY_INTERVAL``
-seconds until the disk takes them. A file whose held records outgrow ``MAX_HELD_BYTES`` or
-``MAX_HELD_SECONDS`` is *degraded*: the held records and every later one are counted lost, and
-the file ends at its last good record (writing later records would leave them behind a gap
-the graph cannot bridge). ``health(path)`` says which; the failure is logged once per file.
-
-Records are written at once; the fsync a record asks for (the ``turn`` policy) is grouped: a
-file is fsynced at most every ``fsync_interval`` seconds (1 s by default, as Redis's
-``appendfsync everysec``), one fsync for every record of the file written in that window
-(group commit). Nothing is delivered later for it: the harness has its answer before the
-record is even written, and a killed proxy loses nothing the writer wrote (the page cache
-has it); only a crash of the machine loses what was inside the window (and with it the
-rollout's harness, whose sandbox dies too). An fsync per turn cost ~0.4 ms of the proxy's
-CPU per request at 16 clients on this machine's ext4 (its thread's kernel time and the GIL
-handed back and forth; issue 16, docs/benchmarks.md): most of what the proxy spent over bare
-mitmdump there. The footer (``close``) and a barrier (``flush``, ``drained``: a DELETE waits
-for one) fsync what is pending at once. An fsync that fails is a failed write: the file goes
-back to its last fsynced offset and every record since is held and written again, so the
-guarantee is the one a write's failure gives.
+Fsyncs are grouped: at most one per file every ``fsync_interval`` seconds (as Redis's
+``appendfsync everysec``). Nothing waits on them: only a crash of the machine loses the
+window, and the rollout's sandbox dies with it. ``close`` and ``flush``/``drained`` fsync at
+once; a failed fsync is a failed write (back to the last fsynced offset, all since held).
 """
 
 from __future__ import annotations
@@ -148,9 +123,9 @@ def pack(record: dict[str, Any], prev: int = 0) -> bytes:
         data = msgpack.packb(record, use_bin_type=True, default=_default)
     except UnicodeEncodeError:
         data = b""
-    # The marker's first byte alone first: a one-byte search is memchr (~0.5 us for a 20 KB
-    # record), the four-byte one ~10 us, and the byte (a UTF-8 lead for U+100000 and up) is
-    # rare outside the marker itself (issue 16).
+    # The marker's first byte alone first: a one-byte search is memchr, many times faster
+    # than the four-byte one, and the byte (a UTF-8 lead for U+100000 and up) is rare
+    # outside the marker itself.
     if not data or (_ESCAPE_LEAD in data and ESCAPE_UTF8 in data):
         data = msgpack.packb(escape(record), use_bin_type=True, default=lambda v: escape(_default(v)))
     if len(data) > MAX_RECORD_BYTES:
@@ -296,7 +271,7 @@ class Store:
         data = pack(record, 0 if new else prev)
         if not isinstance(path, Path):
             # The caller's Path kept (a Recorder's, every record of the trace): a new one
-            # computes its string and hash again at each lookup, ~5-20 us here (issue 16).
+            # computes its string and hash again at each lookup.
             path = Path(path)
         made = create(path) if new else True  # on the caller's thread: a session is refused before it exists
         if new or path not in self._health:
@@ -357,7 +332,7 @@ class Store:
     def forget(self, path: Path) -> None:
         """The trace at ``path`` is done with (its session dropped from memory, its summary read
         from the file from now on): its account goes. Kept, a night of rollouts would hold one
-        per trace ever written (with the registry's ``Path``, ~0.65 KB a session, measured).
+        per trace ever written (with the registry's ``Path``).
         Records of it the writer still holds (a slow or failed disk) are written all the same:
         the writer's own state has the account too, and a failure is in the log."""
         self._health.pop(path, None)
