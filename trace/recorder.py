@@ -482,8 +482,8 @@ class Recorder:
         # Only atoms, so the collector does not track it. Everything else goes, not replaced by
         # empty ones: up to ``intercept_keep_sealed`` released sessions stay in memory, and each
         # empty Trace (eight lists, a set, a dict), Graph, Prefixes... is objects every full
-        # collection walks (~55 a kept session made each pass 40-60 ms at 1,000 of them,
-        # docs/benchmarks.md). ``__getattr__`` makes one again if a late exchange asks.
+        # collection walks, for every kept session (``bench/gcpause.py``). ``__getattr__``
+        # makes one again if a late exchange asks.
         self._kept = {"id": t.id, "started_at": t.started_at, "ended_at": t.ended_at, "stop_condition": t.stop_condition,
                       "state_version": t.state_version, "state_digest": t.state_digest}
         self._generation = self.prefixes.generation + 1  # as ``Prefixes.clear`` would bump it
