@@ -104,9 +104,9 @@ def haproxy_config(host: str, port: int, workers: dict[str, int], threads: int =
         # its secret (OpenProxyGuard), and a shared one would admit the second client too
         "    http-reuse never",
         # A CONNECT's tunnel (TLS the front never reads) forwarded by the kernel (splice(2))
-        # where HAProxy's heuristics find it pays: its CPU per relayed SSE event 14.2-14.6 ->
-        # 8.2-9.6 µs with one worker (bench/workers.py, docs/benchmarks.md). HAProxy 2.6's
-        # configuration manual, "option splice-auto": correct from Linux 2.6.29 on.
+        # where HAProxy's heuristics find it pays: less of the front's CPU per relayed SSE
+        # event (bench/workers.py, docs/benchmarks.md). HAProxy 2.6's configuration manual,
+        # "option splice-auto": correct from Linux 2.6.29 on.
         "    option splice-auto",
         "",
         "frontend interceptor",

@@ -9,8 +9,8 @@ remote image.
 
 Size and speed: the trace is embedded once, as compact JSON in the on-disk shape (each node
 once, as the records store it, never each branch's restated history), and the script builds
-the views on demand: only the selected branch's cards, token cells a page at a time. A
-300-turn trace (2 MB) gives a page about its size (see docs/benchmarks.md, bench/viewer.py).
+the views on demand: only the selected branch's cards, token cells a page at a time. So a
+page is about the size of its trace file, however long the rollout (``bench/viewer.py``).
 
 Several traces make an index page (one row per session) plus one view per trace beside it,
 so that a night's hundred rollouts do not become one page of hundreds of megabytes.
