@@ -49,8 +49,8 @@ log = logging.getLogger(__name__)
 
 # The body's digest is XXH3-128, not sha256: it is computed for every model request on the
 # event loop, over the whole history the request restates, and XXH3 reads it many times
-# faster than sha256 (``bench/retry.py``, docs/benchmarks.md). It is only compared with this session's own earlier
-# digests in memory (never stored, never a security boundary: a harness that forged a
+# faster than sha256 (``bench/retry.py``). It is only compared with this session's own
+# earlier digests in memory (never stored, never a security boundary: a harness that forged a
 # collision would only be answered its own session's earlier answer); 128 bits make an
 # accidental collision between two bodies of one session as likely as sha256's would be, nil.
 HASH_OFF_LOOP = 32 << 20  # bodies above this are hashed in a worker thread (only there is the hop worth it)

@@ -66,7 +66,7 @@ THRESHOLD0 = 10_000
 #: MiB of ended flows' bodies (requests and answers as mitmproxy holds them) between the young
 #: collections this asks for.
 COLLECT_MIB = 2
-#: Ended flows between them, whatever their size: a dead flow leaves ~200 objects in cycles,
+#: Ended flows between them, whatever their size: a dead flow leaves a few hundred objects in cycles,
 #: so this is about ``THRESHOLD0``'s worth.
 FLOWS = 50
 #: Seconds from the hook that saw a flow end to its collection: mitmproxy still holds the flow

