@@ -1,70 +1,33 @@
 """Relay: the proxy reads a model's answer to its end on a connection of its own, so an answer
 the harness stopped reading is still recorded, and the harness's retry is answered from it.
 
-Why mitmproxy's own upstream connection cannot do it: when the client closes mid-answer (an
-SDK timeout while the model is still generating, litellm's sync Anthropic stream closing after
-``message_delta``, a caller that stops iterating), mitmproxy 12 passes the client's
-``RequestProtocolError`` to the server side before any hook runs
-(``HttpStream.handle_protocol_error``), where ``Http1Client`` answers it by closing the
-upstream connection; then the client's handler cancels every server connection it owns
-(``ConnectionHandler.handle_client``). The ``error`` hook comes after both: what the model was
-still generating is gone, and each SDK retry makes it generate again. No hook can keep that
-connection, and patching mitmproxy's layers would tie the proxy to their private internals.
+Why not mitmproxy's own upstream connection: when the client closes mid-answer, mitmproxy 12
+closes the upstream connection and cancels the client's server connections before any hook
+runs (``HttpStream.handle_protocol_error``, ``ConnectionHandler.handle_client``), so what the
+model was still generating would be lost and each SDK retry would make it generate again. No
+hook can keep that connection, and patching mitmproxy's layers would tie the proxy to their
+private internals.
 
-So for a model POST the proxy owns the upstream connection, and mitmproxy stays what it is:
+So for a model POST the proxy owns the upstream connection (TLS verified as mitmproxy would:
+``ssl_insecure``, ``ssl_verify_upstream_trusted_ca``, ``ssl_verify_upstream_trusted_confdir``,
+else certifi; idle connections pooled per address and shared by every session), and mitmproxy
+stays what it is: it runs the answer's hooks (``addons/pipeline.py``) and observers see the
+real upstream. An answer that is not a stream is read whole in the request hook and becomes
+the flow's answer (``Fetch``); a stream comes back through a loopback hop, a plain HTTP/1.1
+server in the proxy's own event loop that mitmproxy reads as its upstream (``Drain``,
+``_Through``). A client that goes away is seen, and the answer is read on through the same
+pipeline (at most ``intercept_drain_timeout`` seconds) and committed as undelivered. An
+upstream that cannot be reached or closes without answering gets a 502 in the dialect's shape
+(mitmproxy's own is an HTML page no SDK reads as a provider error), retryable.
 
-- ``Fetch`` (below; the last request step, after the Gate): the exchange is sent on the
-  relay's upstream connection from mitmproxy's request hook itself. An answer that is not a
-  stream, read whole, becomes the flow's answer (mitmproxy runs the answer's hooks on it and
-  sends it): it reaches the harness only whole anyway, so the loopback hop below would only
-  cost (a second HTTP exchange per turn, growing with the history). The client going away
-  meanwhile is looked for (mitmproxy holds that event until the hook returns): the answer is
-  read on, recorded as undelivered, its retry coalesced, as below. A stream's head read, the
-  flow goes on through the hop with the request's head only (the body went upstream already;
-  ``Drain._lighten``, put back for observers at the answer's headers), and the relay passes
-  the stream down, never sending the request twice.
-- ``request`` (the last request step before the Gate) points the flow at this relay: a plain
-  HTTP/1.1 server on 127.0.0.1 in the proxy's own event loop, with a one-use ticket header
-  (random, removed before anything leaves). The relay sends the request to the real upstream
-  (TLS verified as mitmproxy would: ``ssl_insecure``, ``ssl_verify_upstream_trusted_ca``,
-  ``ssl_verify_upstream_trusted_confdir``, else certifi; idle connections pooled per upstream
-  address and shared by every session, so a turn rarely pays for a handshake) and passes
-  the answer back as it arrives (its body's bytes as sent, below). mitmproxy runs the answer's pipeline
-  (``addons/pipeline.py``) on it exactly as before; observers see the real upstream (the
-  flow's address is restored at the answer's headers).
-- Each ``Drain`` (one exchange) keeps the body bytes mitmproxy has not yet passed through the
-  pipeline: the pipeline's outermost callable meters what it consumed, so for a stream this is
-  what sits in socket buffers, not the answer.
-- When mitmproxy reports the flow's ``error`` and the upstream did not break, the client went
-  away: the Drain takes over. It feeds the bytes mitmproxy never consumed and the rest of the
-  answer through the same pipeline itself (building it from the answer's headers if they came
-  after the client left), then runs its ``response`` stage: the turn commits (or the error is
-  recorded), the call says ``delivered: false``, and Retry settles it as undelivered, so the
-  SDK's retry, which coalesces on the exchange in flight meanwhile, gets the recorded answer.
-  The upstream is read for at most ``intercept_drain_timeout`` seconds after the client left.
-- An upstream that cannot be reached or closes without answering gets a 502 in the dialect's
-  shape (mitmproxy's own is an HTML page no SDK reads as a provider error), retryable.
-
-The answer's head goes down the loopback as the upstream sent it (``framing.read_head`` parses
-it, to h11's rules), its body
-as the upstream framed it, except that a chunked body goes down as one chunk per read of the
-upstream: the body bytes that read carried, which ``addons/framing.py`` already takes out for
-the Drain (and checks), no chunk decoded or encoded on its own. mitmproxy does its whole
-per-chunk work (its layers' events, the pipeline's callable, a write to the client) once per
-chunk it reads, so a provider's one chunk per token cost that once per event; now the events
-that arrived together (a fast model, a busy proxy: the more load, the more per read) travel
-together, and an event that arrives alone still goes at once (a read that is one whole chunk,
-a paced stream's usual read, goes as it came: framing it again would give the same chunk). The
-harness reads the same bytes (chunk boundaries carry no meaning in HTTP, and mitmproxy frames
-its own chunks to the harness: extensions never reach it, trailers never were passed on).
-Each read of a streamed answer is handled in the upstream transport's callback (``_Through``,
-once the StreamReader holds nothing more), not by a task woken per read: at a provider's pace
-every event is a read of its own. Each goes down the loopback as it came, one write of the
-relay's to mitmproxy's socket, which mitmproxy reads as its upstream through its public
-streaming (``flow.response.stream``); the relay never touches mitmproxy's connection handler.
-``intercept_drain_timeout=0`` turns the relay off: mitmproxy talks to the upstream itself, and
-an answer the client abandons is lost as before. Upstream-proxy modes and client certificates
-are left to mitmproxy (the relay would bypass them).
+The harness reads the upstream's bytes as sent: the head as the upstream sent it
+(``framing.read_head``, to h11's rules), the body as it framed it, except that a chunked body
+goes down as one chunk per read of the upstream (chunk boundaries carry no meaning in HTTP).
+mitmproxy's per-chunk work is paid once per chunk it reads, so events that arrived together
+travel together, and an event that arrives alone still goes at once.
+``intercept_drain_timeout=0`` turns the relay off (an answer the client abandons is lost);
+upstream-proxy modes and client certificates are left to mitmproxy (the relay would bypass
+them).
 """
 
 from __future__ import annotations
@@ -465,7 +428,24 @@ class _Meter:
 
 
 class Drain:
-    """One model exchange through the relay; ``Exchange.drain``. See the module docstring."""
+    """One model exchange through the relay; ``Exchange.drain``.
+
+    ``request`` (the last request step before the Gate) points the flow at the relay with a
+    one-use ticket header (random, removed before anything leaves); the relay sends the
+    request upstream and passes the answer back as it arrives. A stream's head read by
+    ``Fetch``, the flow goes on through the hop with the request's head only (the body went
+    upstream already; ``_lighten``, put back for observers at the answer's headers), so the
+    request is never sent twice.
+
+    The Drain keeps the body bytes mitmproxy has not yet passed through the pipeline: the
+    pipeline's outermost callable meters what it consumed, so for a stream this is what sits
+    in socket buffers, not the answer. When mitmproxy reports the flow's ``error`` and the
+    upstream did not break, the client went away and the Drain takes over: it feeds the bytes
+    mitmproxy never consumed and the rest of the answer through the same pipeline itself
+    (building it from the answer's headers if they came after the client left), then runs its
+    ``response`` stage: the turn commits (or the error is recorded), the call says
+    ``delivered: false``, and Retry settles it as undelivered, so the SDK's retry, which
+    coalesces on the exchange in flight meanwhile, gets the recorded answer."""
 
     cut: str | None = None  # why the answer read whole was read no further (``_read_rest``)
 
