@@ -3,45 +3,30 @@ proxy, behind one deployment switch, ``intercept_runtime_tuning``.
 
 Nothing in a request's way reads or needs what this sets: with the switch off, every turn,
 stream, retry and record is the same (tests/test_tuning.py runs a real mitmdump so). What it
-changes is the proxy's tail latency and resident set over a long run. Its hooks only look (an
-ended flow's body sizes, a client connection opened or closed, a session released) and never
-touch a flow. Its settings:
+changes is the proxy's tail latency and resident set over a long run; its hooks only look (an
+ended flow's body sizes, a connection opened or closed, a session released). The why of each
+setting: every session shares one event loop, so a full collection stalls every stream.
 
-- **Start-up frozen** (``gc.freeze``), once per process: mitmproxy serves every session on one
-  event loop, so a full collection, which walks every object the collector tracks, stalls
-  every stream at once, and most of what it walked (modules, schemas, the CA) never dies.
-  Only start-up: anything frozen is never freed by the collector, so a later freeze would pin
-  the flows in flight that die in reference cycles.
-- **Young generation every** ``THRESHOLD0`` **allocations** (Python's: 700): a request makes
-  thousands of short-lived objects that reference counting frees anyway, and each young pass
-  that finds them alive promotes them towards the generation whose growth triggers full passes.
-- **Dead flows collected by bytes and by count**: mitmproxy's per-flow objects point at each
-  other (a layer keeps bound methods of itself; a field checked against ``None`` leaves a
-  caught exception whose traceback holds the stack), so a dead flow and its history-sized
-  bodies wait for the collector, whose threshold counts objects, not bytes. And Python's young
-  count is allocations minus deallocations of *any* generation, so a burst of seals (old
-  graphs freed by reference counting over small control-API flows) keeps it under the
-  threshold while the flows' cycles pile up for one long pass. So after ``COLLECT_MIB`` of
-  ended flows' bodies, or every ``FLOWS`` ended flows, one young collection (the middle one
-  too when Python's next pass would take it), ``GRACE`` seconds after the hook that saw the
-  end: until then mitmproxy still holds the flow, and a pass that finds it alive promotes it.
-- **glibc's heap kept** below ``HEAP_MIB``: a growing rollout allocates a few blocks the size
-  of its whole history every turn, each a little bigger than the last; glibc maps a block
-  above its mmap threshold and raises the threshold to the freed block's size, so each turn's
-  block was mapped anew, its zero-filled pages faulted in on first touch. Fixed mmap and trim
-  thresholds (``mallopt``) serve them from the heap and keep freed ones for reuse.
-- **Freed heap back after seals** (``intercept_malloc_trim`` seconds after one; at most one
-  trim per interval, since glibc holds an arena's lock while it trims it and an allocation the
-  event loop makes meanwhile waits): ``malloc_trim(0)`` in a thread of its own, after a full
-  collection on the loop's own thread when no client connection is open (nobody waits; the
-  finalizers it runs touch the loop, which is not thread-safe). With connections open, the
-  trim alone: a full collection would stall them, and Python's own passes come later.
+- **Start-up frozen** (``gc.freeze``), once: most of what a full pass walks (modules, schemas,
+  the CA) never dies. Only at start-up, since a later freeze would pin flows in flight that
+  die in reference cycles.
+- **Young passes every** ``THRESHOLD0`` **allocations**, not Python's 700: a request's
+  short-lived objects would be promoted towards the generation whose growth triggers full passes.
+- **Dead flows collected by bytes and by count** (``COLLECT_MIB``, ``FLOWS``, ``GRACE`` after
+  the end): mitmproxy's per-flow objects form cycles, so a dead flow's history-sized bodies
+  wait for the collector, whose count (allocations minus frees of any generation) a burst of
+  seals can hold under its threshold while the cycles pile up for one long pass.
+- **glibc's heap kept** below ``HEAP_MIB`` (fixed mmap and trim thresholds, ``mallopt``): else
+  each turn's history-sized block, a little bigger than the last, is mapped anew and its pages
+  faulted in.
+- **Freed heap back after seals** (``intercept_malloc_trim``, at most once per interval: glibc
+  holds an arena's lock while trimming): ``malloc_trim(0)`` in a thread of its own, preceded
+  by a full collection on the loop's thread when no client connection is open (nobody waits).
 
-The switch turned off while running undoes what can be undone: the collector's thresholds
-and freeze restored, no more collections or trims asked for, glibc's thresholds set back to
-their start values (glibc's own adjusting of them stays off once set: restart for its exact
-defaults). Turned on again: all but the freeze. Not glibc (musl, macOS): the allocator's part
-does nothing. docs/benchmarks.md has what each setting measured.
+Turned off while running, it undoes what can be undone (thresholds and freeze restored, no
+more collections or trims, glibc's thresholds set back; glibc's own adjusting stays off:
+restart for its exact defaults); turned on again, all but the freeze. Without glibc (musl,
+macOS) the allocator's part does nothing. ``bench/gcpause.py`` measures the collector's part.
 """
 
 from __future__ import annotations

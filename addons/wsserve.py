@@ -2,48 +2,29 @@
 upstream serves none, and speaks HTTP to that upstream, so Codex never waits for a fallback.
 
 Codex CLI opens ``GET /v1/responses`` with ``Upgrade: websocket`` and, if the upgrade fails,
-retries it for some seconds before it falls back to ``POST /v1/responses`` (6-9 s lost per
-run). An OpenAI-compatible server (vLLM, SGLang) serves no such socket, and a translated
-session's upstream (``"dialect": "chat"``) speaks no Responses at all. For such a session
-the upgrade goes to this addon's own WebSocket server (127.0.0.1, in the proxy's loop, one-use
-ticket header), so mitmproxy relays the socket like any other: a 101 an addon makes up leaves
-mitmproxy's WebSocket layer without a server side, and it crashes when the client closes.
-The server turns each frame into the HTTP request it stands for:
+retries it for a while before it falls back to ``POST /v1/responses``. For a session whose
+upstream serves no such socket, the upgrade goes to this addon's own WebSocket server
+(127.0.0.1, in the proxy's loop, one-use ticket header), so mitmproxy relays the socket like
+any other (a 101 an addon made up would leave mitmproxy's WebSocket layer without a server
+side, and it crashes when the client closes). Each ``response.create`` frame becomes the
+``POST /v1/responses`` (``stream: true``) Codex would have fallen back to, sent to the proxy's
+own port, so every addon handles it as that POST (claim, policy, hooks, translation, the
+record, the retry rules); its SSE events go back one text frame each, an HTTP error as an
+``error`` frame with its status, body and retry headers. What the Responses WebSocket server
+keeps, this keeps per session: ``previous_response_id`` is resolved here (the POST carries the
+whole chain, so the upstream needs no stored responses), a warm-up (``generate: false``) is
+answered here with nothing sent or recorded, and a frame resent on a new socket after a drop
+is flagged as a retry (``x-stainless-retry-count: 1``), so Retry coalesces or replays it. One
+keep-alive connection per socket carries its POSTs, so "delivered" means what it does over
+HTTP. A frame that is not a JSON object or chains on an unknown id gets an ``error`` frame in
+the API's shape; nothing leaves.
 
-- a ``response.create`` frame becomes a ``POST /v1/responses`` (``stream: true``) sent to the
-  proxy's own listening port, as a harness would send it through ``HTTPS_PROXY``: every
-  addon handles it exactly as Codex's own POST fallback (claim by the session's secret,
-  policy, hooks, the session's model and sampling, translation into Chat, token ids, the
-  record, the retry rules). The answer's SSE events go back one text frame each, as the
-  Responses WebSocket sends them; an HTTP error answer is an ``error`` frame carrying its
-  status, body and retry headers (``{"type": "error", "status": N, "error": {...}}``), which
-  Codex reads as it reads the HTTP status.
-- ``previous_response_id`` is resolved here: the server remembers what each answer's id ends
-  (the request's other fields, its whole input and output, as the Responses WebSocket
-  server does), and the POST carries that plus the frame's new input, so the upstream needs
-  no stored responses and the record is the one the POST fallback makes. The memory is the
-  session's (a frame resent on a new socket after a reconnect chains on the same id).
-- a warm-up (``generate: false``) samples nothing: it is answered here with an empty
-  completed response whose id later frames chain on; no request leaves, nothing is recorded.
-- a retry is a retry: Codex resends the frame that was in flight when its socket dropped, on
-  a new socket. The socket's end closes the POST's connection, so the relay reads the answer
-  to its end and records it undelivered, and the POST of the resent frame is flagged as the
-  SDKs flag a retry (``x-stainless-retry-count: 1``): Retry coalesces it on that answer, or
-  replays it (no second sample, no second turn). One keep-alive connection per socket
-  carries its POSTs, so an answer Codex did read is "delivered" by Retry's rules and an
-  identical later frame is a new turn, as over HTTP.
-- a frame that is not JSON, not an object, or chains on an id nobody made gets an ``error``
-  frame in the API's shape; nothing leaves. A frame the POST path refuses gets that refusal.
-
-Which sessions: those whose upstream speaks another dialect than Responses, those whose
-Responses upstream is declared without the transport (``"websocket": false``), and those
-whose Responses upstream has refused the session's upgrade once (WsRelay reports it;
-Codex's next attempt, a moment later, is served here), and those with response hooks (the
-relay holds answers over HTTP only, addons/hold.py); only in mitmproxy's regular mode (the
-POSTs go through the proxy's own port as a proxy request). Listed after Claim (the upgrade's
-session) and before Rewrite (which refuses any upgrade of a translated session): from here
-on the upgrade is unclaimed (no model call, no step waits for it, the harness's credential
-removed), so WsRelay, the Gate and the Tee leave its frames alone.
+Which sessions: an upstream of another dialect, a Responses upstream declared without the
+transport (``"websocket": false``) or that refused the session's upgrade once (WsRelay
+reports it), and sessions with response hooks (addons/hold.py holds answers over HTTP only);
+in mitmproxy's regular mode only. Listed after Claim and before Rewrite (which refuses a
+translated session's upgrade): from here on the upgrade is unclaimed, so WsRelay, the Gate
+and the Tee leave its frames alone.
 """
 
 from __future__ import annotations

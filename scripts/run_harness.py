@@ -17,28 +17,21 @@ the command exits, prints a one-screen summary on stderr and exits with the comm
 Why each piece:
 
 - The secret also goes into the proxy URL (``http://session:<secret>@host:port``; off with
-  ``--no-proxy-auth``): the proxy then knows the session of a connection from its CONNECT,
-  before any TLS. That is the only way to name the session of a harness that rejects the CA,
-  which otherwise hangs silently (Claude Code retries a failed handshake forever). The
-  summary, and a warning printed the moment it happens, say so.
-- The harness never holds a real key or a base URL: inherited ``*_BASE_URL`` variables (which
-  would send it around the proxy), ``ANTHROPIC_AUTH_TOKEN`` and the ``--api-key-env``
-  variable are removed from its environment.
-- An isolated HOME keeps the harness's own settings, logins and caches (``~/.claude``,
-  ``~/.codex``) out of the rollout, and the rollout out of them.
-- A tool server (an MCP server the harness launches) needs the task and state routes and
-  the session's state secret, which the harness must never hold (the model would then
-  write its own score): ``--tool-server-env FILE`` writes them to FILE (mode 0600:
-  ``INTERCEPT_TASK_URL``, ``INTERCEPT_STATE_URL``, ``INTERCEPT_STOP_URL``,
-  ``INTERCEPT_STATE_SECRET``) for the server's own launch config to read, never into the
-  harness's environment; the file is removed when the run ends.
+  ``--no-proxy-auth``), so the proxy knows a connection's session from its CONNECT, before
+  any TLS: the only way to name a harness that rejects the CA, which otherwise hangs silently
+  (the summary and a warning at once say so).
+- The harness never holds a real key or a base URL: inherited ``*_BASE_URL`` variables,
+  ``ANTHROPIC_AUTH_TOKEN`` and the ``--api-key-env`` variable are removed from its
+  environment. An isolated HOME keeps its own settings, logins and caches out of the rollout.
+- A tool server needs the task and state routes and the state secret, which the harness must
+  never hold (the model could write its own score): ``--tool-server-env FILE`` writes them
+  (mode 0600, removed when the run ends) for the server's own launch config to read.
 - ``--tool-hooks`` gives Claude Code command hooks around every tool call
   (``python -m interceptor.scripts.tool_hook``) that ask the proxy's tool route (``POST
-  /_interceptor/tool``: the session's request hooks) whether it may run and what its result
-  is; the proxy enforces the answer at the model boundary too.
-- ``chatgpt.com`` is one of the proxy's default hosts: Codex asks it for its model list
-  with the key it holds; answered locally (404), nothing leaves and Codex does not wait on
-  retries.
+  /_interceptor/tool``: the session's request hooks); the proxy enforces the answer at the
+  model boundary too.
+- ``chatgpt.com`` is one of the proxy's default hosts: Codex's model-list request is answered
+  locally (404), so nothing leaves and Codex does not wait on retries.
 """
 
 from __future__ import annotations
