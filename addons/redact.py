@@ -30,12 +30,14 @@ from mitmproxy import exceptions, http
 
 from interceptor.addons.exchange import Exchange
 from interceptor.addons.settings import Settings
+from interceptor.dialects import credential_headers
 
 log = logging.getLogger(__name__)
 
 REDACTED = "[redacted]"
-# Credential headers are redacted whatever they hold (a harness may send a real key of its own).
-CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key")
+# Credential headers are redacted whatever they hold (a harness may send a real key of its own):
+# every dialect's (the dialects are the one list), and the proxy URL's own.
+CREDENTIAL_HEADERS = ("proxy-authorization", *credential_headers())
 CREDENTIAL_FIELDS = frozenset(h.encode() for h in CREDENTIAL_HEADERS)  # as mitmproxy keeps them: bytes
 REDACTED_BYTES = REDACTED.encode()
 SHAPED = re.compile(r"(?:sk-ic-(?:[A-Za-z0-9_]+-)?[ms]-|ic-admin-)[A-Za-z0-9_-]+")

@@ -28,6 +28,7 @@ from interceptor.addons.state import TaskState
 from interceptor.addons.upstream import Upstream, UpstreamRef
 from interceptor.addons.limits import Limits, Stop, StopBy
 from interceptor.addons.memory import KEEP_BYTES, Handed, Memory
+from interceptor.dialects import credential_headers
 from interceptor.dialects.prompt_ids import Prior, PromptRead
 from interceptor.trace import Recorder, Store
 from interceptor.trace.graph import KnownIds
@@ -348,7 +349,7 @@ class Registry:
             # Its file is created exclusively here: TraceExistsError (the caller's 409, or a
             # proxy that does not start) if a trace is there already, from an earlier run on
             # this folder or a session dropped from memory; nothing is registered then.
-            recorder = Recorder(path, header, store=self.store, fsync=fsync)
+            recorder = Recorder(path, header, store=self.store, fsync=fsync, secret_keys=credential_headers())
             self._dropped.pop(sid, None)
             session = Session(sid, config, new_secret("m", self.worker), new_secret("s", self.worker), recorder, upstream,
                               task_state=TaskState.initial(config.state, config.state_schema))

@@ -35,8 +35,9 @@ from interceptor.addons.hookrun import HookFailure, session_context
 from interceptor.addons.intercept import TOOL_ROUTE, rewrite_record, run_hooks
 from interceptor.addons.memory import Remembered, digest
 from interceptor.addons.redact import SHAPED, REDACTED
-from interceptor.addons.state import bearer, same_secret
+from interceptor.addons.state import same_secret
 from interceptor.addons.stops import HOOK_ERROR
+from interceptor.dialects import secret_of, secret_places
 from interceptor.trace.messages import Message, Request, message_hash
 from interceptor.trace.model import STATE_VALUE_MAX, ToolDecision
 
@@ -45,7 +46,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-NEED = "send the harness's own key, the session's model secret (Authorization: Bearer or x-api-key)"
+NEED = ("send the harness's own key, the session's model secret (where its SDK puts it: "
+        f"{', '.join(secret_places())}; or in the proxy URL)")
 
 
 class ToolCallBody(BaseModel):
@@ -79,7 +81,7 @@ class ToolRoute:
     def _session(self, req: http.Request) -> tuple[Session | None, http.Response | None]:
         """The session whose model secret the request carries, or the 401 saying which
         secret this route needs (the state secret or the admin token opens nothing here)."""
-        token = bearer(req) or req.headers.get("x-api-key", "").strip() \
+        token = secret_of(req.headers, req.query) \
             or proxy_auth_secret(req.headers.get("proxy-authorization", "")) or ""
         if not token:
             return None, error(401, f"no model secret: {NEED}")

@@ -12,13 +12,16 @@ the functions here only search the registry:
   rather than forwarded with a key.
 - ``host_dialect`` is whose error shape a host's local answers take.
 - ``default_hosts`` and ``key_variables`` are what the settings intercept and what a
-  session's environment sets, gathered from every dialect.
+  session's environment sets; ``credential_headers`` and ``secret_places`` where a
+  credential can arrive (what Redact hides; where the tool route and the worker front read
+  a model secret), all gathered from every dialect.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 from interceptor.dialects.anthropic import ANTHROPIC, AnthropicDialect
 from interceptor.dialects.base import Dialect, Override, RouteKind, StreamAssembler
@@ -43,9 +46,12 @@ __all__ = [
     "StreamAssembler",
     "default_hosts",
     "host_dialect",
+    "credential_headers",
     "key_variables",
     "local_answer",
     "resolve",
+    "secret_of",
+    "secret_places",
 ]
 
 #: Every dialect, in the order a shared host or path is resolved. One line per API.
@@ -124,6 +130,28 @@ def default_hosts() -> list[str]:
 def key_variables() -> tuple[str, ...]:
     """Every environment variable a dialect's harnesses read their key from, each once."""
     return tuple(dict.fromkeys(v for d in REGISTRY for v in d.key_variables))
+
+
+def credential_headers() -> tuple[str, ...]:
+    """Every request header a dialect says can carry a credential, lowercase, each once:
+    what Redact hides and a recorder never writes, whatever the route."""
+    return tuple(dict.fromkeys(h.lower() for d in REGISTRY for h in d.credential_headers))
+
+
+def secret_places() -> tuple[str, ...]:
+    """Every place a dialect reads a harness's key from (``Dialect.secret_places``), each
+    once, in registry order: where the proxy's own routes and the worker front look for a
+    model secret."""
+    return tuple(dict.fromkeys(p for d in REGISTRY for p in d.secret_places))
+
+
+def secret_of(headers: Any, query: Any) -> str | None:
+    """The key a request carries in any dialect's place, the first dialect that finds one."""
+    for dialect in REGISTRY:
+        found = dialect.secret(headers, query)
+        if found:
+            return found
+    return None
 
 
 # A harness's side calls to its provider's own web backend, answered locally with what the

@@ -63,6 +63,14 @@ def drop(headers: Any, names: Sequence[str]) -> None:
         headers.fields = tuple(f for f in fields if f[0].lower() not in keys)
 
 
+def place_of(place: str) -> tuple[str, str | None]:
+    """A ``Dialect.secret_places`` entry as (header name lowercased or ``?param``, scheme
+    lowercased or None): ``"authorization: Bearer"`` is ``("authorization", "bearer")``."""
+    name, _, scheme = place.partition(":")
+    name = name.strip()
+    return (name if name.startswith("?") else name.lower()), (scheme.strip().lower() or None)
+
+
 @dataclass(slots=True)
 class Override:
     """One change the proxy made to a request body: which key, what it was, what it is now,
@@ -165,7 +173,13 @@ class Dialect(ABC):
     #: Environment variables the dialect's harnesses read their API key from: a session's
     #: environment sets each to the session's model secret.
     key_variables: ClassVar[tuple[str, ...]] = ()
-    #: Request headers that can carry a credential; all are removed before forwarding.
+    #: Where the harness's key (its session secret) arrives, read in this order by ``secret``:
+    #: ``"x-api-key"`` a header's whole value, ``"authorization: Bearer"`` a header's value
+    #: after that scheme, ``"?key"`` a query parameter. The tool route and the worker front
+    #: read a model secret from the same places (``interceptor.dialects.secret_places``).
+    secret_places: ClassVar[tuple[str, ...]] = ("x-api-key", "authorization: Bearer")
+    #: Request headers that can carry a credential: all are removed before forwarding, and
+    #: Redact hides them in anything the proxy shows or saves. The one list of them.
     credential_headers: ClassVar[tuple[str, ...]] = ("authorization", "x-api-key", "api-key")
     #: The dialect can return training tokens (vLLM/SGLang ``return_token_ids``).
     collects_tokens: ClassVar[bool] = False
@@ -183,6 +197,15 @@ class Dialect(ABC):
     #: (metadata of the attempt, not part of what the model is asked): left out of what
     #: identifies a request (``identity``), so a resent request is still known as the same.
     per_attempt: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A header a dialect reads a key from is one it removes before forwarding (and one
+        Redact hides): checked when the dialect is defined, not found in a leaked request."""
+        super().__init_subclass__(**kwargs)
+        read = {place_of(p)[0] for p in cls.secret_places if not p.startswith("?")}
+        if missing := read - {h.lower() for h in cls.credential_headers}:
+            raise TypeError(f"{cls.__name__} reads a key from {sorted(missing)} but does not list it in "
+                            "credential_headers (removed before forwarding, redacted in output)")
 
     # -- where it is spoken ------------------------------------------------------------
 
@@ -202,19 +225,28 @@ class Dialect(ABC):
     # -- credentials ---------------------------------------------------------------------
 
     def secret(self, headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
-        """The key the harness sent (its session secret), where this dialect's SDKs put it."""
-        key = header(headers, "x-api-key", "").strip()
-        if key:
-            return key
-        auth = header(headers, "authorization", "")
-        if auth[:7].lower() == "bearer ":
-            return auth[7:].strip() or None
+        """The key the harness sent (its session secret), where this dialect's SDKs put it:
+        the first of ``secret_places`` that holds one."""
+        for place in self.secret_places:
+            name, scheme = place_of(place)
+            if name.startswith("?"):
+                value = (query.get(name[1:]) or "").strip()
+            else:
+                value = header(headers, name, "").strip()
+                if scheme:
+                    lead = scheme + " "
+                    value = value[len(lead):].strip() if value[:len(lead)].lower() == lead else ""
+            if value:
+                return value
         return None
 
     def put_key(self, headers: MutableMapping[str, str], query: MutableMapping[str, str], key: str | None) -> None:
-        """Remove every credential the harness sent and, given one, set the real key the way
-        the provider expects it. Never logs either."""
+        """Remove every credential the harness sent (its headers, and a key in the query) and,
+        given one, set the real key the way the provider expects it. Never logs either."""
         drop(headers, self.credential_headers)
+        for place in self.secret_places:
+            if place.startswith("?"):
+                query.pop(place[1:], None)
         if key:
             headers.update(self.auth_headers(key))
 

@@ -37,11 +37,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping, MutableMapping
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from interceptor.dialects.base import Before, Mediation, Override, RouteKind, drop, header
+from interceptor.dialects.base import Before, Mediation, Override, RouteKind, drop
 from interceptor.dialects.common import (
     REMOVED_PART,
     notice_first_user,
@@ -540,6 +540,8 @@ class GeminiDialect(KnobDialect):
     name = "gemini"
     hosts = ("generativelanguage.googleapis.com",)
     key_variables = ("GEMINI_API_KEY",)
+    # The genai SDKs' places first, then any other SDK's.
+    secret_places = ("x-goog-api-key", "?key", *KnobDialect.secret_places)
     credential_headers: ClassVar[tuple[str, ...]] = ("x-goog-api-key", "authorization", "x-api-key", "api-key")
     knobs = KNOBS
     # After the system instruction, each element read with the one before it (_element).
@@ -564,10 +566,6 @@ class GeminiDialect(KnobDialect):
         return base + path
 
     # -- credentials -------------------------------------------------------------------------
-
-    def secret(self, headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
-        return (header(headers, "x-goog-api-key", "").strip() or (query.get("key") or "").strip()
-                or super().secret(headers, query))
 
     def put_key(self, headers: MutableMapping[str, str], query: MutableMapping[str, str], key: str | None) -> None:
         in_query = "key" in query

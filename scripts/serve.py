@@ -54,6 +54,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from interceptor.addons.state import TOOL_SERVER_ROUTES
+from interceptor.dialects import secret_places
+from interceptor.dialects.base import place_of
 from interceptor.client.proxy import (PROXY_VARIABLES, SCRIPT, TOKEN_FILE, TOKEN_VARIABLE, call, free_port,
                                       mitmdump_bin)
 
@@ -72,12 +74,29 @@ def haproxy_bin() -> str | None:
     return str(local) if local.exists() else shutil.which("haproxy")
 
 
+def secret_rules() -> list[str]:
+    """The front's reading of a control request's secret (``txn.bearer``), from every place a
+    dialect reads a harness's key (``interceptor.dialects.secret_places``), the first found."""
+    rules = []
+    for place in secret_places():
+        name, scheme = place_of(place)
+        if name.startswith("?"):
+            fetch, test = f"urlp({name[1:]})", ""
+        elif scheme:
+            fetch, test = f"req.hdr({name}),word(2,' ')", f" {{ req.hdr({name}),word(1,' '),lower -m str {scheme} }}"
+        else:
+            fetch, test = f"req.hdr({name})", ""
+        unset = " !{ var(txn.bearer) -m found }" if rules else ""
+        rules.append(f"    http-request set-var(txn.bearer) {fetch} if control{unset}{test}")
+    return rules
+
+
 def haproxy_config(host: str, port: int, workers: dict[str, int], threads: int = 1) -> str:
     """The front's whole configuration: N fixed prefixes, no state (see the module docstring)."""
     front = f"{host}:{port}"
     tags = list(workers)
     # the tool servers' routes (state secret) and the tool route (addons/toolroute.py: the model
-    # secret, in Authorization, x-api-key or Proxy-Authorization): by whichever secret came
+    # secret, where any dialect reads a key or in Proxy-Authorization): by whichever secret came
     tool_routes = " ".join(f"/_interceptor/{r}" for r in (*TOOL_SERVER_ROUTES, "tool"))
     secret_prefixes = " ".join(f"sk-ic-{t}-" for t in tags)
     bad_list = json.dumps({"error": {"status": 400, "message": (
@@ -117,8 +136,7 @@ def haproxy_config(host: str, port: int, workers: dict[str, int], threads: int =
         "if { var(txn.scheme) -m str basic }",
         "    http-request set-var(txn.secret) req.hdr(proxy-authorization),word(2,' ') "
         "if { var(txn.scheme) -m str bearer }",
-        "    http-request set-var(txn.bearer) req.hdr(authorization),word(2,' ') if control",
-        "    http-request set-var(txn.bearer) req.hdr(x-api-key) if control !{ var(txn.bearer) -m found }",
+        *secret_rules(),
         "    http-request set-var(txn.bearer) var(txn.secret) if control !{ var(txn.bearer) -m found }",
         f"    acl routable var(txn.secret) -m beg {secret_prefixes}",
         f"    http-request return status 407 content-type text/plain string \"{REFUSAL}\" "

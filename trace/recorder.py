@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 from interceptor.trace import tokens
@@ -27,18 +28,20 @@ from interceptor.trace.store import FSYNC_POLICIES, Store
 log = logging.getLogger(__name__)
 
 # Config keys that must never reach a trace, whatever the caller passes: traces are shared
-# with trainers and uploaded; a secret in one is a leaked secret.
-_SECRET_KEYS = {"secret", "model_secret", "state_secret", "api_key", "admin_token",
-                "authorization", "password", "x-api-key"}
+# with trainers and uploaded; a secret in one is a leaked secret. The names of the headers a
+# credential arrives in are the wire formats' (the dialects', which sit above the trace): the
+# recorder's maker passes them (``secret_keys``).
+_SECRET_KEYS = frozenset({"secret", "model_secret", "state_secret", "api_key", "admin_token",
+                          "authorization", "password"})
 
 
-def _scrub(value: Any) -> Any:
+def _scrub(value: Any, keys: frozenset[str] = _SECRET_KEYS) -> Any:
     if isinstance(value, dict):
-        return {k: _scrub(v) for k, v in value.items()
-                if not (isinstance(k, str) and (k.lower() in _SECRET_KEYS
+        return {k: _scrub(v, keys) for k, v in value.items()
+                if not (isinstance(k, str) and (k.lower() in keys
                                                 or k.lower().endswith(("_secret", "_password"))))}
     if isinstance(value, list):
-        return [_scrub(v) for v in value]
+        return [_scrub(v, keys) for v in value]
     return value
 
 
@@ -73,15 +76,19 @@ class Recorder:
     ``config``, ``started_at``); any other key is refused (``ValidationError``), since a
     misspelt field would otherwise vanish from every trace. ``id`` defaults to the file's
     stem, ``started_at`` to now; the schema and producer versions are always this code's.
-    Secrets are scrubbed from ``agent``, ``task``, ``info`` and ``config``. ``fsync``:
+    Secrets are scrubbed from ``agent``, ``task``, ``info`` and ``config`` (and from metrics,
+    rewrites and the footer's info): keys named like one, and ``secret_keys`` (the headers a
+    credential arrives in, which the caller's wire formats know). ``fsync``:
     ``never``, ``turn`` (every turn or call record, the store grouping them:
     ``Store.fsync_interval``) or ``seal`` (only the footer).
     """
 
-    def __init__(self, path: Path, header: Header | dict[str, Any], *, store: Store, fsync: str = "turn"):
+    def __init__(self, path: Path, header: Header | dict[str, Any], *, store: Store, fsync: str = "turn",
+                 secret_keys: Iterable[str] = ()):
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
         self.path = Path(path)
+        self._secret_keys = _SECRET_KEYS | {k.lower() for k in secret_keys}
         self.store = store
         self.fsync = fsync
         if not isinstance(header, Header):
@@ -89,7 +96,7 @@ class Recorder:
         header = header.model_copy(update={
             "schema_version": SCHEMA_VERSION, "producer_version": VERSION,
             "started_at": header.started_at or time.time(),
-            **{k: _scrub(getattr(header, k)) for k in ("agent", "task", "info", "config")}})
+            **{k: self._scrub(getattr(header, k)) for k in ("agent", "task", "info", "config")}})
         self._trace = Trace(**header.model_dump())
         self._graph = Graph(self._trace)
         # The session's last message lists as sent, so a restated history is not parsed again.
@@ -101,6 +108,10 @@ class Recorder:
         self._released: dict | None = None  # the summary, once the graph was let go
         self._chain = 0  # the checksum of the last record appended: the next one chains on it
         self._append({"kind": "header", **header.model_dump()}, sync=fsync == "turn", new=True)
+
+    def _scrub(self, value: Any) -> Any:
+        """``value`` without any key that names a secret, at any depth."""
+        return _scrub(value, self._secret_keys)
 
     # --- public API --------------------------------------------------------------------
 
@@ -333,7 +344,7 @@ class Recorder:
     def record_metric(self, name: str, value: Any) -> None:
         """A metric measured during the rollout; folded into the footer's ``metrics`` (a
         later value of the same name wins, the evaluator's at the seal over all)."""
-        value = _scrub(value)
+        value = self._scrub(value)
         self._trace.metrics[name] = value
         self._append({"kind": "metric", "name": name, "value": value})
 
@@ -395,7 +406,7 @@ class Recorder:
         """What the proxy changed in what passed through (``Rewrite``; a dict of its fields is
         validated, unknown keys refused)."""
         if not isinstance(rewrite, Rewrite):
-            rewrite = Rewrite.model_validate(_scrub(dict(rewrite)))
+            rewrite = Rewrite.model_validate(self._scrub(dict(rewrite)))
         if rewrite.direction == "response":
             self._trace.response_rewrites.append(rewrite)
         else:
@@ -449,9 +460,9 @@ class Recorder:
         if reward is not None:
             trace.reward = float(reward)
         if metrics:
-            trace.metrics.update(_scrub(dict(metrics)))
+            trace.metrics.update(self._scrub(dict(metrics)))
         if info:
-            trace.info.update(_scrub(dict(info)))
+            trace.info.update(self._scrub(dict(info)))
         trace.timing = _timing(trace)
         footer: dict[str, Any] = {
             "kind": "footer", "stop_condition": stop_condition, "ended_at": trace.ended_at,
@@ -468,7 +479,7 @@ class Recorder:
         if trace.metrics:
             footer["metrics"] = dict(trace.metrics)
         if info:
-            footer["info"] = _scrub(dict(info))
+            footer["info"] = self._scrub(dict(info))
         self._append(footer, sync=self.fsync != "never", close=True)
 
     def release(self) -> None:
