@@ -1,8 +1,8 @@
 """Stops: once a rollout is stopped, its model requests are refused in the dialect's shape.
 
 Listed after Retry, so the retry decision comes first: a replayed or coalesced retry already
-has its answer and is never refused (the harness gets the turn it was owed). Then, in the
-issue's order: a session already stopped; its limits (which stop it). A refusal is a 400 the
+has its answer and is never refused (the harness gets the turn it was owed). Then, in this
+order: a session already stopped; its limits (which stop it). A refusal is a 400 the
 SDKs do not retry (``x-should-retry: false``), typed ``interceptor_stopped``, with the
 condition in ``x-interceptor-stop``; nothing goes upstream. Its call is on the record with
 the request's new messages as prompt nodes (fresh tool results), so the trace ends where the
@@ -85,7 +85,7 @@ def record_refusal(ex: Exchange, flow: http.HTTPFlow, stop: Stop, error: Respons
 
 
 async def hook_stop(ex: Exchange, endpoint: str, stops: bool = True) -> Stop | None:
-    """The session's hooks for one request, in the issue's order: between-turn stops,
+    """The session's hooks for one request, in this order: between-turn stops,
     request hooks (``addons/intercept.py``: they may rewrite the new messages), then request
     stops (which see the request as the upstream would get it, rewritten). ``stops`` False:
     the rewriting hooks only (a warm-up, which samples nothing). Metrics the hooks record go
