@@ -192,8 +192,8 @@ class Settings:
                           "so one fsync covers every record of the file written meanwhile (0: one per write). The "
                           "footer is fsynced at once.")
         loader.add_option("intercept_trace_writes", str, "loop",
-                          "Who writes a trace record into the page cache: the event loop that made it (loop: ~11 us "
-                          "for 20 KB, and a write slower than 50 ms hands every later one to the thread), or always "
+                          "Who writes a trace record into the page cache: the event loop that made it (loop; a write "
+                          "slower than 50 ms hands every later one to the thread), or always "
                           "the writer thread (thread). Opening, fsync and retries are always the thread's.",
                           choices=TRACE_WRITES)
 
