@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from interceptor.dialects import Route
 from interceptor.dialects.base import Override
+from interceptor.dialects.tokens import TokenFields
 from interceptor.trace.messages import Message, Request
 from interceptor.trace.model import ReplaySource
 from interceptor.trace.prefix import Listed
@@ -22,7 +23,6 @@ from interceptor.trace.prefix import Listed
 if TYPE_CHECKING:
     from mitmproxy import http
 
-    from interceptor.addons.collect import Plan
     from interceptor.addons.hold import Held
     from interceptor.addons.relay import Drain
     from interceptor.addons.memory import Remembered
@@ -107,7 +107,7 @@ class Exchange:
     replayed_from: ReplaySource | None = None  # answered from a replay source's trace (Replay)
     retry_reason: str | None = None  # why an unflagged request counts as a retry (Retry)
     recorded: Recorded | None = None  # the answer as the harness receives it, kept for replay (Retry)
-    collect: Plan | None = None  # the token fields the proxy asked for, to strip (Collect)
+    collect: TokenFields | None = None  # the token fields the proxy asked for, to strip (Collect)
     prompt_read: PromptRead | None = None  # how vLLM's prompt ids read (Tee), kept with the turn (Record)
     tee: StreamTee | None = None  # the streamed answer's assembler (Tee)
     drain: Drain | None = None  # the proxy's own read of the upstream answer (Relay)

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Literal, Protocol
 from interceptor.dialects.body import Edit
 from interceptor.dialects.prompt_ids import Prior, PromptRead
 from interceptor.dialects.sse import SSEDecoder, SSEEvent
+from interceptor.dialects.tokens import TokenFields
 from interceptor.trace.messages import Message, Part, Request, Response, ResponseError, Sampling
 from interceptor.trace.prefix import Listed
 
@@ -181,11 +182,10 @@ class Dialect(ABC):
     #: Request headers that can carry a credential: all are removed before forwarding, and
     #: Redact hides them in anything the proxy shows or saves. The one list of them.
     credential_headers: ClassVar[tuple[str, ...]] = ("authorization", "x-api-key", "api-key")
-    #: The dialect can return training tokens (vLLM/SGLang ``return_token_ids``).
-    collects_tokens: ClassVar[bool] = False
-    #: The body keys ``collect_tokens`` sets true on this route to get them, the token ids'
-    #: first (addons/collect.py); they come back in fields the harness never asked for.
-    token_keys: ClassVar[tuple[str, ...]] = ()
+    #: Training tokens an upstream of this dialect returns when asked (vLLM/SGLang's
+    #: ``return_token_ids``): which keys ask, where the answer carries them, how they are
+    #: taken out of what the harness receives (``tokens.TokenFields``). None: it has none.
+    tokens: ClassVar[type[TokenFields] | None] = None
     #: The body key of the message list, whose elements make the canonical messages in order,
     #: after any from elsewhere in the body (a system prompt): the history a request restates
     #: is then recognised from its text and not parsed again (trace/prefix.py), and

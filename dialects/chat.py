@@ -42,6 +42,7 @@ from interceptor.dialects.common import (
     url_part,
 )
 from interceptor.dialects.sse import SSEEvent
+from interceptor.dialects.vllm import ChatTokens
 from interceptor.trace import export
 from interceptor.trace.prefix import Listed
 from interceptor.trace.messages import (
@@ -324,8 +325,7 @@ class ChatDialect(OpenAIDialect):
     routes = {("POST", "/v1/chat/completions"): "model"}
     knobs = KNOBS
     message_list = "messages"  # one element, one message (_element)
-    collects_tokens = True  # vLLM >= 0.10.2 and SGLang return token ids on this route
-    token_keys = ("return_token_ids", "logprobs")
+    tokens = ChatTokens  # vLLM >= 0.10.2 and SGLang return token ids on this route
 
     def route(self, method: str, path: str) -> RouteKind | None:
         return super().route(method, path) or models_route(method, path)

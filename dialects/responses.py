@@ -38,6 +38,7 @@ from interceptor.dialects.common import (
     url_part,
 )
 from interceptor.dialects.sse import SSEEvent
+from interceptor.dialects.vllm import ResponsesTokens
 from interceptor.trace.prefix import Listed
 from interceptor.trace.messages import (
     FinishReason,
@@ -508,8 +509,7 @@ class ResponsesDialect(OpenAIDialect):
     # ``raw_message_tokens``, ResponseRawMessageAndToken in
     # vllm/entrypoints/openai/responses/protocol.py; "if message / tokens diverge, tokens is
     # the source of truth"). Its logprobs cover output text only, so none are asked for.
-    collects_tokens = True
-    token_keys = ("enable_response_messages",)
+    tokens = ResponsesTokens
     routes = {
         ("POST", "/v1/responses"): "model",
         # Codex's WebSocket transport: a GET upgrade on the same path, then response.* frames.

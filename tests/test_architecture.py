@@ -83,7 +83,6 @@ LAYERS_ALLOWED: dict[str, str] = {}
 _EXCHANGE = ("removed by the redesign: the shared exchange names addons' private types (type-only); "
              "a stage's state lives in that stage")
 CYCLES_ALLOWED: dict[tuple[str, str], str] = {
-    ("addons.exchange", "addons.collect"): _EXCHANGE,
     ("addons.exchange", "addons.hold"): _EXCHANGE,
     ("addons.exchange", "addons.relay"): _EXCHANGE,
     ("addons.exchange", "addons.retry"): _EXCHANGE,

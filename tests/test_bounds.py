@@ -22,7 +22,8 @@ import pytest
 import zstandard
 from hypothesis import given, settings, strategies as st
 
-from interceptor.addons.collect import Plan, StripStream
+from interceptor.addons.collect import StripStream
+from interceptor.dialects.vllm import ChatTokens
 from interceptor.dialects.encoding import PIECE, Decoder, TooLarge
 from interceptor.dialects.sse import EventTooLarge, SSEDecoder
 from interceptor.trace import read_trace
@@ -174,10 +175,10 @@ def test_collects_strip_holds_no_more_than_the_tee_and_ends_the_stream_there(cas
     Tee's record says so), never a decoded bomb in memory, never an exception to mitmproxy."""
     ex = SimpleNamespace(committed=False, session=SimpleNamespace(id="s"))
     if case == "bomb":
-        data, encoding, strip = bomb("gzip", "sse"), "gzip", StripStream(_Tee(8 * MB, 0), ex, Plan(True, True), "gzip")
+        data, encoding, strip = bomb("gzip", "sse"), "gzip", StripStream(_Tee(8 * MB, 0), ex, ChatTokens(True, True), "gzip")
     else:
         data, encoding = SSE_EVENT * 3 + b"data: " + b"x" * 5000, None
-        strip = StripStream(_Tee(0, 4096), ex, Plan(True, True), None)
+        strip = StripStream(_Tee(0, 4096), ex, ChatTokens(True, True), None)
     out = [strip(data[i:i + 65536]) for i in range(0, min(len(data), 4 * MB), 65536)] + [strip(b"")]
     sent = sum(len(p) for c in out for p in c)
     assert strip.cut and out[-1] == [] and sent <= 8 * MB

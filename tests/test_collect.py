@@ -11,8 +11,10 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from interceptor.addons import collect as collect_module
-from interceptor.addons.collect import EventStrip, Plan, StripStream, cut_prompt_ids, with_true_keys
+from interceptor.addons.collect import StripStream
+from interceptor.dialects import tokens as tokens_module
+from interceptor.dialects.tokens import EventStrip, with_true_keys
+from interceptor.dialects.vllm import ChatTokens, cut_prompt_ids
 from interceptor.dialects import CHAT
 from interceptor.dialects.sse import SSEDecoder
 from test_addons import CHAT_URL, flow_for, world  # noqa: F401 - the fixture
@@ -44,7 +46,7 @@ def stream(ending=b"\n") -> bytes:
     return b": keep-alive" + ending + b"".join(event(o, ending) for o in VLLM) + b"data: [DONE]" + ending + ending
 
 
-def stripped(plan: Plan, data: bytes, cuts=()) -> bytes:
+def stripped(plan: ChatTokens, data: bytes, cuts=()) -> bytes:
     strip = EventStrip(plan)
     out, last = [], 0
     for cut in sorted(cuts) + [len(data)]:
@@ -59,7 +61,7 @@ def events_of(data: bytes) -> list:
 
 
 def test_removes_what_the_proxy_asked_for_and_drops_token_only_chunks():
-    plan = Plan(token_ids=True, logprobs=True)
+    plan = ChatTokens(token_ids=True, logprobs=True)
     out = stripped(plan, stream())
     assert b"token_ids" not in out and b'"content":[' not in out
     got = events_of(out)
@@ -75,7 +77,7 @@ def test_removes_what_the_proxy_asked_for_and_drops_token_only_chunks():
 
 
 def test_logprobs_the_harness_asked_for_stay():
-    out = stripped(Plan(token_ids=True, logprobs=False), stream())
+    out = stripped(ChatTokens(token_ids=True, logprobs=False), stream())
     got = events_of(out)
     assert [e["choices"][0]["logprobs"] for e in got[1:3]] == [LP, LP]  # the held-back token too
     assert b"token_ids" not in out
@@ -85,16 +87,16 @@ def test_logprobs_the_harness_asked_for_stay():
 @given(st.sampled_from([b"\n", b"\r\n", b"\r"]), st.lists(st.integers(0, 2000), max_size=12))
 def test_any_chunking_and_line_ending_gives_the_same_events(ending, cuts):
     data = stream(ending)
-    whole = stripped(Plan(token_ids=True, logprobs=True), data)
-    assert stripped(Plan(token_ids=True, logprobs=True), data, [c % (len(data) + 1) for c in cuts]) == whole
+    whole = stripped(ChatTokens(token_ids=True, logprobs=True), data)
+    assert stripped(ChatTokens(token_ids=True, logprobs=True), data, [c % (len(data) + 1) for c in cuts]) == whole
     assert len(events_of(whole.replace(b"\r\n", b"\n").replace(b"\r", b"\n"))) == 5
 
 
 def test_every_single_byte_split():
     data = stream(b"\r\n")
-    whole = stripped(Plan(token_ids=True, logprobs=True), data)
+    whole = stripped(ChatTokens(token_ids=True, logprobs=True), data)
     for cut in range(len(data) + 1):
-        assert stripped(Plan(token_ids=True, logprobs=True), data, [cut]) == whole
+        assert stripped(ChatTokens(token_ids=True, logprobs=True), data, [cut]) == whole
 
 
 @pytest.mark.parametrize("ending", [b"\n", b"\r\n"])
@@ -105,9 +107,9 @@ def test_a_chunk_of_one_byte_anywhere(ending):
     -1, which is the length of one byte less two; the harness got the next event's token
     fields.)"""
     data = stream(ending)
-    whole = stripped(Plan(token_ids=True, logprobs=True), data)
+    whole = stripped(ChatTokens(token_ids=True, logprobs=True), data)
     for cut in range(len(data)):
-        assert stripped(Plan(token_ids=True, logprobs=True), data, [cut, cut + 1]) == whole, cut
+        assert stripped(ChatTokens(token_ids=True, logprobs=True), data, [cut, cut + 1]) == whole, cut
 
 
 def test_a_compressed_stream_reaches_the_harness_decoded():
@@ -118,12 +120,12 @@ def test_a_compressed_stream_reaches_the_harness_decoded():
         return chunk
 
     body = gzip.compress(stream())
-    wrapper = StripStream(tee, SimpleNamespace(committed=False), Plan(token_ids=True, logprobs=True), "gzip")
+    wrapper = StripStream(tee, SimpleNamespace(committed=False), ChatTokens(token_ids=True, logprobs=True), "gzip")
     calls = [wrapper(body[i:i + 50]) for i in range(0, len(body), 50)] + [wrapper(b"")]
     assert all(isinstance(c, list) and b"" not in c for c in calls)  # b"" would end the body
     out = b"".join(b"".join(c) for c in calls)
     assert b"".join(seen) == body  # the tee got the upstream's bytes
-    assert out == stripped(Plan(token_ids=True, logprobs=True), stream())
+    assert out == stripped(ChatTokens(token_ids=True, logprobs=True), stream())
 
 
 def test_keys_are_spliced_into_the_body_bytes():
@@ -170,7 +172,7 @@ _CHOICE = st.fixed_dictionaries({
 @given(st.lists(_CHOICE, min_size=1, max_size=3), st.booleans(), st.booleans(), st.booleans(),
        st.sampled_from([(",", ":"), (", ", ": ")]), st.booleans())
 def test_the_byte_path_strips_what_the_json_path_strips(choices, token_ids, logprobs, prompt, separators, usage):
-    """A chunk cut from its bytes (``Plan.cut``) reads as the JSON path's (parse, strip,
+    """A chunk cut from its bytes (``ChatTokens.cut``) reads as the JSON path's (parse, strip,
     write), and says it removed the same; a compact chunk it leaves to the JSON path is one
     that may carry only token ids (no choice with a non-empty delta) or a value no flat array."""
     obj = {"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": choices}
@@ -179,7 +181,7 @@ def test_the_byte_path_strips_what_the_json_path_strips(choices, token_ids, logp
     if usage:
         obj["usage"] = {"prompt_tokens": 3}
     payload = json.dumps(obj, separators=separators, ensure_ascii=False).encode()
-    fast, slow = Plan(token_ids=token_ids, logprobs=logprobs), Plan(token_ids=token_ids, logprobs=logprobs)
+    fast, slow = ChatTokens(token_ids=token_ids, logprobs=logprobs), ChatTokens(token_ids=token_ids, logprobs=logprobs)
     cut = fast.cut(payload)
     expected = slow.stripped(payload)
     if cut is None:  # the usual chunk, as vLLM writes it (compact), takes the byte path
@@ -197,7 +199,7 @@ def test_the_byte_path_strips_what_the_json_path_strips(choices, token_ids, logp
 def test_the_byte_path_keeps_the_upstreams_bytes_around_what_it_cuts():
     payload = (b'{"id":"c", "choices":[{"index":0, "delta":{"content":"say \\"token_ids\\":[1]"},'
                b' "logprobs":{"content":[{"token":"}","logprob":-1}]}, "finish_reason":null, "token_ids":[9]}]}')
-    plan = Plan(token_ids=True, logprobs=True)
+    plan = ChatTokens(token_ids=True, logprobs=True)
     assert plan.cut(payload) == (b'{"id":"c", "choices":[{"index":0, "delta":{"content":"say \\"token_ids\\":[1]"},'
                                  b' "logprobs":null, "finish_reason":null}]}')
     assert plan.removed == {"choices[].token_ids", "choices[].logprobs"}
@@ -276,8 +278,8 @@ def test_the_strip_by_a_shape_gives_the_harness_what_the_cut_gives(world, monkey
     events, seed = STRIP_CASES[case]
     chunks = _runs(events, seed) if seed is not None else events
     fills = []
-    real_fill = collect_module._Cut.fill
-    monkeypatch.setattr(collect_module._Cut, "fill", lambda self, m: fills.append(1) or real_fill(self, m))
+    real_fill = tokens_module._Cut.fill
+    monkeypatch.setattr(tokens_module._Cut, "fill", lambda self, m: fills.append(1) or real_fill(self, m))
     session = world.session(collect_tokens=True)
     flow = world.send(flow_for("POST", CHAT_URL, {"model": "gpt-4o", "stream": True,
                                                   "messages": [{"role": "user", "content": "go"}]},
@@ -285,7 +287,7 @@ def test_the_strip_by_a_shape_gives_the_harness_what_the_cut_gives(world, monkey
     sent = json.loads(flow.request.content)
     assert sent["return_token_ids"] is True and sent["logprobs"] is True
     received = world.answer(flow, chunks=chunks, ctype="text/event-stream")
-    plan = Plan(token_ids=True, logprobs=True)
+    plan = ChatTokens(token_ids=True, logprobs=True)
     expected = stripped(plan, b"".join(events))
     assert received == expected
     assert b"token_ids" not in received and b'"logprobs":{' not in received
@@ -317,14 +319,14 @@ def test_the_strip_by_a_template_equals_the_cut_for_any_text(tokens):
         choice["delta"]["content"], choice["token_ids"] = text, ids
         choice["logprobs"]["content"][0].update(token=text, logprob=logprob, bytes=list(text.encode()))
         chunks[k] = b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=ascii_only).encode() + b"\n\n"
-    reference = Plan(token_ids=True, logprobs=True)
+    reference = ChatTokens(token_ids=True, logprobs=True)
     expected = stripped(reference, b"".join(chunks))
     assembler, frames, matches, fills = CHAT.assembler(), SSEDecoder(), [], []
-    plan = Plan(token_ids=True, logprobs=True)
+    plan = ChatTokens(token_ids=True, logprobs=True)
     strip = EventStrip(plan, matches)
     out = []
-    real_fill = collect_module._Cut.fill
-    collect_module._Cut.fill = lambda self, m: fills.append(1) or real_fill(self, m)
+    real_fill = tokens_module._Cut.fill
+    tokens_module._Cut.fill = lambda self, m: fills.append(1) or real_fill(self, m)
     try:
         for chunk in chunks:
             strip.begin()
@@ -336,7 +338,7 @@ def test_the_strip_by_a_template_equals_the_cut_for_any_text(tokens):
             out.append(strip.feed(chunk))
         out.append(strip.flush())
     finally:
-        collect_module._Cut.fill = real_fill
+        tokens_module._Cut.fill = real_fill
     assert b"".join(out) == expected
     assert (plan.events, plan.removed) == (reference.events, reference.removed)
     assert len(fills) >= len(tokens) - 2  # learned from the first text chunk, cut by template from the third
