@@ -22,6 +22,7 @@ against the run's own CA through one ``ssl.SSLContext``):
   ``resp.content.iter_any()``.
 - ``h11``: h11 on asyncio streams with a list of idle connections, the floor a library on h11
   starts from.
+- ``aiohttp-1MiB`` (only with ``--candidates``): aiohttp with the relay's read buffer.
 
 Every candidate hands each body piece it yields to the same sink (a count of pieces and
 bytes), so what differs is the client alone. The loopback write to mitmproxy that follows
@@ -351,6 +352,21 @@ class Aiohttp(Candidate):
         return first, rest_of
 
 
+class AiohttpBig(Aiohttp):
+    """aiohttp with the relay's read buffer (the relay's StreamReader buffers up to 1 MiB
+    before it pauses, aiohttp's 64 KiB): how much of a gap in the unpaced cell is the buffer."""
+
+    name = "aiohttp-1MiB"
+
+    async def open(self) -> None:
+        import aiohttp
+
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=self.tls, limit=256, keepalive_timeout=60.0), read_bufsize=1 << 20,
+            auto_decompress=False, skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            timeout=aiohttp.ClientTimeout(total=None))
+
+
 class H11(Candidate):
     name = "h11"
 
@@ -424,6 +440,7 @@ class H11(Candidate):
 
 
 CANDIDATES = (RelayPath, Httpcore, Aiohttp, H11)
+EXTRA = (AiohttpBig,)
 
 
 def make(cls: type[Candidate], sim: Simulator, tls: ssl.SSLContext, ca: str) -> Candidate:
@@ -591,7 +608,11 @@ async def run(args: argparse.Namespace) -> int:
     only = set(args.only.split(","))
     trusted = ssl.create_default_context(cafile=sim.ca)
     trusted.set_alpn_protocols(["http/1.1"])
-    cands = [make(cls, sim, trusted, sim.ca) for cls in CANDIDATES]
+    chosen = [cls for cls in (*CANDIDATES, *EXTRA) if cls.name in args.candidates.split(",")]
+    if not chosen or chosen[0] is not RelayPath:
+        raise SystemExit("--candidates: relay first (the ratios are to it), then any of "
+                         + ", ".join(cls.name for cls in (*CANDIDATES, *EXTRA)[1:]))
+    cands = [make(cls, sim, trusted, sim.ca) for cls in chosen]
     names = [c.name for c in cands]
     failures: list[str] = []
     out: list[str] = []
@@ -648,7 +669,7 @@ async def run(args: argparse.Namespace) -> int:
             out.append("\n## pool: connections the simulator accepted (TLS handshakes) per 100 requests, 16 at once\n")
             out.append("| client | fresh pool | warm pool |")
             out.append("|---|---|---|")
-            for cls in CANDIDATES:
+            for cls in chosen:
                 c = make(cls, sim, trusted, sim.ca)
                 await c.open()
                 cells = []
@@ -670,7 +691,7 @@ async def run(args: argparse.Namespace) -> int:
         if "handover" in only:
             out.append("\n## handover: head and first piece read in one task, which then ends (a harness gone); "
                        "another task reads the rest; then one more request on the pool\n")
-            for cls in CANDIDATES:
+            for cls in chosen:
                 c = make(cls, sim, trusted, sim.ca)
                 await c.open()
                 try:
@@ -697,7 +718,7 @@ async def run(args: argparse.Namespace) -> int:
         if "tls" in only:
             out.append("\n## tls: the simulator's certificate with certifi's bundle alone (must be refused)\n")
             certifi_only = ssl.create_default_context()
-            for cls in CANDIDATES:
+            for cls in chosen:
                 c = make(cls, sim, certifi_only, "")
                 if cls is RelayPath:
                     c.tls_ca = None  # upstream_tls falls back to certifi
@@ -748,6 +769,8 @@ def main() -> int:
         return serve()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--candidates", default=",".join(cls.name for cls in CANDIDATES),
+                    help="relay first, then any of httpcore2, aiohttp, h11, aiohttp-1MiB (default: %(default)s)")
     ap.add_argument("--only", default="sse500,paced,json,pool,handover,ws,tls")
     return asyncio.run(run(ap.parse_args()))
 
