@@ -100,17 +100,21 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         self.server.seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
         said = [t["says"] for t in body["turns"] if t["who"] == "user"][-1]
+        reply = f"{body['engine']} heard {said}"
+        # token ids for training: a character's code point is its token
+        tokens = {"tokens": {"prompt": [ord(c) for t in body["turns"] for c in t["says"]],
+                             "sampled": [ord(c) for c in reply]}} if body.get("want_tokens") else {}
         if self.headers.get("x-fifth-key") != REAL_KEY:
             self._send(401, "application/json", json.dumps({"fault": {"code": 401, "reason": "bad key"}}).encode())
         elif body.get("stream"):
             events = [("piece", {"says": f"{body['engine']} heard "}), ("piece", {"says": said}),
-                      ("done", {"why": "stop", "spent": {"in": 7, "out": 3}})]
+                      ("done", {"why": "stop", "spent": {"in": 7, "out": 3}, **tokens})]
             self._send(200, "text/event-stream",
                        b"".join(f"event: {e}\ndata: {json.dumps(d)}\n\n".encode() for e, d in events))
         else:
             self._send(200, "application/json", json.dumps(
-                {"answer_id": "a-1", "engine": body["engine"], "says": f"{body['engine']} heard {said}",
-                 "why": "stop", "spent": {"in": 7, "out": 3}}).encode())
+                {"answer_id": "a-1", "engine": body["engine"], "says": reply,
+                 "why": "stop", "spent": {"in": 7, "out": 3}, **tokens}).encode())
 
     def _send(self, status: int, kind: str, data: bytes) -> None:
         self.send_response(status)
@@ -212,3 +216,29 @@ def test_the_worker_front_reads_the_fifth_apis_key(tmp_path):
                           "print(haproxy_config('127.0.0.1', 8080, {'w1': 9001}))"],
                          env={"PYTHONPATH": str(pkg)}, capture_output=True, text=True, check=True).stdout
     assert "set-var(txn.bearer) req.hdr(x-fifth-key)" in out
+
+
+def test_a_fifth_apis_token_fields_are_asked_recorded_and_kept_from_the_harness(fifth):
+    """The fifth dialect's own token fields (``FifthTokens``): a ``collect_tokens`` session asks
+    for them, the trace holds them, the harness's answers (JSON and stream) do not."""
+    proxy, upstream, tree = fifth
+    session = proxy.create_session(collect_tokens=True)
+    turns = [{"who": "user", "says": "hello"}]
+    with _client(session) as client:
+        plain = client.post(f"https://{HOST}/v2/answer", headers={"x-fifth-key": session["model_secret"]},
+                            json={"engine": "e", "turns": turns})
+        streamed = client.post(f"https://{HOST}/v2/answer", headers={"x-fifth-key": session["model_secret"]},
+                               json={"engine": "e", "stream": True,
+                                     "turns": [*turns, {"who": "model", "says": plain.json()["says"]},
+                                               {"who": "user", "says": "again"}]})
+    assert plain.status_code == streamed.status_code == 200
+    assert "tokens" not in plain.json() and plain.json()["says"] == "e heard hello"
+    assert '"tokens"' not in streamed.text and "event: done" in streamed.text
+    assert [body.get("want_tokens") for _, _, body in upstream.seen] == [True, True]
+    proxy.api("DELETE", f"sessions/{session['id']}")
+    trace = read_trace(session["trace_path"])
+    assert trace.num_turns == 2
+    text = "hello" + "e heard hello" + "again" + "e heard again"
+    assert trace.branches[-1].token_ids == [ord(c) for c in text]
+    removed = [r for r in trace.response_rewrites if r.by == "collect_tokens"]
+    assert [(r.body, r.removed) for r in removed] == [("json", ["tokens"]), ("sse", ["tokens"])]

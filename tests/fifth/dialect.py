@@ -9,7 +9,9 @@ one line to ``REGISTRY``; nothing else of the product changes. It speaks:
 - a JSON answer ``{"answer_id", "engine", "says", "why": "stop" | "cut", "spent": {"in", "out"}}``,
   or a stream of ``event: piece`` (``{"says": <text>}``) ended by ``event: done`` (``{"why",
   "spent"}``);
-- errors as ``{"fault": {"code": <status>, "reason": <text>}}``.
+- errors as ``{"fault": {"code": <status>, "reason": <text>}}``;
+- token ids for training when asked (``"want_tokens": true``): ``"tokens": {"prompt": [...],
+  "sampled": [...]}`` on the JSON answer and on the ``done`` event, which the harness never sees.
 """
 
 from __future__ import annotations
@@ -17,13 +19,33 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from interceptor.dialects.base import Dialect, Override, RouteKind, StreamAssembler
+from interceptor.dialects.base import Dialect, Override, StreamAssembler
 from interceptor.dialects.sse import SSEEvent
+from interceptor.dialects.tokens import TokenFields
 from interceptor.trace.messages import Message, Request, Response, ResponseError, Sampling, Usage
 
 ROLES = {"user": "user", "system": "system", "model": "assistant"}
 WHO = {v: k for k, v in ROLES.items()}
 WHY = {"stop": "stop", "cut": "length"}
+
+
+class FifthTokens(TokenFields):
+    keys = ("want_tokens",)
+    proof = "tokens"
+    hint = "use a fifth upstream that returns tokens"
+    quoted = ('"tokens"',)
+
+    def strip(self, obj: dict[str, Any]) -> bool:
+        if self.token_ids and "tokens" in obj:
+            del obj["tokens"]
+            self.removed.add("tokens")
+            return True
+        return False
+
+
+def _ids(body: dict[str, Any]) -> dict[str, Any]:
+    tokens = body.get("tokens") if isinstance(body.get("tokens"), dict) else {}
+    return {"prompt_token_ids": tokens.get("prompt"), "token_ids": tokens.get("sampled")}
 
 
 def _usage(spent: Any) -> Usage | None:
@@ -52,7 +74,7 @@ class _Assembler(StreamAssembler):
                             error=ResponseError(type="incomplete", message="the stream ended without its done event"))
         why = self.end.get("why")
         return Response(message=Message(role="assistant", content=text), finish_reason=WHY.get(why),
-                        native_finish_reason=why, usage=_usage(self.end.get("spent")))
+                        native_finish_reason=why, usage=_usage(self.end.get("spent")), **_ids(self.end))
 
 
 class FifthDialect(Dialect):
@@ -62,6 +84,7 @@ class FifthDialect(Dialect):
     key_variables = ("FIFTH_API_KEY",)
     secret_places = ("x-fifth-key",)
     credential_headers = ("x-fifth-key", "authorization")
+    tokens = FifthTokens
 
     def upstream_path(self, base_path: str, path: str) -> str:
         rest = path[3:] if path.startswith("/v2/") else path
@@ -96,7 +119,8 @@ class FifthDialect(Dialect):
         why = body.get("why")
         return Response(id=body.get("answer_id"), model=body.get("engine"),
                         message=Message(role="assistant", content=str(body.get("says") or "")),
-                        finish_reason=WHY.get(why), native_finish_reason=why, usage=_usage(body.get("spent")))
+                        finish_reason=WHY.get(why), native_finish_reason=why, usage=_usage(body.get("spent")),
+                        **_ids(body))
 
     def assembler(self) -> StreamAssembler:
         return _Assembler()
