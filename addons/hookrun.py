@@ -86,9 +86,9 @@ def effective_request(ex: Exchange) -> Request | None:
         sampling = ex.dialect.sampling(ex.body)
     except Exception:  # noqa: BLE001 - the harness's own settings then
         sampling = ex.request.sampling
-    model = ex.body.get("model")
-    return ex.request.model_copy(update={"model": model if isinstance(model, str) else ex.request.model,
-                                         "sampling": sampling})
+    # Where the model lives is the dialect's (a body key, or the path: then the session's).
+    model = ex.dialect.requested_model(ex.body, "") or ex.session.config.model or ex.request.model
+    return ex.request.model_copy(update={"model": model, "sampling": sampling})
 
 
 _SHARED = HookPool()  # for a context not made by ``session_context`` (a test's own)

@@ -321,6 +321,11 @@ class Dialect(ABC):
         (inline images and files are kept as digests, not as their bytes)."""
         raise ValueError(f"the {self.name} dialect cannot render a recorded prompt")
 
+    def sampling(self, body: dict[str, Any]) -> Sampling:
+        """The decoding settings ``body`` asks for: what the record says the upstream received
+        (read back from the rewritten body) and what a request hook sees."""
+        return self.parse_request(body).sampling
+
     @abstractmethod
     def parse_response(self, body: dict[str, Any]) -> Response: ...
 

@@ -35,6 +35,18 @@ REAL_KEY = "fifth-real-key-0123456789abcdef"
 HOST = "api.fifth.test"
 
 
+WATCH = """
+import json
+from interceptor.hooks import HookContext, Request, intercept
+
+@intercept
+def watch(request: Request, ctx: HookContext):
+    with open(SEEN, "a") as f:
+        f.write(json.dumps({"model": request.model, "temperature": request.sampling.temperature,
+                            "last": request.messages[-1].text()}) + "\\n")
+"""
+
+
 def _files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for folder in FOLDERS for p in (root / folder).rglob("*")
             if p.is_file() and "__pycache__" not in p.parts}
@@ -153,8 +165,11 @@ def test_the_copy_differs_by_the_module_and_its_registry_line(tmp_path):
 
 def test_a_fifth_api_is_claimed_imposed_keyed_routed_and_recorded(fifth):
     proxy, upstream, tree = fifth
+    seen = tree.parent / "hooks-saw.jsonl"
+    hook = tree.parent / "watch.py"
+    hook.write_text(WATCH.replace("SEEN", repr(str(seen))))
     session = proxy.create_session(model="fifth-large", sampling={"temperature": 0.25},
-                                   info={"x-fifth-key": "fifth-leaked-in-info-0123"})
+                                   info={"x-fifth-key": "fifth-leaked-in-info-0123"}, hooks={"module": str(hook)})
     assert session["env"]["FIFTH_API_KEY"] == session["model_secret"]  # the dialect's key variable
     turns = [{"who": "system", "says": "be brief"}, {"who": "user", "says": "hello"}]
     with _client(session) as client:
@@ -182,6 +197,11 @@ def test_a_fifth_api_is_claimed_imposed_keyed_routed_and_recorded(fifth):
     assert [c.model for c in trace.calls] == ["fifth-large", "fifth-large"]
     assert trace.calls[0].requested_model == "fifth-small"
     assert {o.key for o in trace.calls[0].overrides} >= {"engine", "heat"}
+    assert [c.sampling.temperature for c in trace.calls] == [0.25, 0.25]  # read back by the dialect
+    # a request hook sees what the upstream is asked: the session's model and sampling
+    saw = [json.loads(line) for line in seen.read_text().splitlines()]
+    assert saw == [{"model": "fifth-large", "temperature": 0.25, "last": "hello"},
+                   {"model": "fifth-large", "temperature": 0.25, "last": "again"}]
     texts = [m.text() for m in trace.branches[-1].messages]
     assert texts == ["be brief", "hello", "fifth-large heard hello", "again", "fifth-large heard again"]
     blob = Path(session["trace_path"]).read_bytes()

@@ -105,12 +105,10 @@ class FifthDialect(Dialect):
         if not isinstance(turns, list):
             raise ValueError("turns must be a list")
         messages = [Message(role=ROLES[t["who"]], content=str(t["says"])) for t in turns]
-        return Request(messages=messages, model=self.requested_model(body, ""), sampling=self.sampling(body),
-                       stream=bool(body.get("stream")))
-
-    def sampling(self, body: dict[str, Any]) -> Sampling:
         heat = body.get("heat")
-        return Sampling(temperature=heat if isinstance(heat, (int, float)) else None)
+        return Request(messages=messages, model=self.requested_model(body, ""),
+                       sampling=Sampling(temperature=heat if isinstance(heat, (int, float)) else None),
+                       stream=bool(body.get("stream")))
 
     def request_body(self, request: Request) -> dict[str, Any]:
         return {"turns": [{"who": WHO[m.role], "says": m.text()} for m in request.messages]}
