@@ -46,7 +46,7 @@ class Claim:
         if host not in self.settings.hosts:
             return  # not a provider: pass through untouched
         route = resolve(flow.request.method, flow.request.path, host=host)
-        if route is None and (answer := local_answer(flow.request.method, flow.request.path)) is not None:
+        if route is None and (answer := local_answer(flow.request.method, flow.request.path, host)) is not None:
             flow.response = json_response(200, answer)
             flow.metadata["interceptor_local"] = True
             return

@@ -154,15 +154,11 @@ def secret_of(headers: Any, query: Any) -> str | None:
     return None
 
 
-# A harness's side calls to its provider's own web backend, answered locally with what the
-# harness takes for "nothing here" (no egress, no key): Codex asks chatgpt.com for its model
-# list and its curated plugins at every start, and logs an error for anything else.
-_LOCAL_ANSWERS: dict[tuple[str, str], dict] = {
-    ("GET", "/backend-api/codex/models"): {"models": []},
-    ("GET", "/backend-api/plugins/export/curated"): {"plugins": []},
-}
-
-
-def local_answer(method: str, path: str) -> dict | None:
-    """The JSON body to answer ``method path`` with locally (200), or None."""
-    return _LOCAL_ANSWERS.get((method.upper(), path.split("?", 1)[0].rstrip("/")))
+def local_answer(method: str, path: str, host: str | None = None) -> dict | None:
+    """The JSON body to answer ``method path`` with locally (200), or None: the first
+    dialect's ``local_answers`` that has it, the host's own dialects first."""
+    key = (method.upper(), path.split("?", 1)[0].rstrip("/"))
+    for dialect in _candidates(host):
+        if key in dialect.local_answers:
+            return dialect.local_answers[key]
+    return None

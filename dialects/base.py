@@ -171,6 +171,10 @@ class Dialect(ABC):
     #: (claimed, given the session's model, relayed, never a turn). Every other path on the
     #: dialect's hosts is local: answered by the proxy, forwarded nowhere.
     routes: ClassVar[dict[tuple[str, str], RouteKind]] = {}
+    #: ``(method, path)`` of a harness's side calls to its provider's own backend, answered
+    #: locally (200) with this JSON, what the harness takes for "nothing here": no egress,
+    #: no key, and no error the harness would log.
+    local_answers: ClassVar[dict[tuple[str, str], Any]] = {}
     #: Environment variables the dialect's harnesses read their API key from: a session's
     #: environment sets each to the session's model secret.
     key_variables: ClassVar[tuple[str, ...]] = ()

@@ -504,6 +504,12 @@ class ResponsesDialect(OpenAIDialect):
     # attempt, and over the WebSocket the attempt's start time
     # (``x-codex-ws-stream-request-start-ms``); its resend after a cut is the same request.
     per_attempt = ("client_metadata",)
+    # Codex asks chatgpt.com for its model list and its curated plugins at every start, and
+    # logs an error for anything else.
+    local_answers = {
+        ("GET", "/backend-api/codex/models"): {"models": []},
+        ("GET", "/backend-api/plugins/export/curated"): {"plugins": []},
+    }
     # vLLM's own /v1/responses returns the prompt and the output as token ids when asked
     # (``enable_response_messages``: ``input_messages`` / ``output_messages`` of
     # ``raw_message_tokens``, ResponseRawMessageAndToken in

@@ -217,6 +217,8 @@ def test_a_bad_secret_gets_the_fifth_apis_error_and_nothing_leaves(fifth):
                               json={"engine": "e", "turns": [{"who": "user", "says": "hi"}]})
         lost = client.post(f"https://{HOST}/v2/elsewhere", headers={"x-fifth-key": session["model_secret"]},
                            json={})
+        status = client.get(f"https://{HOST}/v2/status", headers={"x-fifth-key": session["model_secret"]})
+    assert status.status_code == 200 and status.json() == {"status": "answered by the proxy"}
     assert refused.status_code == 401 and set(refused.json()) == {"fault"}
     assert refused.json()["fault"]["code"] == 401
     assert lost.status_code == 404 and set(lost.json()) == {"fault"}  # the host's own shape

@@ -9,7 +9,8 @@ one line to ``REGISTRY``; nothing else of the product changes. It speaks:
 - a JSON answer ``{"answer_id", "engine", "says", "why": "stop" | "cut", "spent": {"in", "out"}}``,
   or a stream of ``event: piece`` (``{"says": <text>}``) ended by ``event: done`` (``{"why",
   "spent"}``);
-- errors as ``{"fault": {"code": <status>, "reason": <text>}}``;
+- errors as ``{"fault": {"code": <status>, "reason": <text>}}``; ``GET /v2/status``, which its
+  harness asks at start, answered by the proxy;
 - token ids for training when asked (``"want_tokens": true``): ``"tokens": {"prompt": [...],
   "sampled": [...]}`` on the JSON answer and on the ``done`` event, which the harness never sees.
 """
@@ -81,6 +82,7 @@ class FifthDialect(Dialect):
     name = "fifth"
     hosts = ("api.fifth.test",)
     routes = {("POST", "/v2/answer"): "model"}
+    local_answers = {("GET", "/v2/status"): {"status": "answered by the proxy"}}
     key_variables = ("FIFTH_API_KEY",)
     secret_places = ("x-fifth-key",)
     credential_headers = ("x-fifth-key", "authorization")
