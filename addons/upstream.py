@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from interceptor.dialects import known_upstreams
+
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEFAULT = "default"  # the upstream the default session's options declare
@@ -123,12 +125,9 @@ class Upstream(BaseModel):
         return out
 
 
-# The real providers, declarable by name with their usual key variables:
-# intercept_upstreams='["openai", "anthropic"]' or '{"openai": {}}'.
-KNOWN: dict[str, dict[str, str]] = {
-    "openai": {"base_url": "https://api.openai.com/v1", "api_key_env": "OPENAI_API_KEY"},
-    "anthropic": {"base_url": "https://api.anthropic.com/v1", "api_key_env": "ANTHROPIC_API_KEY"},
-}
+# The real providers, declarable by name with their usual key variables (each dialect's
+# ``known_upstreams``): intercept_upstreams='["openai", "anthropic"]' or '{"openai": {}}'.
+KNOWN: dict[str, dict[str, str]] = known_upstreams()
 
 
 def parse_upstreams(value: str) -> dict[str, Upstream]:

@@ -48,6 +48,7 @@ __all__ = [
     "host_dialect",
     "credential_headers",
     "key_variables",
+    "known_upstreams",
     "local_answer",
     "resolve",
     "secret_of",
@@ -130,6 +131,15 @@ def default_hosts() -> list[str]:
 def key_variables() -> tuple[str, ...]:
     """Every environment variable a dialect's harnesses read their key from, each once."""
     return tuple(dict.fromkeys(v for d in REGISTRY for v in d.key_variables))
+
+
+def known_upstreams() -> dict[str, dict[str, str]]:
+    """Every dialect's ``known_upstreams``, the first dialect's where two name the same."""
+    out: dict[str, dict[str, str]] = {}
+    for dialect in REGISTRY:
+        for name, spec in dialect.known_upstreams.items():
+            out.setdefault(name, dict(spec))
+    return out
 
 
 def credential_headers() -> tuple[str, ...]:

@@ -528,6 +528,7 @@ class AnthropicDialect(KnobDialect):
     model_table = "anthropic"
     hosts = ("api.anthropic.com",)
     key_variables = ("ANTHROPIC_API_KEY",)
+    known_upstreams = {"anthropic": {"base_url": "https://api.anthropic.com/v1", "api_key_env": "ANTHROPIC_API_KEY"}}
     routes = {
         ("POST", "/v1/messages"): "model",
         ("POST", "/v1/messages/count_tokens"): "side",

@@ -178,6 +178,9 @@ class Dialect(ABC):
     #: Environment variables the dialect's harnesses read their API key from: a session's
     #: environment sets each to the session's model secret.
     key_variables: ClassVar[tuple[str, ...]] = ()
+    #: The provider's own upstreams, which an operator may declare by name alone
+    #: (``intercept_upstreams='["openai"]'``): name -> ``{"base_url", "api_key_env"}``.
+    known_upstreams: ClassVar[dict[str, dict[str, str]]] = {}
     #: Where the harness's key (its session secret) arrives, read in this order by ``secret``:
     #: ``"x-api-key"`` a header's whole value, ``"authorization: Bearer"`` a header's value
     #: after that scheme, ``"?key"`` a query parameter. The tool route and the worker front

@@ -755,6 +755,8 @@ class OpenAIDialect(KnobDialect):
 
     hosts: ClassVar[tuple[str, ...]] = ("api.openai.com",)
     key_variables: ClassVar[tuple[str, ...]] = ("OPENAI_API_KEY",)
+    known_upstreams: ClassVar[dict[str, dict[str, str]]] = {
+        "openai": {"base_url": "https://api.openai.com/v1", "api_key_env": "OPENAI_API_KEY"}}
 
     def error_body(self, status: int, message: str, type: str | None = None) -> dict[str, Any]:
         return {

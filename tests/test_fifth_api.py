@@ -232,12 +232,17 @@ def test_a_bad_secret_gets_the_fifth_apis_error_and_nothing_leaves(fifth):
     assert wrong not in log and session["model_secret"] not in log  # ...redacted
 
 
-def test_the_worker_front_reads_the_fifth_apis_key(tmp_path):
+def test_the_worker_front_and_the_upstream_declarations_know_the_fifth_api(tmp_path):
+    """The worker front (scripts/serve.py) reads a control route's secret where the fifth API
+    sends its key; an operator declares its provider's upstream by name alone."""
     pkg = add_fifth(tmp_path)
     out = subprocess.run([sys.executable, "-c", "from interceptor.scripts.serve import haproxy_config; "
-                          "print(haproxy_config('127.0.0.1', 8080, {'w1': 9001}))"],
+                          "from interceptor.addons.upstream import parse_upstreams; "
+                          "print(haproxy_config('127.0.0.1', 8080, {'w1': 9001})); "
+                          "print(parse_upstreams('[\"fifth\"]')['fifth'].public())"],
                          env={"PYTHONPATH": str(pkg)}, capture_output=True, text=True, check=True).stdout
     assert "set-var(txn.bearer) req.hdr(x-fifth-key)" in out
+    assert "'base_url': 'https://api.fifth.test/v2', 'api_key_env': 'FIFTH_API_KEY'" in out
 
 
 def test_a_fifth_apis_token_fields_are_asked_recorded_and_kept_from_the_harness(fifth):

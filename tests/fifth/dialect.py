@@ -84,6 +84,7 @@ class FifthDialect(Dialect):
     routes = {("POST", "/v2/answer"): "model"}
     local_answers = {("GET", "/v2/status"): {"status": "answered by the proxy"}}
     key_variables = ("FIFTH_API_KEY",)
+    known_upstreams = {"fifth": {"base_url": "https://api.fifth.test/v2", "api_key_env": "FIFTH_API_KEY"}}
     secret_places = ("x-fifth-key",)
     credential_headers = ("x-fifth-key", "authorization")
     tokens = FifthTokens
