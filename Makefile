@@ -14,7 +14,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3 \
 	/usr/local/bin/python3.1[2-9] /usr/bin/python3.1[2-9]; do \
 	"$$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1 && { echo "$$p"; break; }; done)
 
-.PHONY: run test test-latest venv test-deps browser haproxy serve bench docs clean
+.PHONY: run test test-lowest test-latest venv test-deps browser haproxy serve bench docs clean
 
 # trace/_version.py: setup.cfg reads the version from it, and an editable install keeps the
 # version it was installed with until it is reinstalled.
@@ -102,9 +102,31 @@ $(DOCS_STAMP): $(STAMP) $(CONSTRAINTS)
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve $(ARGS)
 
-# Set up and run the whole test suite.
+# Set up and run the whole test suite, on two processes (pytest-xdist; a module's tests stay
+# on one, so its module-scoped proxy starts once). ARGS="-n 0" runs it in this one.
+XDIST := -n 2 --dist loadfile
 test: test-deps
-	$(VENV)/bin/pytest $(ARGS)
+	$(VENV)/bin/pytest $(XDIST) $(ARGS)
+
+# The whole suite again on the lowest mitmproxy setup.cfg accepts, in a venv of its own:
+# tests/constraints.txt's pins with mitmproxy (and what it needs) moved to
+# tests/constraints-lowest.txt's; the harness CLIs, browser and HAProxy are `make test`'s.
+LOWEST := .venv-lowest
+LOWEST_CONSTRAINTS := tests/constraints-lowest.txt
+LOWEST_STAMP := $(LOWEST)/.installed
+
+$(LOWEST_STAMP): setup.cfg pyproject.toml trace/_version.py $(CONSTRAINTS) $(LOWEST_CONSTRAINTS)
+	@test -n "$(PYTHON)" || { echo "error: no Python >= 3.12 found" >&2; exit 1; }
+	@test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install -q --upgrade pip
+	grep -v '^mitmproxy==' $(CONSTRAINTS) > $(LOWEST)/constraints.txt
+	$(LOWEST)/bin/python -m pip install -q -c $(LOWEST)/constraints.txt -c $(LOWEST_CONSTRAINTS) -e '.[test,harness]'
+	@touch $@
+
+test-lowest: $(LOWEST_STAMP) $(HARNESS_STAMP) browser $(HAPROXY_STAMP)
+	$(LOWEST)/bin/python -c 'import mitmproxy.version as v; print("mitmproxy", v.VERSION)'
+	INTERCEPT_HAPROXY="$$(test -x $(VENV)/bin/haproxy && echo $(CURDIR)/$(VENV)/bin/haproxy)" \
+		$(LOWEST)/bin/pytest $(XDIST) $(ARGS)
 
 # The suite against the newest releases: the SDKs, mitmproxy and mini-swe-agent unpinned (no
 # constraints) in a venv of its own, and every npm harness at @latest installed beside it;
@@ -136,4 +158,4 @@ bench: test-deps $(BENCH_STAMP)
 	$(PY) bench/compare.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(LATEST) *.egg-info build
+	rm -rf $(VENV) $(LOWEST) $(LATEST) *.egg-info build

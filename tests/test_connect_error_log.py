@@ -31,7 +31,7 @@ def wait_for_line(proc, pattern: str, timeout: float = 20.0) -> str:
 @pytest.mark.parametrize(("host", "port", "why"), [
     ("nohost.invalid", 443, "Name or service not known|nodename nor servname|Temporary failure"),
     ("localhost", DEAD_PORT, "refused|Connect call failed"),
-])
+], ids=["unresolvable", "refused"])  # not the port: every xdist worker must collect the same ids
 def test_a_failed_passthrough_names_its_host_and_port(start_proxy, host, port, why):
     proc = start_proxy()  # termlog_verbosity info: mitmdump's default
     with httpx.Client(proxy=proc.url, verify=ssl.create_default_context(cafile=str(proc.ca_bundle)),
