@@ -220,7 +220,7 @@ class Settings:
         o = ctx.options
         for name, value in pending.items():
             if name not in o:
-                why = _REMOVED.get(name, "no such option (a typo?); `mitmdump --options | grep intercept_` lists them")
+                why = _REMOVED.get(name, "no such option (a typo?); `mitmdump -s addons/interception.py --options | grep intercept_` lists them")
                 raise exceptions.OptionsError(f"{name}: {why}")
             values = getattr(value, "val", None)
             if values is None:  # set programmatically, already converted
