@@ -21,7 +21,6 @@ import logging
 import time
 
 from mitmproxy import http
-from mitmproxy.proxy import server_hooks
 
 from interceptor.addons.answers import error_response
 from interceptor.addons.exchange import Step, exchange_of
@@ -56,11 +55,11 @@ class Reach:
         which mitmproxy never sees, so it says so here."""
         self._ok[(host, port)] = time.monotonic()
 
-    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+    def server_connected(self, data) -> None:
         if data.server.address:
             self.reached(data.server.address[0], data.server.address[1])
 
-    def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
+    def server_connect_error(self, data) -> None:
         """mitmproxy's own line for a failed connection names neither host nor port, and a
         passed-through TLS connection has no flow line that would: say which, at info (the
         default verbosity), with mitmproxy's reason."""

@@ -191,12 +191,16 @@ def control_api_page() -> str:
         "not listed is a 400 naming it, and nothing is made or sealed. What each route answers,",
         "and who may call it, is in [Sessions and the control API](../sessions.md#the-control-api)",
         "and [Tool servers, state and network](../tools.md).",
+        "",
+        "- the create body, `SessionConfig`: `POST /_interceptor/sessions`;",
+        "- the seal body, `SealConfig`: `DELETE /_interceptor/sessions/<id>`;",
+        "- the tool-call body, `ToolCallBody`: `POST /_interceptor/tool`.",
     ]
     tops = [
-        ("`POST /_interceptor/sessions`: a session's config (`SessionConfig`)",
+        ("The create body",
          SessionConfig.model_json_schema()),
-        ("`DELETE /_interceptor/sessions/<id>`: the seal (`SealConfig`)", SealConfig.model_json_schema()),
-        ("`POST /_interceptor/tool`: a tool call asked about (`ToolCallBody`)", ToolCallBody.model_json_schema()),
+        ("The seal body", SealConfig.model_json_schema()),
+        ("The tool-call body", ToolCallBody.model_json_schema()),
     ]
     return _models_page("Control API bodies", intro, tops)
 
