@@ -30,6 +30,10 @@ Why each piece:
   (``python -m interceptor.scripts.tool_hook``) that ask the proxy's tool route (``POST
   /_interceptor/tool``: the session's request hooks); the proxy enforces the answer at the
   model boundary too.
+- ``--isolate`` runs the harness in a network namespace of its own whose only way out is
+  the proxy (``interceptor.client.isolate``): a program that ignores ``HTTPS_PROXY`` gets a
+  connection error, and the session's egress policy holds for everything that leaves. It
+  refuses to start, and says why, where the kernel cannot make the namespace.
 - ``chatgpt.com`` is one of the proxy's default hosts: Codex's model-list request is answered
   locally (404), so nothing leaves and Codex does not wait on retries.
 """
@@ -56,7 +60,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from interceptor.client import InterceptorError
+from interceptor.client import InterceptorError, isolate
 from interceptor.dialects import default_hosts
 from interceptor.client.proxy import (
     PROXY_VARIABLES, TOKEN_VARIABLE, call, free_port, mitmdump_bin, stop_process, with_userinfo)
@@ -448,6 +452,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help=f"stop the harness after this many seconds (exit 124; default {DEFAULT_TIMEOUT:.0f}, 0: never)")
     parser.add_argument("--user", help="run the harness as this Unix user (needs root): it can then read neither the "
                                        "proxy's token, nor its keys, nor its environment")
+    parser.add_argument("--isolate", action="store_true",
+                        help="run the harness in a network namespace whose only way out is the proxy (root, or "
+                             "unprivileged user namespaces); refuse to start where it cannot be made")
     parser.add_argument("--no-proxy-auth", action="store_true",
                         help="keep the secret out of the proxy URL (then a CA rejection cannot be tied to the session)")
     parser.add_argument("--summary-json", help="also write the summary as JSON to this file")
@@ -527,6 +534,11 @@ def main(argv: list[str] | None = None) -> int:
                 except KeyError:
                     raise Failure(f"--user {args.user}: no such user") from None
             command = find_command(args.command)
+            if args.isolate:
+                try:
+                    isolate.check()  # before a proxy or a session: never run unisolated
+                except isolate.IsolationUnavailable as e:
+                    raise Failure(f"--isolate: {e}") from None
             if args.proxy:
                 if args.api_key_env:
                     raise Failure("--api-key-env is for a proxy this script starts; the running proxy's operator "
@@ -575,8 +587,11 @@ def main(argv: list[str] | None = None) -> int:
             if user is not None:
                 env = user_home(user, home, env)
                 cwd = cwd or str(home)
+            if args.isolate:  # the harness drops to --user inside, after the namespace is made
+                command = isolate.command(command, proxy.url, user=(user.pw_uid, user.pw_gid) if user else None)
             started = time.monotonic()
-            code, stopped = run(command, env, cwd, proxy, session["id"], args.timeout, user)
+            code, stopped = run(command, env, cwd, proxy, session["id"], args.timeout,
+                                None if args.isolate else user)
             if stopped == "timeout":
                 code = 124
             if user is not None and not args.home:
