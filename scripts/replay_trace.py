@@ -10,7 +10,8 @@
 
 ``show`` is for "what did the model see and say, and what did each exchange cost";
 ``verify`` is the gate before a trainer consumes files (exit 1 at the first bad one);
-``export`` writes one row per branch, the shape trainers read (``--format jsonl|parquet|messages``);
+``export`` writes one row per branch, the shape trainers read (``--format jsonl|parquet|messages``),
+or a document per trace other tools read (``--format atif|otel``), of files or ``--follow``ed as sealed;
 ``diff`` names the first turn where two traces part (a replayed run against its source);
 ``resend`` asks every recorded prompt again of another upstream or model (``resend.py``).
 """
@@ -23,7 +24,7 @@ import os
 import sys
 import warnings
 
-from interceptor.trace import HoleWarning, Message, ModelCall, Rewrite, Trace, export, read_trace
+from interceptor.trace import HoleWarning, Message, ModelCall, Rewrite, Trace, export, follow_traces, interchange, read_trace
 from interceptor.trace import match
 from interceptor.trace.match import Ignore
 from interceptor.trace.records import CHECKSUMS_SINCE
@@ -273,20 +274,57 @@ def cmd_verify(args) -> int:
 
 
 def cmd_export(args) -> int:
+    if bool(args.files) == bool(args.follow):
+        print("export: name trace files or a folder to --follow (one of the two)", file=sys.stderr)
+        return 2
+    per_trace = args.format in interchange.FORMATS
     try:
-        out = export.Writer(args.format, sys.stdout if args.out == "-" else args.out)
+        target = sys.stdout if args.out == "-" else args.out
+        if args.follow and isinstance(target, str) and args.format in ("jsonl", "messages"):
+            target = open(target, "w", encoding="utf-8", buffering=1)  # whole lines as traces land
+        if per_trace:
+            out = interchange.Writer(args.format, target, capture_content=args.capture_content)
+        elif args.capture_content:
+            raise ValueError("--capture-content is the otel format's")
+        else:
+            out = export.Writer(args.format, target)
     except (ValueError, RuntimeError) as e:
         print(f"export: {e}", file=sys.stderr)
         return 2
+    unit = {"atif": "trajectories", "otel": "spans"}.get(args.format, "samples")
+    traces = 0
     with out:
-        for path in args.files:
-            trace, notes, _ = _load(path)
-            for note in notes:
-                print(f"{path}: warning: {note}", file=sys.stderr)
-            out.write(export.filtered(trace, samples(trace), sampled_only=args.sampled_only,
-                                      min_reward=args.min_reward))
-    print(f"{out.count} samples from {len(args.files)} traces -> {args.out}", file=sys.stderr)
+        try:
+            for path, trace in _export_sources(args):
+                traces += 1
+                if per_trace:
+                    out.write(trace, sampled_only=args.sampled_only, min_reward=args.min_reward)
+                else:
+                    out.write(export.filtered(trace, samples(trace), sampled_only=args.sampled_only,
+                                              min_reward=args.min_reward))
+        except ValueError as e:
+            print(f"export: {e}", file=sys.stderr)
+            return 2
+        finally:
+            if target not in (sys.stdout, args.out):
+                target.close()
+    print(f"{out.count} {unit} from {traces} traces -> {args.out}", file=sys.stderr)
     return 0
+
+
+def _export_sources(args):
+    """(path, trace) of each file named, or with ``--follow`` of each trace in the folder as
+    it is sealed (``follow_traces``: resumable with ``--state``; ends after ``--idle-timeout``
+    seconds with nothing new, or never)."""
+    if args.follow:
+        for item in follow_traces(args.follow, args.state, idle_timeout=args.idle_timeout):
+            yield item.path, item.trace
+        return
+    for path in args.files:
+        trace, notes, _ = _load(path)
+        for note in notes:
+            print(f"{path}: warning: {note}", file=sys.stderr)
+        yield path, trace
 
 
 def _ignore_rules(trace: Trace) -> list[str]:
@@ -327,12 +365,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("files", nargs="+")
     p.set_defaults(func=cmd_verify)
     p = sub.add_parser("export", help="one row per branch for trainers (JSON lines, Parquet or chat "
-                                      "conversations; see interceptor.trace.export)")
-    p.add_argument("files", nargs="+")
+                                      "conversations), or a document per trace for other tools (ATIF, "
+                                      "OpenTelemetry); see interceptor.trace.export and .interchange")
+    p.add_argument("files", nargs="*")
     p.add_argument("--out", required=True, help="output path, or - for stdout (not for parquet)")
-    p.add_argument("--format", choices=export.FORMATS, default="jsonl",
+    p.add_argument("--format", choices=export.FORMATS + interchange.FORMATS, default="jsonl",
                    help="jsonl: the trace's row; parquet: the same with list columns (needs pyarrow, the "
-                        "parquet extra); messages: OpenAI-style chat conversations for chat templates/SFT")
+                        "parquet extra); messages: OpenAI-style chat conversations for chat templates/SFT; "
+                        "atif: an ATIF trajectory document per trace, a trajectory per branch; otel: OTLP JSON "
+                        "of OpenTelemetry GenAI spans per trace (atif and otel need the export extra)")
+    p.add_argument("--capture-content", action="store_true",
+                   help="otel: put the messages, system instructions and tool definitions on the spans "
+                        "(the GenAI conventions' opt-in)")
+    p.add_argument("--follow", metavar="FOLDER",
+                   help="export each trace in FOLDER as it is sealed, instead of the files named")
+    p.add_argument("--state", help="with --follow: a file naming what was exported, to resume from")
+    p.add_argument("--idle-timeout", type=float, help="with --follow: stop after this many seconds with nothing new")
     p.add_argument("--sampled-only", action="store_true",
                    help="only branches holding at least one message the model produced")
     p.add_argument("--min-reward", type=float, help="only traces sealed with a reward of at least this")

@@ -20,6 +20,9 @@ are that row in another shape, so a filter or a new field applies to all of them
   ``tokenizer.apply_chat_template`` or SFT. Freeform (``custom``) tool calls are written as
   functions whose ``arguments`` is the raw input text: chat templates know only functions.
 
+The formats other tools read, a document per trace (ATIF, OpenTelemetry), are
+``interchange.py``'s.
+
 Filters: ``sampled_only`` keeps branches with at least one message the model produced (a
 branch that is only restated context, such as a compaction prompt that got no answer, has
 nothing to learn from); ``min_reward`` keeps rollouts whose reward is at least that (an
