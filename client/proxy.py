@@ -366,6 +366,15 @@ class Session:
         """The trace read back from its file (this machine's path of it)."""
         return read_trace(self.trace_path)
 
+    def export(self, out: str | os.PathLike | Any, format: str = "atif", *, capture_content: bool = False) -> int:
+        """The trace in a format other tools read, to ``out`` (a path or an open text file):
+        ``atif``, an ATIF trajectory document, or ``otel``, OTLP JSON of OpenTelemetry GenAI
+        spans (messages on them with ``capture_content``); the trajectories or spans written.
+        Needs the ``export`` extra."""
+        from interceptor.trace.interchange import write_trace
+        return write_trace(self.trace(), format, os.fspath(out) if isinstance(out, (str, os.PathLike)) else out,
+                           capture_content=capture_content)
+
     def __enter__(self) -> Session:
         return self
 
