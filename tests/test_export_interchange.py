@@ -21,11 +21,11 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from interceptor.client import Proxy
-from interceptor.trace import Message, read_trace
+from interceptor.trace import Message, ModelCall, Request, Response, read_trace
 from mitm import ROOT
 from provider import Reply, ToolCall
 from test_export import _export, _traces
-from test_trace import SYSTEM, Rollout
+from test_trace import SYSTEM, TOOLS, Rollout
 from test_trace_tokens import send
 
 
@@ -84,6 +84,38 @@ def test_atif_is_a_trajectory_per_branch_the_compaction_linked_to_the_main_one(t
     assert tool["steps"][3]["message"] == "one file" and tool["extra"]["task"] == {"id": 3}
     assert tool["agent"]["tool_definitions"][0]["function"]["name"] == "bash"
     assert "sealed" in docs[2]["extra"] and docs[2]["extra"]["sealed"] is False
+
+
+def _at(r: Rollout, prompt: list[Message], reply: Message, at: float) -> None:
+    """A turn whose call ends at ``at`` (its nodes' timestamp): when each agent ran."""
+    call = ModelCall(id=f"call-{at:g}", dialect="chat", endpoint="/v1/chat/completions", model="m",
+                     started_at=at - 1, ended_at=at, status=200)
+    r.recorder.commit_turn(Request(messages=prompt, tools=TOOLS),
+                           Response(message=reply, finish_reason="tool_calls" if reply.tool_calls else "stop"), call)
+
+
+def test_atif_links_a_sub_agent_to_the_step_whose_call_started_it(tmp_path):
+    # the main agent asks for a task; a sub-agent with a system prompt of its own (it shares
+    # nothing with the main conversation) runs it; its answer comes back as the tool result
+    r = Rollout(tmp_path / "sub.msgpack")
+    main = [SYSTEM, Message(role="user", content="fix it")]
+    task = Message(role="assistant", tool_calls=[{"id": "t1", "name": "Task", "arguments": '{"do": "look"}'}])
+    _at(r, main, task, 10.0)
+    sub = [Message(role="system", content="You are a sub-agent."), Message(role="user", content="look")]
+    _at(r, sub, Message(role="assistant", content="found it"), 20.0)
+    main += [task, Message(role="tool", tool_call_id="t1", content="found it")]
+    _at(r, main, Message(role="assistant", content="fixed"), 30.0)
+    r.store.flush(timeout=10)
+    (doc,) = _export(tmp_path, [str(r.path)], "atif")
+    atif.Trajectory.model_validate(doc)
+    assert [s["message"] for s in doc["steps"]] == [SYSTEM.content, "fix it", "", "fixed"]
+    (child,) = doc["subagent_trajectories"]
+    assert [s["message"] for s in child["steps"]] == ["You are a sub-agent.", "look", "found it"]
+    assert not any(s.get("is_copied_context") for s in child["steps"])
+    assert child["extra"]["shared_messages"] == 0 and child["extra"]["parent_branch"] == doc["extra"]["branch"]
+    results = doc["steps"][2]["observation"]["results"]  # the Task call's step: its result, then the link
+    assert results[0] == {"source_call_id": "t1", "content": "found it", "extra": {"node": 6}}
+    assert results[1]["subagent_trajectory_ref"] == [{"trajectory_id": child["trajectory_id"], "session_id": "sub"}]
 
 
 def test_atif_filters_and_a_freeform_call_keeps_its_raw_input(tmp_path):

@@ -192,6 +192,8 @@ def _call_span(trace: Trace, k: int, call: ModelCall, parent: str, capture_conte
     sampling = call.sampling
     for field, name in _SAMPLING.items():
         attrs[f"gen_ai.request.{name}"] = getattr(sampling, field)
+    if sampling.top_k is not None:
+        attrs["gen_ai.request.top_k"] = float(sampling.top_k)  # a double in the conventions
     if sampling.n is not None and sampling.n != 1:
         attrs["gen_ai.request.choice.count"] = sampling.n
     if call.finish_reason:
