@@ -277,6 +277,9 @@ def cmd_export(args) -> int:
     if bool(args.files) == bool(args.follow):
         print("export: name trace files or a folder to --follow (one of the two)", file=sys.stderr)
         return 2
+    if args.follow and args.format == "parquet":
+        print("export: a parquet file is readable only once closed; --follow it as jsonl", file=sys.stderr)
+        return 2
     per_trace = args.format in interchange.FORMATS
     try:
         target = sys.stdout if args.out == "-" else args.out
@@ -302,6 +305,8 @@ def cmd_export(args) -> int:
                 else:
                     out.write(export.filtered(trace, samples(trace), sampled_only=args.sampled_only,
                                               min_reward=args.min_reward))
+                    if target is sys.stdout:
+                        sys.stdout.flush()
         except ValueError as e:
             print(f"export: {e}", file=sys.stderr)
             return 2

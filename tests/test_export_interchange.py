@@ -209,12 +209,15 @@ def test_otel_spans_a_session_span_and_one_per_call_with_the_genai_attributes(tm
     assert [s.span_id for s, _ in again] == [s.span_id for s, _ in spans]
 
 
-def test_otel_refuses_a_branch_filter(tmp_path):
+def test_what_cannot_be_exported_is_refused(tmp_path):
     paths = _traces(tmp_path)
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "replay_trace.py"), "export", *paths,
-                           "--format", "otel", "--out", str(tmp_path / "x"), "--sampled-only"],
-                          capture_output=True, text=True)
-    assert done.returncode == 2 and "span per call" in done.stderr
+    script = [sys.executable, str(ROOT / "scripts" / "replay_trace.py"), "export"]
+    for args, why in (([*paths, "--format", "otel", "--sampled-only"], "span per call"),
+                      (["--follow", str(tmp_path), "--format", "parquet"], "readable only once closed"),
+                      ([*paths, "--format", "jsonl", "--capture-content"], "otel format's"),
+                      ([*paths, "--follow", str(tmp_path), "--format", "atif"], "one of the two")):
+        done = subprocess.run([*script, *args, "--out", str(tmp_path / "x")], capture_output=True, text=True)
+        assert done.returncode == 2 and why in done.stderr, (args, done.stderr)
 
 
 def _anthropic(session) -> anthropic.Anthropic:

@@ -176,8 +176,7 @@ class _Builder:
         return self._tree(main, built, children, parent)
 
     def _tree(self, b: Branch, built, children, parent) -> dict[str, Any]:
-        steps, node_step = built[b.index]
-        doc = self._trajectory(b, steps, parent)
+        doc = self._trajectory(b, built[b.index][0], parent)
         subs = [self._tree(c, built, children, parent) for c in children.get(b.index, [])]
         if subs:
             doc["subagent_trajectories"] = subs
