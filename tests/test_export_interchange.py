@@ -15,6 +15,7 @@ import time
 
 import anthropic
 import atif
+import msgpack
 import httpx2
 import pytest
 from google.protobuf import json_format
@@ -207,6 +208,21 @@ def test_otel_spans_a_session_span_and_one_per_call_with_the_genai_attributes(tm
     # the same session gives the same ids on every export (a re-export replaces, not adds)
     again = _spans(_otel(tmp_path, [paths[0]])[0])
     assert [s.span_id for s, _ in again] == [s.span_id for s, _ in spans]
+
+
+def test_otel_marks_a_failed_call_as_an_error_span(tmp_path):
+    path = tmp_path / "e.msgpack"
+    path.write_bytes(b"".join(msgpack.packb(r) for r in [
+        {"kind": "header", "schema_version": 1, "id": "e"},
+        {"kind": "turn", "nodes": [{"i": 0, "message": {"role": "user", "content": "q"}}],
+         "call": {"id": "c1", "dialect": "responses", "model": "gpt-5", "status": 429, "started_at": 5.0,
+                  "ended_at": 5.25, "error": {"type": "rate_limit_error", "message": "slow down", "status": 429}}},
+    ]))
+    (_, _), (span, attrs) = _spans(_otel(tmp_path, [str(path)])[0])
+    assert span.status.code == 2 and span.status.message == "slow down"
+    assert attrs["error.type"] == "rate_limit_error" and attrs["http.response.status_code"] == 429
+    assert attrs["gen_ai.provider.name"] == "openai" and span.name == "chat gpt-5"
+    assert span.end_time_unix_nano - span.start_time_unix_nano == 250_000_000
 
 
 def test_what_cannot_be_exported_is_refused(tmp_path):
