@@ -100,6 +100,10 @@ class AsyncSession:
     def ssl_context(self) -> ssl.SSLContext:
         return self.sync.ssl_context()
 
+    async def isolated(self, cmd: list[str], *, user: tuple[int, int] | None = None) -> list[str]:
+        """As ``Session.isolated``."""
+        return await asyncio.to_thread(lambda: self.sync.isolated(cmd, user=user))
+
     async def summary(self) -> dict[str, Any]:
         return await asyncio.to_thread(self.sync.summary)
 

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ValidationError
 import interceptor.addons
 from interceptor.addons.session import SealConfig, SessionConfig
 from interceptor.addons.settings import format_validation_error
+from interceptor.client import isolate
 from interceptor.client.errors import BadRequest, ProxyUnavailable, error_for
 from interceptor.trace import Trace, read_trace
 
@@ -330,6 +331,15 @@ class Session:
     def ssl_context(self) -> ssl.SSLContext:
         """Trusts the proxy's CA (and the system roots it was bundled with)."""
         return ssl.create_default_context(cafile=self.ca_bundle)
+
+    def isolated(self, cmd: list[str], *, user: tuple[int, int] | None = None) -> list[str]:
+        """``cmd`` wrapped to run in a network namespace whose only way out is this proxy
+        (``interceptor.client.isolate``); run it as ``cmd``, with ``{**os.environ, **env}``.
+        ``user``: (uid, gid) to run it as, when this process is root. Raises
+        ``isolate.IsolationUnavailable`` with the kernel's reason where the namespace cannot
+        be made, so nothing runs unisolated."""
+        isolate.check()
+        return isolate.command(cmd, self.proxy.url, user=user)
 
     def summary(self) -> dict[str, Any]:
         """The proxy's live summary: turns, calls, errors, tokens, sealed."""

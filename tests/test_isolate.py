@@ -6,6 +6,7 @@ namespace, nothing runs. Claude Code's isolated rollout is in tests/test_isolate
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from interceptor.client import isolate
+from interceptor.client import AsyncProxy, isolate
 from interceptor.trace import read_trace
 from clients import KEY_ENV
 from harness import RUN_HARNESS
@@ -88,7 +89,7 @@ LINGERS = r"""
 import subprocess, sys, time
 token, mode = sys.argv[1], sys.argv[2]
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", token], start_new_session=True,
-                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 print("ready", flush=True)
 if mode == "wait":
     time.sleep(3600)
@@ -113,6 +114,17 @@ def _with_token(token: str) -> list[int]:
         except OSError:
             continue  # gone meanwhile
     return found
+
+
+def _kill_left(token: str) -> list[int]:
+    """SIGKILL what a failed run left (processes this test started); their PIDs."""
+    left = _with_token(token)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
 
 
 def _in_netns(inode: int) -> list[int]:
@@ -145,6 +157,28 @@ def test_a_harness_that_ignores_the_proxy_cannot_connect_and_its_sdk_works_throu
     assert len(sim.requests) == 1  # the SDK's call, and nothing around the proxy
 
 
+def test_the_python_api_runs_a_rollout_isolated(proxy, sim, tmp_path):
+    """``AsyncSession.isolated`` (on ``Session.isolated``): the evaluator's own subprocess."""
+    sim.script(Reply(text="answered to the evaluator"))
+    out = tmp_path / "seen.json"
+
+    async def rollout() -> dict:
+        client = await AsyncProxy.attach(proxy.url, proxy.admin_token)
+        async with await client.session(upstream={"base_url": sim.url("/v1")}, id="api-walled") as session:
+            argv = await session.isolated([sys.executable, "-c", IGNORES_THE_PROXY, str(out), str(sim.port)])
+            harness = await asyncio.create_subprocess_exec(*argv, env={**os.environ, **session.env},
+                                                          stdin=subprocess.DEVNULL)
+            assert await harness.wait() == 0
+            return await session.close(reward=1.0)
+
+    summary = asyncio.run(rollout())
+    seen = json.loads(out.read_text())
+    assert (seen["simulator"], seen["public"]) == ("ECONNREFUSED", "ENETUNREACH"), seen
+    assert seen["answer"] == "answered to the evaluator"
+    assert summary["calls"] == 1 and summary["sealed"]
+    assert read_trace(proxy.trace_dir / "api-walled.msgpack").calls[0].error is None
+
+
 def test_the_egress_allow_list_holds_for_a_tool_the_harness_runs(proxy, sim, tmp_path):
     out = tmp_path / "tool.json"
     session = {"network": {"allow": ["127.0.0.1"], "egress": True}}
@@ -164,9 +198,9 @@ def test_nothing_of_the_rollout_remains_when_the_harness_exits(proxy, sim, tmp_p
     token = f"linger-{uuid.uuid4().hex}"
     result = _run_harness(proxy, ["--isolate", "--upstream", sim.url("/v1")],
                           [sys.executable, "-c", LINGERS, token, "exit"])
-    assert result.returncode == 0 and result.stdout == "ready\n", result.stderr
     # run_harness has returned: its daemon, the forwarder and the connector are gone with it.
-    assert _with_token(token) == []
+    assert _kill_left(token) == []
+    assert result.returncode == 0 and result.stdout == "ready\n", result.stderr
 
 
 def test_nothing_of_the_rollout_remains_when_the_runner_is_killed(proxy, sim, tmp_path):
@@ -199,6 +233,7 @@ def test_nothing_of_the_rollout_remains_when_the_runner_is_killed(proxy, sim, tm
         if runner.poll() is None:
             runner.kill()
             runner.wait()
+        _kill_left(token)
         runner.stdout.close()
         runner.stderr.close()
 
