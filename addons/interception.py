@@ -20,37 +20,37 @@ Editing this file while mitmdump runs makes mitmproxy reload it, which starts a 
 live sessions are forgotten (their traces on disk stay whole).
 """
 
-from interceptor.addons.annotate import Annotate
-from interceptor.addons.bodycap import BodyCap
-from interceptor.addons.claim import Claim
-from interceptor.addons.collect import Collect
-from interceptor.addons.conns import AcceptErrors, ClientTimeouts
-from interceptor.addons.control import Control
-from interceptor.addons.egress import Egress
-from interceptor.addons.feedback import Feedback, Refused
-from interceptor.addons.gate import Gate, guarded
-from interceptor.addons.openproxy import OpenProxyGuard
-from interceptor.addons.reach import Reach
-from interceptor.addons.replay import Replay
-from interceptor.addons.redact import Redact
-from interceptor.addons.relay import Fetch, Relay
-from interceptor.addons.retry import Retry
-from interceptor.addons.rewrite import Rewrite
-from interceptor.addons.session import Registry
-from interceptor.addons.settings import Settings
-from interceptor.addons.status import Status
-from interceptor.addons.stops import Stops
-from interceptor.addons.tee import Tee
-from interceptor.addons.tlsguard import TlsGuard
-from interceptor.addons.tuning import RuntimeTuning
-from interceptor.addons.wsrelay import WsRelay
-from interceptor.addons.wsserve import WsServe
+from interceptor.addons.mitm.annotate import Annotate
+from interceptor.addons.mitm.bodycap import BodyCap
+from interceptor.addons.mitm.claim import Claim
+from interceptor.addons.gateway.answer.collect import Collect
+from interceptor.addons.mitm.conns import AcceptErrors, ClientTimeouts
+from interceptor.addons.mitm.control import Control
+from interceptor.addons.mitm.egress import Egress
+from interceptor.addons.gateway.feedback import Feedback, Refused
+from interceptor.addons.mitm.gate import Gate, guarded
+from interceptor.addons.mitm.openproxy import OpenProxyGuard
+from interceptor.addons.mitm.reach import Reach
+from interceptor.addons.gateway.replay import Replay
+from interceptor.addons.mitm.redact import Redact
+from interceptor.addons.gateway.transport.relay import Fetch, Relay
+from interceptor.addons.gateway.retry import Retry
+from interceptor.addons.gateway.rewrite import Rewrite
+from interceptor.addons.gateway.sessions.session import Registry
+from interceptor.addons.mitm.settings import Settings
+from interceptor.addons.mitm.status import Status
+from interceptor.addons.gateway.policy.stops import Stops
+from interceptor.addons.gateway.answer.tee import Tee
+from interceptor.addons.mitm.tlsguard import TlsGuard
+from interceptor.addons.mitm.tuning import RuntimeTuning
+from interceptor.addons.gateway.transport.wsrelay import WsRelay
+from interceptor.addons.gateway.transport.wsserve import WsServe
 
 registry = Registry()
 settings = Settings(registry)
 collect = Collect()
 retry = Retry()
-wsserve = WsServe(settings)
+wsserve = WsServe(settings.bound_address)
 refused = Refused()  # what providers refused per model: Feedback learns it, Rewrite and WsRelay apply it
 tee = Tee(strip=collect, capture=retry)  # the answer's pipeline: its stages' order is its own
 reach = Reach()

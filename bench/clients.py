@@ -221,7 +221,7 @@ class RelayPath(Candidate):
     name = "relay"
 
     async def open(self) -> None:
-        from interceptor.addons import relay
+        from interceptor.addons.gateway.transport import relay
 
         self.r = relay
         self.relay = relay.Relay(pipeline=None)

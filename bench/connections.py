@@ -12,7 +12,7 @@ session, as an SDK in a long-lived harness) and ``client per turn`` (a new conne
 proxy every turn, as a harness process per step). Paths, in alternating order per round:
 
 - ``bare``: bare mitmdump; mitmproxy opens a server connection per client connection;
-- ``proxy``: this proxy as it runs (model POSTs through ``addons/relay.py``'s pool, shared by
+- ``proxy``: this proxy as it runs (model POSTs through ``addons/gateway/transport/relay.py``'s pool, shared by
   every session of an upstream and kept alive);
 - ``proxy, no relay``: ``intercept_drain_timeout=0``, mitmproxy's own upstream connections.
 

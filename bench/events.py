@@ -129,7 +129,7 @@ def main() -> int:
         def payload() -> bytes:
             """A body of its own per request: the same body again right after a paced answer
             whose end the proxy has not seen yet is, by Retry's rules, the harness retrying an
-            answer it cannot have read in full (``addons/retry.py``), answered from the record."""
+            answer it cannot have read in full (``addons/gateway/retry.py``), answered from the record."""
             return json.dumps({"model": "gpt-4o", "stream": True, "stream_options": {"include_usage": True},
                                "messages": [{"role": "user", "content": f"count {next(count)}"}]}).encode()
         with ExitStack() as stack:

@@ -115,7 +115,7 @@ def intrinsic() -> None:
 
     from mitmproxy.test import tflow
 
-    from interceptor.addons.gate import guard
+    from interceptor.addons.mitm.gate import guard
     from interceptor.trace import store
     from test_trace import Rollout, tool_turns
 

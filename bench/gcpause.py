@@ -1,5 +1,5 @@
 """How long a full garbage collection stalls the proxy's event loop, with and without
-``RuntimeTuning``'s freeze of start-up (addons/tuning.py), in one process.
+``RuntimeTuning``'s freeze of start-up (addons/mitm/tuning.py), in one process.
 
     .venv/bin/python bench/gcpause.py [--turns 300] [--sessions 4] [--repeats 7]
 
@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import mitmproxy.tools.dump  # noqa: E402,F401  (what mitmdump imports)
 
 import interceptor.addons.interception  # noqa: E402,F401  (every addon, as the script loads them)
-from interceptor.addons.rewrite import prepare  # noqa: E402
-from interceptor.addons.session import SessionConfig  # noqa: E402
+from interceptor.addons.gateway.rewrite import prepare  # noqa: E402
+from interceptor.addons.gateway.sessions.session import SessionConfig  # noqa: E402
 from interceptor.dialects import CHAT  # noqa: E402
 from interceptor.trace import Message, ModelCall, Recorder, Response, Store, Usage  # noqa: E402
 from trace_turns import machine  # noqa: E402

@@ -144,9 +144,9 @@ def main() -> int:
     from trace_turns import template_ids
     os.environ[KEY_ENV] = "sk-bench-real-key"
     script = load_script()
-    from interceptor.addons.session import SessionConfig
-    from interceptor.addons.tuning import RuntimeTuning
-    from interceptor.addons.upstream import Upstream
+    from interceptor.addons.gateway.sessions.session import SessionConfig
+    from interceptor.addons.mitm.tuning import RuntimeTuning
+    from interceptor.addons.gateway.sessions.upstream import Upstream
 
     addons = script.addons  # timed one by one, in the order mitmproxy calls them
     work = Path(tempfile.mkdtemp(prefix="bench-hooks-"))
@@ -160,7 +160,7 @@ def main() -> int:
         next(a for a in addons if isinstance(a, RuntimeTuning)).running()
         hooked = {}
         if args.hooks:
-            from interceptor.addons.hookload import load_hooks
+            from interceptor.addons.gateway.policy.hookload import load_hooks
             (work / "bench_redact.py").write_text(REDACT)
             hooked = {"hooks": load_hooks(str(work / "bench_redact.py"))}
         session = script.registry.create(

@@ -4,7 +4,7 @@ layers): what ``bench/events.py`` measures end to end, minus mitmproxy.
     .venv/bin/python bench/pipeline.py [--streams 40] [--tokens 500] [--vllm | --collect] [--messages | --responses]
 
 One session, the script's request-side addons (Claim, Rewrite, Collect, Retry) and the Tee
-with its stages (``addons/pipeline.py``) under ``mitmproxy.test.taddons``; per stream a new
+with its stages (``addons/gateway/answer/pipeline.py``) under ``mitmproxy.test.taddons``; per stream a new
 flow: its request hooks, ``responseheaders``, the stream callable once per chunk (the
 simulator's Chat stream, or with ``--messages`` its Messages stream, with ``--responses`` its
 Responses stream, one event per chunk, as providers flush them), its end, and ``response``. Timed apart (``time.perf_counter_ns``, min and median of ``--streams``):
@@ -37,14 +37,14 @@ from mitmproxy.test import taddons, tflow  # noqa: E402
 from provider import Reply, anthropic_messages, openai_chat, openai_responses  # noqa: E402
 from provider.turn import Turn  # noqa: E402
 
-from interceptor.addons.claim import Claim  # noqa: E402
-from interceptor.addons.collect import Collect  # noqa: E402
-from interceptor.addons.retry import Retry  # noqa: E402
-from interceptor.addons.rewrite import Rewrite  # noqa: E402
-from interceptor.addons.session import Registry, SessionConfig  # noqa: E402
-from interceptor.addons.settings import Settings  # noqa: E402
-from interceptor.addons.tee import Tee  # noqa: E402
-from interceptor.addons.upstream import Upstream  # noqa: E402
+from interceptor.addons.mitm.claim import Claim  # noqa: E402
+from interceptor.addons.gateway.answer.collect import Collect  # noqa: E402
+from interceptor.addons.gateway.retry import Retry  # noqa: E402
+from interceptor.addons.gateway.rewrite import Rewrite  # noqa: E402
+from interceptor.addons.gateway.sessions.session import Registry, SessionConfig  # noqa: E402
+from interceptor.addons.mitm.settings import Settings  # noqa: E402
+from interceptor.addons.gateway.answer.tee import Tee  # noqa: E402
+from interceptor.addons.gateway.sessions.upstream import Upstream  # noqa: E402
 
 ENV = "INTERCEPT_BENCH_KEY"
 URL = "https://api.openai.com/v1/chat/completions"

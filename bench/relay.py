@@ -5,7 +5,7 @@
 
 mitmdump processes from this checkout against one simulator: "relay off" with
 ``intercept_drain_timeout=0`` (mitmproxy talks to the upstream itself), "relay" with the
-default (every model request goes out through addons/relay.py's loopback hop), and with
+default (every model request goes out through addons/gateway/transport/relay.py's loopback hop), and with
 ``--before REV`` the proxy at that revision (its relay on) as a third path. Sequential chat
 turns with 20 KB request bodies, JSON and SSE (the SSE answer ``--tokens`` events, one token
 each); ``--bare`` adds bare mitmdump streaming SSE (``bench/stream_sse.py``, ``map_remote`` to

@@ -54,7 +54,7 @@ _helpers = _bench_dialects()
 events_of, machine, ms, synthetic, timed, us = (getattr(_helpers, n) for n in
                                                 ("events_of", "machine", "ms", "synthetic", "timed", "us"))
 
-from interceptor.addons.translate import TranslateStream  # noqa: E402
+from interceptor.addons.gateway.answer.translate import TranslateStream  # noqa: E402
 from interceptor.dialects import ANTHROPIC, CHAT, RESPONSES  # noqa: E402
 from interceptor.dialects.sse import SSEDecoder  # noqa: E402
 from interceptor.dialects.translate import translation  # noqa: E402

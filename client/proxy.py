@@ -41,8 +41,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from pydantic import BaseModel, ValidationError
 
 import interceptor.addons
-from interceptor.addons.session import SealConfig, SessionConfig
-from interceptor.addons.settings import format_validation_error
+from interceptor.addons.gateway.sessions.session import SealConfig, SessionConfig
+from interceptor.addons.mitm.settings import format_validation_error
 from interceptor.client import isolate
 from interceptor.client.errors import BadRequest, ProxyUnavailable, error_for
 from interceptor.trace import Trace, read_trace
@@ -51,8 +51,8 @@ SCRIPT = Path(interceptor.addons.__file__).resolve().parent / "interception.py"
 # An ambient proxy would route the control API (and mitmdump's own upstream traffic) elsewhere.
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy",
                    "NO_PROXY", "no_proxy")
-TOKEN_FILE = "interceptor-admin-token"  # as addons/settings.py writes it
-TOKEN_VARIABLE = "INTERCEPT_ADMIN_TOKEN"  # as addons/settings.py reads it
+TOKEN_FILE = "interceptor-admin-token"  # as addons/mitm/settings.py writes it
+TOKEN_VARIABLE = "INTERCEPT_ADMIN_TOKEN"  # as addons/mitm/settings.py reads it
 
 
 def free_port() -> int:

@@ -481,7 +481,7 @@ class Dialect(ABC):
         request = self.parse_request(body)
         return request.model_copy(update={"messages": prefix + request.messages})
 
-    # -- network policy (addons/network.py) ------------------------------------------------
+    # -- network policy (addons/gateway/policy/network.py) ------------------------------------------------
 
     def mediate_network(self, body: dict[str, Any], domains: list[str] | None, *,
                         keep_previous: bool = False) -> Mediation:
@@ -519,7 +519,7 @@ class Dialect(ABC):
         """The request parameters an error answer blames, as dotted body paths, most certain
         first: OpenAI's ``error.param``, then every name the message quotes (Anthropic's
         "`temperature` is not supported", OpenAI's "Unsupported parameter: 'top_p'") or opens
-        with ("max_tokens: Field required"). Provider feedback (``addons/feedback.py``) acts
+        with ("max_tokens: Field required"). Provider feedback (``addons/gateway/feedback.py``) acts
         only on one the proxy itself changed."""
         err = body.get("error") if isinstance(body, dict) else None
         if not isinstance(err, dict):

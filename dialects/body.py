@@ -42,7 +42,7 @@ class Edit:
     run: tuple[int, int] | None = None
     # The message list's element this edit was last the only one in, as it was and as written:
     # a remembered rewrite's edits are handed to every later request that restates the
-    # original (addons/intercept.py), whose element is then the same text, written the same.
+    # original (addons/gateway/policy/intercept.py), whose element is then the same text, written the same.
     made: tuple[str, str] | None = field(default=None, compare=False, repr=False)
 
     def apply(self, data: Any, fresh: set[int] | None = None) -> None:

@@ -345,7 +345,7 @@ class NativeAssembler(StreamAssembler):
         self._spare: tuple[Shape, Callable[[Any], Any]] | None = None  # the shape before
         self._tries = self.shape_tries if self.shapes else 0
         #: The last event ``quick`` read by a shape's pattern (``Shape.last``): collect.py's
-        #: strip takes the same event's token fields out by it (``addons/tee.py``).
+        #: strip takes the same event's token fields out by it (``addons/gateway/answer/tee.py``).
         self.matched: re.Match[str] | None = None
 
     def quick(self, chunk: bytes) -> bool:
@@ -581,7 +581,7 @@ class Plan:
 
     def drop_refused(self, body: dict[str, Any]) -> None:
         """Parameters the provider answered 400 for, for this model, earlier in this proxy's
-        life (``addons/feedback.py``): the proxy's change to each is undone before it is
+        life (``addons/gateway/feedback.py``): the proxy's change to each is undone before it is
         sent, as the second attempt undid it then. A key the harness sent itself, untouched
         by the proxy, stays: the provider's answer to it is the harness's to read."""
         for key in sorted(self.refused):
@@ -589,7 +589,7 @@ class Plan:
 
 
 PROVIDER_REJECTED = "provider_rejected"
-# The network policy's removals (addons/network.py): policy, never undone for a provider's 400.
+# The network policy's removals (addons/gateway/policy/network.py): policy, never undone for a provider's 400.
 NETWORK_POLICY = "network_policy"
 
 
@@ -769,7 +769,7 @@ class OpenAIDialect(KnobDialect):
         }
 
 
-# -- network policy (addons/network.py): the provider's own capabilities --------------------
+# -- network policy (addons/gateway/policy/network.py): the provider's own capabilities --------------------
 
 def within(domain: str, base: str) -> bool:
     """``domain`` is ``base`` or a name under it (a path after the host is ignored)."""

@@ -3,7 +3,7 @@
 An upstream that can return the tokens a model saw and sampled (vLLM, SGLang: ``vllm.py``)
 does so only when the request asks, and answers with fields the harness never asked for. A
 dialect says which keys ask and where the answer carries them (``Dialect.tokens``, a
-``TokenFields`` subclass); the proxy's mitmproxy side (``addons/collect.py``) decides which
+``TokenFields`` subclass); the proxy's mitmproxy side (``addons/gateway/answer/collect.py``) decides which
 sessions ask, sets the keys (``asks``), and takes the fields out of what the harness receives
 with what is here: ``stripped`` for a JSON body, ``EventStrip`` for a stream, event by event.
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
-from interceptor.addons.upstream import KNOWN, Upstream, parse_upstreams
+from interceptor.addons.gateway.sessions.upstream import KNOWN, Upstream, parse_upstreams
 from interceptor.dialects import DIALECTS
 from interceptor.dialects.base import Dialect
 from interceptor.trace import ModelCall, Recorder, Request, ResponseError, Sampling, Store, Trace, read_trace

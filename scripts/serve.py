@@ -53,7 +53,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from interceptor.addons.state import TOOL_SERVER_ROUTES
+from interceptor.addons.gateway.sessions.state import TOOL_SERVER_ROUTES
 from interceptor.dialects import secret_places
 from interceptor.dialects.base import place_of
 from interceptor.client.proxy import (PROXY_VARIABLES, SCRIPT, TOKEN_FILE, TOKEN_VARIABLE, call, free_port,
@@ -95,7 +95,7 @@ def haproxy_config(host: str, port: int, workers: dict[str, int], threads: int =
     """The front's whole configuration: N fixed prefixes, no state (see the module docstring)."""
     front = f"{host}:{port}"
     tags = list(workers)
-    # the tool servers' routes (state secret) and the tool route (addons/toolroute.py: the model
+    # the tool servers' routes (state secret) and the tool route (addons/mitm/toolroute.py: the model
     # secret, where any dialect reads a key or in Proxy-Authorization): by whichever secret came
     tool_routes = " ".join(f"/_interceptor/{r}" for r in (*TOOL_SERVER_ROUTES, "tool"))
     secret_prefixes = " ".join(f"sk-ic-{t}-" for t in tags)

@@ -14,7 +14,7 @@ time, what should fail:
 - ``{"writer_dies": true}``: the trace writer thread ends (``SystemExit``, which no
   ``except Exception`` stops; mitmproxy's own terminal log raises it when it cannot print)
   half-way through its next write;
-- ``{"fetch_fails": true}``: the Relay's Fetch (addons/relay.py) raises right after the
+- ``{"fetch_fails": true}``: the Relay's Fetch (addons/gateway/transport/relay.py) raises right after the
   request went out to the upstream, as a bug in reading the answer would;
 - ``{"fetch_blind": true}``: Fetch does not see the client go (``Drain.gone`` says it is
   there), so a client that leaves is found only by mitmproxy's ``error`` after the answer was
@@ -25,12 +25,12 @@ time, what should fail:
 - ``{"read_on_fails": true}``: the Drain's read of an answer whose client went away
   (``Drain._read_rest`` once the drain has taken it over) raises, as a bug there would;
 - ``{"passdown_fails": N}``: the relay's write of a streamed answer down its loopback
-  connection to mitmproxy (``_Loopback.write``, addons/relay.py) raises from its N+1th piece
+  connection to mitmproxy (``_Loopback.write``, addons/gateway/transport/relay.py) raises from its N+1th piece
   on (the head is the first), as a bug there would;
 - ``{}``: nothing fails.
 
 The hooks are replaced inside their guards (each guarded hook's ``__wrapped__``, on the addon
-objects of the script's ``addons`` list), so the mechanism under test (addons/gate.py) is
+objects of the script's ``addons`` list), so the mechanism under test (addons/mitm/gate.py) is
 exactly the one that runs in production.
 """
 
@@ -47,8 +47,8 @@ from mitmproxy import ctx, http
 from mitmproxy.connection import ConnectionState
 from mitmproxy.addonmanager import traverse
 
-from interceptor.addons import relay
-from interceptor.addons.gate import FLOW_HOOKS, GUARDED
+from interceptor.addons.gateway.transport import relay
+from interceptor.addons.mitm.gate import FLOW_HOOKS, GUARDED
 from interceptor.trace import store
 
 

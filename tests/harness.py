@@ -112,7 +112,7 @@ def run_harness(proxy: MitmProcess, sim: ProviderSimulator | None, command: list
                           env={**os.environ, **env} if env else None)
 
 
-LEFT = "the client left before the answer's end"  # addons/relay.py Drain._left, at the default verbosity
+LEFT = "the client left before the answer's end"  # addons/gateway/transport/relay.py Drain._left, at the default verbosity
 
 
 def when_left(proxy: MitmProcess, sid: str, timeout: float = 90) -> threading.Event:
@@ -181,7 +181,7 @@ def check_ran(result: subprocess.CompletedProcess) -> None:
     assert "run_harness:" in result.stderr and "(sealed)" in result.stderr  # the summary
 
 
-SECRET_PREFIX = "sk-ic-"  # every session secret starts so (addons/session.py new_secret)
+SECRET_PREFIX = "sk-ic-"  # every session secret starts so (addons/gateway/sessions/session.py new_secret)
 
 
 def check_sim_saw_only_the_session(requests: list[RequestRecord], trace: Trace, session: dict, wire: dict) -> None:
@@ -282,8 +282,8 @@ def check_history_recognised(requests: list[RequestRecord], dialect, key: str) -
     recognised up to where the previous one's list stops matching (the whole of it, or all
     but the element a cache_control marker moved off), and what is recognised parses as a
     full parse does (trace/prefix.py)."""
-    from interceptor.addons.rewrite import prepare
-    from interceptor.addons.session import SessionConfig
+    from interceptor.addons.gateway.rewrite import prepare
+    from interceptor.addons.gateway.sessions.session import SessionConfig
     from interceptor.trace.prefix import Prefixes
 
     prefixes = Prefixes()

@@ -13,7 +13,7 @@ import logging
 
 from mitmproxy import http
 
-from interceptor.addons.relay import TICKET
+from interceptor.addons.gateway.transport.relay import TICKET
 
 log = logging.getLogger(__name__)
 

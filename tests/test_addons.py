@@ -19,15 +19,15 @@ from mitmproxy import flow as mflow
 from mitmproxy import http
 from mitmproxy.test import taddons, tflow
 
-from interceptor.addons.claim import Claim
-from interceptor.addons.collect import Collect
-from interceptor.addons.exchange import Exchange, exchange_of
-from interceptor.addons.retry import Retry
-from interceptor.addons.rewrite import Rewrite
-from interceptor.addons.session import Registry, Session, SessionConfig
-from interceptor.addons.settings import Settings
-from interceptor.addons.tee import Tee
-from interceptor.addons.upstream import Upstream
+from interceptor.addons.mitm.claim import Claim
+from interceptor.addons.gateway.answer.collect import Collect
+from interceptor.addons.gateway.exchange import Exchange, exchange_of
+from interceptor.addons.gateway.retry import Retry
+from interceptor.addons.gateway.rewrite import Rewrite
+from interceptor.addons.gateway.sessions.session import Registry, Session, SessionConfig
+from interceptor.addons.mitm.settings import Settings
+from interceptor.addons.gateway.answer.tee import Tee
+from interceptor.addons.gateway.sessions.upstream import Upstream
 from interceptor.dialects import ANTHROPIC, CHAT, RESPONSES
 from interceptor.dialects.sse import SSEEvent
 
@@ -331,7 +331,7 @@ def test_a_retry_waiting_on_an_attempt_whose_capture_raised_is_settled_not_left_
     coalesced on it gets the retryable 503, instead of waiting forever."""
     import asyncio
 
-    from interceptor.addons import retry as retry_module
+    from interceptor.addons.gateway import retry as retry_module
     session = world.session()
     first = _turn(world, session, retry_count=0)
     headers = {"authorization": f"Bearer {session.model_secret}", "x-stainless-retry-count": "1"}
@@ -483,7 +483,7 @@ def test_a_flow_that_errors_before_the_relay_has_it_shows_the_upstream_to_observ
     then mitmproxy ended the flow with an error before the relay had the request: observers
     (flow files, mitmweb, the log) see the upstream's address and the body as the harness sent
     it, no ticket, and the drain does not take the flow over (``Drain.take_over``)."""
-    from interceptor.addons.relay import TICKET, Relay
+    from interceptor.addons.gateway.transport.relay import TICKET, Relay
     session = world.session()
     flow = _turn(world, session)
     sent = (flow.request.scheme, flow.request.host, flow.request.port, flow.request.raw_content)

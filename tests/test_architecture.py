@@ -64,11 +64,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # The allowlists: what the tree breaks today. An entry leaves when its code does.
 
 INTERNALS_ALLOWED: dict[str, str] = {
-    "addons/hold.py": "to fix: reads SpooledTemporaryFile._rolled, CPython's private (the held size against "
+    "addons/gateway/answer/hold.py": "to fix: reads SpooledTemporaryFile._rolled, CPython's private (the held size against "
                       "spill_bytes tells the same)",
-    "addons/settings.py": "removed by the redesign (options parsed once into typed specs): sizes parsed by "
+    "addons/mitm/settings.py": "removed by the redesign (options parsed once into typed specs): sizes parsed by "
                           "mitmproxy.utils.human, which the API reference does not list",
-    "addons/tee.py": "removed by the redesign (options parsed once into typed specs): sizes parsed by "
+    "addons/gateway/answer/tee.py": "removed by the redesign (options parsed once into typed specs): sizes parsed by "
                      "mitmproxy.utils.human, which the API reference does not list",
     "dialects/encoding.py": "to fix: names CPython's private zlib._Decompress in an annotation",
     "trace/messages.py": "to fix (pydantic's model_construct): copies and freezes the trace's own pydantic "
@@ -83,12 +83,12 @@ LAYERS_ALLOWED: dict[str, str] = {}
 _EXCHANGE = ("removed by the redesign: the shared exchange names addons' private types (type-only); "
              "a stage's state lives in that stage")
 CYCLES_ALLOWED: dict[tuple[str, str], str] = {
-    ("addons.exchange", "addons.hold"): _EXCHANGE,
-    ("addons.exchange", "addons.relay"): _EXCHANGE,
-    ("addons.exchange", "addons.retry"): _EXCHANGE,
-    ("addons.exchange", "addons.session"): _EXCHANGE,
-    ("addons.exchange", "addons.tee"): _EXCHANGE,
-    ("addons.relay", "addons.pipeline"): "removed by the redesign (one answer pipeline in the gateway): "
+    ("addons.gateway.exchange", "addons.gateway.answer.hold"): _EXCHANGE,
+    ("addons.gateway.exchange", "addons.gateway.transport.relay"): _EXCHANGE,
+    ("addons.gateway.exchange", "addons.gateway.retry"): _EXCHANGE,
+    ("addons.gateway.exchange", "addons.gateway.sessions.session"): _EXCHANGE,
+    ("addons.gateway.exchange", "addons.gateway.answer.tee"): _EXCHANGE,
+    ("addons.gateway.transport.relay", "addons.gateway.answer.pipeline"): "removed by the redesign (one answer pipeline in the gateway): "
                                          "the relay names the Pipeline it feeds (type-only)",
 }
 
@@ -131,8 +131,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 
 @dataclass
 class Module:
-    name: str  # interceptor.addons.claim
-    path: str  # addons/claim.py, relative to the root
+    name: str  # interceptor.addons.mitm.claim
+    path: str  # addons/mitm/claim.py, relative to the root
     tree: ast.Module
     package: bool
     classes: dict[str, ast.ClassDef] = field(default_factory=dict)
@@ -1099,9 +1099,9 @@ def planted(tmp_path_factory) -> Program:
     files = {
         "addons/zz_internals.py": PLANTED_INTERNALS,
         # layering: the trace reaching up into the addons, three ways
-        "trace/zz_up_top.py": "from interceptor.addons import claim\n",
+        "trace/zz_up_top.py": "from interceptor.addons.mitm import claim\n",
         "trace/zz_up_typed.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                 "    from interceptor.addons.exchange import Exchange\n"),
+                                 "    from interceptor.addons.gateway.exchange import Exchange\n"),
         "trace/zz_up_local.py": "def f():\n    from interceptor.scripts import replay_trace\n",
         # a cycle closed by a function-local import, and one by a type-only import
         "dialects/zz_a.py": "import interceptor.dialects.zz_b\n",
@@ -1148,7 +1148,7 @@ def test_an_allowlist_entry_that_no_longer_occurs_fails(planted):
     allowed = dict(CYCLES_ALLOWED)
     allowed[("dialects.zz_b", "dialects.zz_a")] = "planted"
     allowed[("dialects.zz_a", "dialects.zz_c")] = "planted: no such import"
-    allowed[("trace.zz_up_top", "addons.claim")] = "planted: an import on no cycle"
+    allowed[("trace.zz_up_top", "addons.mitm.claim")] = "planted: an import on no cycle"
     problems = [p for p in cycle_problems(planted, allowed) if "zz_" in p]
     assert [p.split(":")[0] for p in problems] == ["not allowed", "no longer occurs, delete its allowlist entry",
                                                    "closes no cycle any more, delete its allowlist entry"], problems

@@ -22,7 +22,7 @@ import pytest
 import zstandard
 from hypothesis import given, settings, strategies as st
 
-from interceptor.addons.collect import StripStream
+from interceptor.addons.gateway.answer.collect import StripStream
 from interceptor.dialects.vllm import ChatTokens
 from interceptor.dialects.encoding import PIECE, Decoder, TooLarge
 from interceptor.dialects.sse import EventTooLarge, SSEDecoder

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from interceptor.addons.collect import StripStream
+from interceptor.addons.gateway.answer.collect import StripStream
 from interceptor.dialects import tokens as tokens_module
 from interceptor.dialects.tokens import EventStrip, with_true_keys
 from interceptor.dialects.vllm import ChatTokens, cut_prompt_ids

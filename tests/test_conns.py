@@ -28,7 +28,7 @@ import pytest
 from mitmproxy import exceptions
 from mitmproxy.test import taddons
 
-from interceptor.addons.conns import AcceptErrors, ClientTimeouts
+from interceptor.addons.mitm.conns import AcceptErrors, ClientTimeouts
 from interceptor.trace import read_trace
 from provider import Reply
 from wsclient import WSClient
@@ -269,7 +269,7 @@ def test_only_failed_accepts_are_folded_everything_else_reaches_the_handler_befo
         errors.done()
         return seen, loop.get_exception_handler()
 
-    with caplog.at_level(logging.INFO, logger="interceptor.addons.conns"):
+    with caplog.at_level(logging.INFO, logger="interceptor.addons.mitm.conns"):
         seen, after = asyncio.run(run())
     assert [c["message"] for c in seen] == ["something else", "no exception at all"]
     assert after.__name__ == "before"

@@ -20,7 +20,7 @@ import httpx
 import httpx2
 import pytest
 
-from interceptor.addons.gate import FLOW_HOOKS
+from interceptor.addons.mitm.gate import FLOW_HOOKS
 from interceptor.scripts.replay_trace import main as replay_main
 from interceptor.trace import read_trace
 from interceptor.trace.verify import problems
@@ -35,7 +35,10 @@ IMPOSED = "imposed-model"
 def hooks_of(*names: str) -> list[str]:
     """``Addon.hook`` for every flow hook the addon classes define (found, not listed, so a
     hook added later is injected too)."""
-    from interceptor.addons import claim, collect, control, feedback, reach, retry, rewrite, tee, tlsguard, wsrelay
+    from interceptor.addons.gateway import feedback, retry, rewrite
+    from interceptor.addons.gateway.answer import collect, tee
+    from interceptor.addons.gateway.transport import wsrelay
+    from interceptor.addons.mitm import claim, control, reach, tlsguard
 
     classes = [control.Control, tlsguard.TlsGuard, claim.Claim, rewrite.Rewrite, reach.Reach,
                wsrelay.WsRelay, feedback.Feedback, tee.Tee, collect.Collect, retry.Retry]
@@ -355,7 +358,7 @@ def test_a_fault_in_an_error_hook_still_leaves_one_error_call(r, step):
 
 
 def test_a_failure_while_fetching_a_json_answer_is_a_500_and_the_request_is_not_sent_again(r):
-    """Fetch (addons/relay.py) sends a JSON exchange itself in the request hook: an error
+    """Fetch (addons/gateway/transport/relay.py) sends a JSON exchange itself in the request hook: an error
     after the request went out cannot hand the flow on (the relay would send it a second
     time, and a second sample is a fork). The harness gets a 500 in its dialect's shape that
     its SDK does not retry; the upstream saw the request once; the record has one error call;

@@ -1,4 +1,4 @@
-"""A JSON exchange is fetched in mitmproxy's request hook (addons/relay.py, ``Fetch``): no
+"""A JSON exchange is fetched in mitmproxy's request hook (addons/gateway/transport/relay.py, ``Fetch``): no
 loopback hop, the same answer, the same record (issue 16). A stream is sent from there too,
 and the loopback carries only its request's head.
 
@@ -301,7 +301,7 @@ def test_the_fetched_answer_is_the_response_mitmproxys_constructor_makes():
     flow that mitmproxy then serialises or sends."""
     from mitmproxy import http
 
-    from interceptor.addons import relay
+    from interceptor.addons.gateway.transport import relay
 
     fields = ((b"Content-Type", b"application/json"), (b"x-request-id", b"abc"), (b"x-request-id", b"def"))
     mine = relay._response(201, b"Created", fields, version=b"HTTP/1.0", started=1.5, ended=2.5)

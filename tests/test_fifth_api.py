@@ -237,7 +237,7 @@ def test_the_worker_front_and_the_upstream_declarations_know_the_fifth_api(tmp_p
     sends its key; an operator declares its provider's upstream by name alone."""
     pkg = add_fifth(tmp_path)
     out = subprocess.run([sys.executable, "-c", "from interceptor.scripts.serve import haproxy_config; "
-                          "from interceptor.addons.upstream import parse_upstreams; "
+                          "from interceptor.addons.gateway.sessions.upstream import parse_upstreams; "
                           "print(haproxy_config('127.0.0.1', 8080, {'w1': 9001})); "
                           "print(parse_upstreams('[\"fifth\"]')['fifth'].public())"],
                          env={"PYTHONPATH": str(pkg)}, capture_output=True, text=True, check=True).stdout

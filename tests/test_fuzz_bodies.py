@@ -26,17 +26,17 @@ from mitmproxy import http
 from mitmproxy.proxy.layers.http import HttpRequestHeadersHook as RequestHeadersHook, HttpRequestHook as RequestHook, HttpResponseHeadersHook as ResponseHeadersHook, HttpResponseHook as ResponseHook
 from mitmproxy.test import taddons, tflow
 
-from interceptor.addons.bodycap import BodyCap
-from interceptor.addons.claim import Claim
-from interceptor.addons.control import Control
-from interceptor.addons.gate import Gate, guarded
-from interceptor.addons.retry import Retry
-from interceptor.addons.rewrite import Rewrite
-from interceptor.addons.session import Registry, SessionConfig
-from interceptor.addons.settings import Settings
-from interceptor.addons.stops import Stops
-from interceptor.addons.tee import Tee
-from interceptor.addons.upstream import Upstream
+from interceptor.addons.mitm.bodycap import BodyCap
+from interceptor.addons.mitm.claim import Claim
+from interceptor.addons.mitm.control import Control
+from interceptor.addons.mitm.gate import Gate, guarded
+from interceptor.addons.gateway.retry import Retry
+from interceptor.addons.gateway.rewrite import Rewrite
+from interceptor.addons.gateway.sessions.session import Registry, SessionConfig
+from interceptor.addons.mitm.settings import Settings
+from interceptor.addons.gateway.policy.stops import Stops
+from interceptor.addons.gateway.answer.tee import Tee
+from interceptor.addons.gateway.sessions.upstream import Upstream
 from interceptor.trace import read_trace
 from interceptor.trace.verify import problems
 

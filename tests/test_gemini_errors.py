@@ -28,7 +28,7 @@ CANONICAL = {
     "RESOURCE_EXHAUSTED": 429, "FAILED_PRECONDITION": 400, "ABORTED": 409, "OUT_OF_RANGE": 400,
     "UNIMPLEMENTED": 501, "INTERNAL": 500, "UNAVAILABLE": 503, "DATA_LOSS": 500,
 }
-# The proxy's own error kinds, as the addons pass them (addons/stops.py, hold.py, relay.py, tee.py).
+# The proxy's own error kinds, as the addons pass them (addons/gateway/policy/stops.py, hold.py, relay.py, tee.py).
 OURS = [None, "interceptor_stopped", "hook_error", "hold_unavailable", "answer_too_large", "api_error",
         "invalid_request_error"]
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import pytest
 
-from interceptor.addons.session import SessionConfig
+from interceptor.addons.gateway.sessions.session import SessionConfig
 from interceptor.dialects import GEMINI
 from interceptor.dialects.common import PROVIDER_REJECTED, apply_knobs
 from interceptor.trace import read_trace

@@ -1,4 +1,4 @@
-"""The guard (addons/gate.py ``guard``) through mitmproxy's own AddonManager: a fault in a
+"""The guard (addons/mitm/gate.py ``guard``) through mitmproxy's own AddonManager: a fault in a
 guarded flow hook stays on the flow, the later addons' request hooks skip that flow, the
 rest run, and mitmproxy logs no "Addon error" (an error it logs ends the script's walk for
 that hook: the Gate would not run). The guard touches only the addon object it is given."""
@@ -13,7 +13,8 @@ from mitmproxy.addonmanager import AddonManager
 from mitmproxy.proxy.layers.http import HttpRequestHeadersHook, HttpRequestHook, HttpResponseHook
 from mitmproxy.test import taddons, tflow
 
-from interceptor.addons.gate import FAULT_KEY, GUARDED, Fault, guard, guarded
+from interceptor.addons.gateway.faults import FAULT_KEY, Fault
+from interceptor.addons.mitm.gate import GUARDED, guard, guarded
 
 EVENTS = {"requestheaders": HttpRequestHeadersHook, "request": HttpRequestHook, "response": HttpResponseHook}
 REQUEST_SIDE = ("requestheaders", "request")

@@ -267,7 +267,7 @@ def test_codex_retry_after_a_real_cut_gets_the_recorded_answer(hproxy, sim, tmp_
     reconnects and sends the request again, unflagged. The simulator holds its first answer
     after two events until the proxy has seen Codex leave, so the cut is Codex's own; the
     answer the proxy read on is what the resend gets, not a second sample. Over the
-    WebSocket the upstream here serves none (the proxy serves Codex's socket, addons/wsserve.py,
+    WebSocket the upstream here serves none (the proxy serves Codex's socket, addons/gateway/transport/wsserve.py,
     and sends each frame as a POST): an upstream's own socket is relayed by mitmproxy, which
     closes it when Codex's goes, so the record has an ``incomplete_stream`` error and no
     answer to give, and the resent frame is sampled again."""

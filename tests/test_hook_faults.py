@@ -7,7 +7,7 @@ between-turn stop, the tool route), sync or async, is that session's ``hook_erro
 another session's stream, held open mid-way until the failure is on the record, still
 completes; a hook that never returns is a ``hook_error`` after the session's limit (or the
 proxy's ``intercept_hook_timeout``); blocked plain hooks of many sessions do not keep another
-session's hook from running. The pool itself (``addons/hookpool.py``) is also tested in process.
+session's hook from running. The pool itself (``addons/gateway/policy/hookpool.py``) is also tested in process.
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ def test_a_sessions_threads_stuck_past_the_limit_fail_fast_and_come_back():
     """All of a session's threads stuck in hooks that passed the limit: the next plain hook is
     a failure at once (no thread, no wait); once one returns, hooks run again. A closed pool
     lets its idle threads go and opens again for a late call."""
-    from interceptor.addons.hookpool import WORKERS, HookPool, Late, Stuck
+    from interceptor.addons.gateway.policy.hookpool import WORKERS, HookPool, Late, Stuck
 
     async def main() -> None:
         release = threading.Event()
@@ -301,7 +301,7 @@ def test_a_sessions_threads_stuck_past_the_limit_fail_fast_and_come_back():
 def test_the_proxys_own_cancellation_is_still_a_cancellation():
     """A task running a hook that is cancelled from outside (shutdown, a flow killed) is
     cancelled, and so is the hook's own task; only a hook's own CancelledError is the hook's."""
-    from interceptor.addons.hookpool import HookPool, Raised
+    from interceptor.addons.gateway.policy.hookpool import HookPool, Raised
 
     async def main() -> None:
         pool = HookPool(timeout=30)
@@ -345,7 +345,7 @@ def test_whatever_a_hook_raises_is_a_hook_failure(bases, is_async, after_await, 
     """Any exception class (built-in or a user's own, several bases, even one whose ``str()``
     itself raises), raised by a plain or an async hook at once or after an await: ``call``
     raises HookFailure naming the hook, never anything else."""
-    from interceptor.addons.hookrun import HookFailure, call
+    from interceptor.addons.gateway.policy.hookrun import HookFailure, call
     from interceptor.hooks import HookContext
     from interceptor.trace.hooks import HookSpec
 

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from interceptor.addons.hookload import load_hooks
+from interceptor.addons.gateway.policy.hookload import load_hooks
 from interceptor.hooks import HookContext
 from interceptor.trace.hooks import HookError
 from interceptor.trace import read_trace

@@ -28,10 +28,11 @@ import pytest
 from mitmproxy import http
 from mitmproxy.test import taddons, tflow
 
-from interceptor.addons import intercept, record
-from interceptor.addons.hookload import load_hooks
-from interceptor.addons.session import SessionConfig
-from interceptor.addons.upstream import Upstream
+from interceptor.addons.gateway import record
+from interceptor.addons.gateway.policy import intercept
+from interceptor.addons.gateway.policy.hookload import load_hooks
+from interceptor.addons.gateway.sessions.session import SessionConfig
+from interceptor.addons.gateway.sessions.upstream import Upstream
 from interceptor.trace import read_trace
 
 ROOT = Path(__file__).resolve().parent.parent

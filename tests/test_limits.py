@@ -1,5 +1,5 @@
 """Limits, the context-length classification and the max-tokens clamp, in process (no
-proxy): the decisions addons/stops.py and the dialects make, case by case against the real
+proxy): the decisions addons/gateway/policy/stops.py and the dialects make, case by case against the real
 providers' error bodies and field names."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from interceptor.addons.limits import Limits, in_flight, output_cap, reached
+from interceptor.addons.gateway.policy.limits import Limits, in_flight, output_cap, reached
 from interceptor.dialects import DIALECTS
 from interceptor.trace import Message, MessageNode, ModelCall, Trace, Usage
 from interceptor.trace.messages import ResponseError

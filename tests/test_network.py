@@ -15,7 +15,7 @@ import json
 import httpx2 as httpx
 import pytest
 
-from interceptor.addons.network import NOTICE, REASON, SEARCH_UNAVAILABLE, NetworkPolicy, mediate
+from interceptor.addons.gateway.policy.network import NOTICE, REASON, SEARCH_UNAVAILABLE, NetworkPolicy, mediate
 from interceptor.dialects import ANTHROPIC, CHAT, GEMINI, RESPONSES
 from interceptor.trace import read_trace
 from clients import session_clients
@@ -433,8 +433,8 @@ def test_websocket_frames_are_mediated_and_their_own_chain_kept(proxy, new_sessi
 def test_a_providers_400_never_undoes_the_policy():
     """Feedback (issue 10) undoes a change the provider blamed; a removal the network policy
     made is not the proxy's guess about the provider but the rollout's rule: it stays."""
-    from interceptor.addons.feedback import proxy_param
-    from interceptor.addons.exchange import Exchange
+    from interceptor.addons.gateway.feedback import proxy_param
+    from interceptor.addons.gateway.exchange import Exchange
     from interceptor.dialects.common import undo
 
     body = copy.deepcopy(ANTHROPIC_BODY)

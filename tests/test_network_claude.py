@@ -10,7 +10,7 @@ import uuid
 
 from harness import FINAL, check_ran, node_harness, run_harness, trace_of
 from harness import hproxy, hsim, sim  # noqa: F401 (this module's fixtures)
-from interceptor.addons.network import SEARCH_UNAVAILABLE
+from interceptor.addons.gateway.policy.network import SEARCH_UNAVAILABLE
 from provider import Reply, ToolCall
 
 

@@ -16,8 +16,8 @@ import interceptor.dialects.anthropic as anthropic
 import interceptor.dialects.chat as chat
 import interceptor.dialects.gemini as gemini
 import interceptor.dialects.responses as responses
-from interceptor.addons.rewrite import prepare
-from interceptor.addons.session import SessionConfig
+from interceptor.addons.gateway.rewrite import prepare
+from interceptor.addons.gateway.sessions.session import SessionConfig
 from interceptor.dialects import ANTHROPIC, CHAT, GEMINI, RESPONSES
 from interceptor.dialects.body import parse_body
 from interceptor.trace import Message, ModelCall, Recorder, Response, Store, Usage
@@ -101,7 +101,7 @@ def test_a_growing_conversation_parses_only_its_new_messages(tmp_path, monkeypat
 
 def test_a_session_that_delivers_other_messages_remembers_what_it_parsed(tmp_path, monkeypatch):
     """A session with request hooks delivers a rewritten message where the harness restates
-    its original (addons/intercept.py): its lists are remembered as parsed (``Listed.sent``),
+    its original (addons/gateway/policy/intercept.py): its lists are remembered as parsed (``Listed.sent``),
     so a restated original is read as the original again, never handed back as what was
     delivered for it, while the graph holds what was delivered, one branch, and each turn
     parses only its new messages. Nodes that do not hold the delivered messages are not used."""

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from interceptor.dialects import prompt_ids
 from interceptor.dialects.prompt_ids import Pending, Prior
-from interceptor.addons.exchange import exchange_of
-from interceptor.addons.session import PROMPTS_KEPT
+from interceptor.addons.gateway.exchange import exchange_of
+from interceptor.addons.gateway.sessions.session import PROMPTS_KEPT
 from interceptor.dialects.sse import SSEEvent
 from mitmproxy import http
 from interceptor.trace import Recorder

@@ -1,4 +1,4 @@
-"""The relay passes an upstream's answer on as it arrives (addons/framing.py).
+"""The relay passes an upstream's answer on as it arrives (addons/gateway/transport/framing.py).
 
 The relay does not decode and re-encode an answer's chunks one by one (issue 16): it tracks
 where the body ends itself and passes each read's body bytes on, a chunked body as one chunk
@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from clients import session_clients
-from interceptor.addons.framing import CHUNKED, CLOSE, LENGTH, Body, FramingError, read_head
-from interceptor.addons.relay import DOWN_READ
+from interceptor.addons.gateway.transport.framing import CHUNKED, CLOSE, LENGTH, Body, FramingError, read_head
+from interceptor.addons.gateway.transport.relay import DOWN_READ
 from interceptor.trace import read_trace
 from provider import Reply
 
@@ -322,7 +322,7 @@ def test_an_abandoned_answer_in_any_framing_is_read_to_its_end_and_recorded(fram
 
 def test_events_that_reach_the_relay_together_go_on_as_one_chunk(sim, proxy, new_session):
     """80 events written at once (``framing="burst"``): the harness reads the same events in a
-    few chunks, not 80 (mitmproxy's work per chunk is then per read, ``addons/relay.py``), and
+    few chunks, not 80 (mitmproxy's work per chunk is then per read, ``addons/gateway/transport/relay.py``), and
     the turn is recorded whole. An event that arrives alone still goes at once: the paced
     answer is read as one chunk per event."""
     pieces = [f"w{k} " for k in range(80)]

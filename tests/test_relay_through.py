@@ -1,4 +1,4 @@
-"""The relay's pass-through of a streamed answer (``addons/relay.py``'s ``_Through``), in process
+"""The relay's pass-through of a streamed answer (``addons/gateway/transport/relay.py``'s ``_Through``), in process
 on real loopback sockets: what only its transport-callback phase can get wrong.
 
 Once the StreamReader holds nothing more, ``_Through`` is the upstream transport's protocol
@@ -19,8 +19,8 @@ import ssl
 
 import pytest
 
-from interceptor.addons.framing import CLOSE, LENGTH, Body
-from interceptor.addons.relay import BROKE, READ, Upstream, _Loopback, _Through
+from interceptor.addons.gateway.transport.framing import CLOSE, LENGTH, Body
+from interceptor.addons.gateway.transport.relay import BROKE, READ, Upstream, _Loopback, _Through
 from provider.tls import TestCA
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import gc
 
-from interceptor.addons.exchange import Walked
-from interceptor.addons.session import Registry, SessionConfig
-from interceptor.addons.upstream import Upstream
+from interceptor.addons.gateway.exchange import Walked
+from interceptor.addons.gateway.sessions.session import Registry, SessionConfig
+from interceptor.addons.gateway.sessions.upstream import Upstream
 from interceptor.trace import ModelCall, Recorder, Store, read_trace
 from interceptor.trace.messages import Message, Request, Response
 

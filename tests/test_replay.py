@@ -209,7 +209,7 @@ def test_replay_ignore_rules_match_what_moves_between_runs(proxy, start_proxy, s
 
 
 def test_a_replay_source_must_exist_when_declared(tmp_path):
-    from interceptor.addons.upstream import parse_upstreams
+    from interceptor.addons.gateway.sessions.upstream import parse_upstreams
 
     with pytest.raises(ValueError, match="r.replay: .*no trace file"):
         parse_upstreams(json.dumps({"r": {"replay": str(tmp_path / "none.msgpack")}}))

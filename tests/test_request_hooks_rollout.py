@@ -1,7 +1,7 @@
 """Request hooks over a long rollout (issue 16): the rewrites accumulate, and every turn that
 restates their originals gets each one spliced in where it was, while the proxy goes on from
 the last request's pass instead of looking up every message again (``LastPass`` in
-``addons/memory.py``).
+``addons/gateway/policy/memory.py``).
 
 Through a real mitmdump and the real SDKs against the simulator (strict): a hook redacts
 SECRET in user messages (remembered by parent and hash) and in tool results (by tool call id);

@@ -111,7 +111,7 @@ def test_a_run_of_blocks_is_one_message_and_is_replaced_as_one():
 def test_slots_read_element_by_element_are_the_whole_body_s(name):
     """A request hook's session reads the slots it needs element by element, through the
     scan's count of each element's messages: the same slots as the whole body's."""
-    from interceptor.addons.intercept import _Slots
+    from interceptor.addons.gateway.policy.intercept import _Slots
     dialect = DIALECTS[name]
     raw = json.dumps(BODIES[name]).encode()
     parsed = parse_body(raw, dialect.message_list)

@@ -15,8 +15,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from interceptor.addons.rewrite import prepare
-from interceptor.addons.session import SessionConfig
+from interceptor.addons.gateway.rewrite import prepare
+from interceptor.addons.gateway.sessions.session import SessionConfig
 from interceptor.dialects import ANTHROPIC, CHAT, RESPONSES
 
 MODELS = st.sampled_from(["gpt-4.1", "o3", "gpt-5", "claude-sonnet-4-5", "claude-opus-4", "m"])

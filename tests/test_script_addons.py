@@ -19,7 +19,7 @@ from mitmproxy.proxy import server_hooks  # noqa: F401 - registers the connectio
 from mitmproxy.proxy.layers.http import HttpRequestHook
 from mitmproxy.test import taddons, tflow
 
-from interceptor.addons.gate import FAULT_KEY, Fault
+from interceptor.addons.gateway.faults import FAULT_KEY, Fault
 from interceptor.client.proxy import mitmdump_bin
 from mitm import SCRIPT, MitmProcess
 from test_addons import _load_script
@@ -66,7 +66,7 @@ def test_the_scripts_addons_are_the_addons_themselves_each_under_its_own_name():
 def test_a_guarded_addons_commands_and_options_are_mitmproxys_too():
     """The guard leaves the addon's commands, options and name where mitmproxy looks for them,
     and its guarded hook still keeps a fault on the flow."""
-    from interceptor.addons.gate import guard
+    from interceptor.addons.mitm.gate import guard
 
     class Probe:
         def load(self, loader):

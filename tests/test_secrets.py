@@ -86,15 +86,15 @@ def test_nothing_secret_in_any_output_at_full_verbosity(start_proxy, sim, harnes
 
 
 def test_redact_checks_every_header_line_and_leaves_the_rest_byte_for_byte():
-    """In process (addons/redact.py): one pass over the raw header lines; a repeated header's
+    """In process (addons/mitm/redact.py): one pass over the raw header lines; a repeated header's
     every value is checked on its own line, names keep their case and order, a value that is
     not UTF-8 keeps its bytes."""
     from mitmproxy import http
     from mitmproxy.test import tflow
 
-    from interceptor.addons.redact import Redact
-    from interceptor.addons.session import Registry
-    from interceptor.addons.settings import Settings
+    from interceptor.addons.mitm.redact import Redact
+    from interceptor.addons.gateway.sessions.session import Registry
+    from interceptor.addons.mitm.settings import Settings
 
     redact = Redact(Settings(Registry()))
     fields = ((b"Host", b"api.openai.com"), (b"Authorization", b"Bearer sk-any-thing"),

@@ -16,7 +16,7 @@ import urllib.request
 import openai
 import pytest
 
-from interceptor.addons.state import merge_patch
+from interceptor.addons.gateway.sessions.state import merge_patch
 from interceptor.trace import read_trace
 from interceptor.trace.messages import canonical_json
 from clients import session_clients

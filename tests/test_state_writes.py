@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from clients import KEY_ENV, REAL_KEY, dead_upstream
-from interceptor.addons.state import merge_patch
+from interceptor.addons.gateway.sessions.state import merge_patch
 from interceptor.trace import read_trace
 from mitm import MitmProcess
 from provider import ProviderSimulator

@@ -161,7 +161,7 @@ def test_the_turn_number_counts_committed_calls_in_any_order_of_answers():
     at every turn); an answer that finishes before an earlier one still gets its own number."""
     from types import SimpleNamespace
 
-    from interceptor.addons.annotate import _turn_number
+    from interceptor.addons.mitm.annotate import _turn_number
 
     session = SimpleNamespace(state={})
     calls = [SimpleNamespace(node=n) for n in (1, None, 3, 5, None, 7, 9)]
@@ -178,8 +178,8 @@ def test_the_last_minute_counts_only_the_flows_inside_it(monkeypatch):
 
     from mitmproxy.test import tflow
 
-    from interceptor.addons import status as status_mod
-    from interceptor.addons.session import Registry
+    from interceptor.addons.mitm import status as status_mod
+    from interceptor.addons.gateway.sessions.session import Registry
 
     clock = [1000.0]
     monkeypatch.setattr(status_mod.time, "monotonic", lambda: clock[0])

@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from clients import session_clients
-from interceptor.addons.session import SessionConfig
+from interceptor.addons.gateway.sessions.session import SessionConfig
 from interceptor.dialects import ANTHROPIC, CHAT, RESPONSES
 from interceptor.dialects.common import apply_knobs, set_model
 from provider import strict

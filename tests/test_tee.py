@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from interceptor.addons import tee as tee_module
+from interceptor.addons.gateway.answer import tee as tee_module
 from interceptor.dialects import ANTHROPIC, CHAT, RESPONSES
 from interceptor.dialects.common import NativeAssembler, shape_of
 from interceptor.dialects.sse import SSEDecoder
@@ -203,7 +203,7 @@ def test_the_shortcut_is_exact_for_any_split(world, monkeypatch, case):  # noqa:
 
 @pytest.mark.parametrize("case", SHORTCUT)
 def test_a_chunk_of_many_whole_events_is_read_by_the_shortcut(world, monkeypatch, case):  # noqa: F811
-    """The relay sends what reached it in one read as one chunk (``addons/relay.py``): runs
+    """The relay sends what reached it in one read as one chunk (``addons/gateway/transport/relay.py``): runs
     of 1 to 40 whole events. Each event of the learned shape is read by the shortcut, each
     gets its arrival time, and the record is the full path's."""
     events = CASES[case]

@@ -125,7 +125,7 @@ def test_resend_never_overwrites_a_trace_it_did_not_write(tmp_path, which):
     taken over, then removed); any other file there is refused before anything is sent."""
     import shutil
 
-    from interceptor.addons.upstream import Upstream
+    from interceptor.addons.gateway.sessions.upstream import Upstream
     from interceptor.scripts.resend import ResendError, resend
     from interceptor.trace.messages import Sampling
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 from hypothesis import given, settings, strategies as st
 
-from interceptor.addons.translate import TranslateStream
+from interceptor.addons.gateway.answer.translate import TranslateStream
 from interceptor.dialects import ANTHROPIC, CHAT, GEMINI, RESPONSES
 from interceptor.dialects.sse import SSEDecoder
 from interceptor.dialects.translate import TRANSLATION, pairs, translation

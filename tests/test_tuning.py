@@ -1,4 +1,4 @@
-"""RuntimeTuning (addons/tuning.py): what the switch sets and that it is undone or never done
+"""RuntimeTuning (addons/mitm/tuning.py): what the switch sets and that it is undone or never done
 when off; dead flows collected by bytes and by count; a trim after seals, off the caller's
 thread; and with the switch off a real proxy serves, retries and records as with it on.
 
@@ -21,8 +21,8 @@ import pytest
 from mitmproxy import exceptions
 from mitmproxy.test import taddons, tflow
 
-from interceptor.addons import tuning
-from interceptor.addons.session import Registry, SessionConfig
+from interceptor.addons.mitm import tuning
+from interceptor.addons.gateway.sessions.session import Registry, SessionConfig
 from interceptor.trace import read_trace
 from provider import Reply
 from test_connect_error_log import wait_for_line
@@ -306,7 +306,7 @@ def test_a_full_collection_before_the_trim_only_when_no_connection_is_open(fresh
 # glibc itself, in a process of its own (its thresholds and heap are the process's)
 GLIBC = """
 import json
-from interceptor.addons import tuning
+from interceptor.addons.mitm import tuning
 fn = tuning.malloc_trim()
 def rss():
     with open("/proc/self/status") as f:

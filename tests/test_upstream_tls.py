@@ -1,8 +1,8 @@
 """TLS to the upstream, through a real mitmdump, the real SDKs and the strict simulator over HTTPS
 (a CA and a server certificate made at test time: tests/provider/tls.py).
 
-The proxy opens upstream connections itself for every model POST (``addons/relay.py``) and for
-provider feedback's second attempt (``addons/feedback.py``), both with ``upstream_tls``; the
+The proxy opens upstream connections itself for every model POST (``addons/gateway/transport/relay.py``) and for
+provider feedback's second attempt (``addons/gateway/feedback.py``), both with ``upstream_tls``; the
 Codex WebSocket goes through mitmproxy's own upstream connection. Each must verify the upstream
 as mitmproxy would: trusted with ``ssl_verify_upstream_trusted_ca`` naming the CA, refused for a
 certificate from another CA or for another hostname (one error in the dialect's shape, not

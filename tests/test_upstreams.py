@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from interceptor.addons.upstream import KNOWN, UpstreamRef, parse_upstreams, pick
+from interceptor.addons.gateway.sessions.upstream import KNOWN, UpstreamRef, parse_upstreams, pick
 from clients import KEY_ENV, REAL_KEY, session_clients
 from provider import ProviderSimulator, Reply
 

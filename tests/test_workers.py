@@ -263,8 +263,8 @@ def test_worker_options_are_checked(tmp_path, worker, front, why):
     from mitmproxy import exceptions
     from mitmproxy.test import taddons
 
-    from interceptor.addons.session import Registry
-    from interceptor.addons.settings import Settings
+    from interceptor.addons.gateway.sessions.session import Registry
+    from interceptor.addons.mitm.settings import Settings
 
     registry = Registry()
     settings = Settings(registry)
@@ -278,7 +278,7 @@ def test_worker_options_are_checked(tmp_path, worker, front, why):
 def test_a_worker_tags_its_ids_files_and_secrets(tmp_path):
     """What the front routes by, made by the registry: ``w2-<id>``, ``w2-<id>.msgpack``,
     ``sk-ic-w2-m-...`` and ``sk-ic-w2-s-...``; without a tag, nothing changes."""
-    from interceptor.addons.session import Registry, SessionConfig
+    from interceptor.addons.gateway.sessions.session import Registry, SessionConfig
 
     tagged, plain = Registry(), Registry()
     tagged.worker = "w2"

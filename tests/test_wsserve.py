@@ -1,4 +1,4 @@
-"""Codex's Responses WebSocket served by the proxy itself (addons/wsserve.py), through the real
+"""Codex's Responses WebSocket served by the proxy itself (addons/gateway/transport/wsserve.py), through the real
 mitmdump, when the session's upstream serves no socket: a Chat Completions upstream in vLLM
 mode (the frames translated, token ids collected), and a Responses upstream over HTTP only
 (declared so, or found so at the first upgrade). A dropped socket's resent frame is replayed,

@@ -423,7 +423,7 @@ class Recorder:
                      sync=self.fsync == "turn")
 
     def record_tool(self, decision: ToolDecision) -> None:
-        """One call of the tool route (``addons/toolroute.py``)."""
+        """One call of the tool route (``addons/mitm/toolroute.py``)."""
         self._trace.tool_decisions.append(decision)
         self._append({"kind": "tool", "tool": decision.model_dump(exclude_defaults=True)})
 

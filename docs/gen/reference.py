@@ -183,8 +183,8 @@ def _models_page(title: str, intro: list[str], tops: list[tuple[str, dict[str, A
 
 
 def control_api_page() -> str:
-    from interceptor.addons.session import SealConfig, SessionConfig
-    from interceptor.addons.toolroute import ToolCallBody
+    from interceptor.addons.gateway.sessions.session import SealConfig, SessionConfig
+    from interceptor.addons.mitm.toolroute import ToolCallBody
 
     intro = [
         "The bodies the control API reads, from the pydantic models that validate them: a field",

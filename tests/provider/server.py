@@ -155,7 +155,7 @@ class ProviderSimulator:
         self._contexts: dict[tuple[Any, Any], ssl.SSLContext] = {}
         # What the simulator's socket saw: TCP connections accepted, TLS handshakes completed
         # and failed (a client that refused the certificate), connections closed before a
-        # ClientHello (a reachability probe, addons/reach.py).
+        # ClientHello (a reachability probe, addons/mitm/reach.py).
         self.accepted = 0
         self.handshakes = 0
         self.handshake_failures = 0
@@ -379,7 +379,7 @@ class _Server(ThreadingHTTPServer):
         request.settimeout(10)
         try:
             if not request.recv(1, socket.MSG_PEEK):
-                self.sim._count("probes")  # closed before a ClientHello: addons/reach.py's probe
+                self.sim._count("probes")  # closed before a ClientHello: addons/mitm/reach.py's probe
                 return
             request = tls.wrap_socket(request, server_side=True)
         except (ssl.SSLError, OSError):

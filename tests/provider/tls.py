@@ -1,6 +1,6 @@
 """HTTPS for the simulator: a throw-away CA and a server certificate made at test time.
 
-The proxy opens its own TLS connections to an upstream (``addons/relay.py``'s pool, provider
+The proxy opens its own TLS connections to an upstream (``addons/gateway/transport/relay.py``'s pool, provider
 feedback's second attempt), so what it verifies must be tested against a real handshake: a
 plain-HTTP simulator lets a relay that ignores ``ssl_verify_upstream_trusted_ca`` or
 ``ssl_insecure`` pass every test. Nothing here is a file in the repository: the keys are

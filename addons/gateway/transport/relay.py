@@ -1,0 +1,1236 @@
+"""Relay: the proxy reads a model's answer to its end on a connection of its own, so an answer
+the harness stopped reading is still recorded, and the harness's retry is answered from it.
+
+Why not mitmproxy's own upstream connection: when the client closes mid-answer, mitmproxy 12
+closes the upstream connection and cancels the client's server connections before any hook
+runs (``HttpStream.handle_protocol_error``, ``ConnectionHandler.handle_client``), so what the
+model was still generating would be lost and each SDK retry would make it generate again. No
+hook can keep that connection, and patching mitmproxy's layers would tie the proxy to their
+private internals.
+
+So for a model POST the proxy owns the upstream connection (TLS verified as mitmproxy would:
+``ssl_insecure``, ``ssl_verify_upstream_trusted_ca``, ``ssl_verify_upstream_trusted_confdir``,
+else certifi; idle connections pooled per address and shared by every session), and mitmproxy
+stays what it is: it runs the answer's hooks (``addons/gateway/answer/pipeline.py``) and observers see the
+real upstream. An answer that is not a stream is read whole in the request hook and becomes
+the flow's answer (``Fetch``); a stream comes back through a loopback hop, a plain HTTP/1.1
+server in the proxy's own event loop that mitmproxy reads as its upstream (``Drain``,
+``_Through``). A client that goes away is seen, and the answer is read on through the same
+pipeline (at most ``intercept_drain_timeout`` seconds) and committed as undelivered. An
+upstream that cannot be reached or closes without answering gets a 502 in the dialect's shape
+(mitmproxy's own is an HTML page no SDK reads as a provider error), retryable.
+
+The harness reads the upstream's bytes as sent: the head as the upstream sent it
+(``framing.read_head``, to h11's rules), the body as it framed it, except that a chunked body
+goes down as one chunk per read of the upstream (chunk boundaries carry no meaning in HTTP).
+mitmproxy's per-chunk work is paid once per chunk it reads, so events that arrived together
+travel together, and an event that arrives alone still goes at once.
+``intercept_drain_timeout=0`` turns the relay off (an answer the client abandons is lost);
+upstream-proxy modes and client certificates are left to mitmproxy (the relay would bypass
+them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import certifi
+import h11
+from mitmproxy import ctx, exceptions, http
+from mitmproxy import flow as mflow
+from mitmproxy.connection import ConnectionState
+
+from interceptor.addons.gateway.answer import hold
+from interceptor.addons.gateway.answers import error_response
+from interceptor.addons.gateway.exchange import KEY, Exchange, exchange_of
+from interceptor.addons.gateway.transport.framing import CHUNKED, CLOSE, Body, FramingError, Head, read_head
+from interceptor.addons.gateway.record import commit, mark_undelivered
+from interceptor.addons.gateway.transport.modes import regular_mode
+from interceptor.dialects.base import drop, header
+from interceptor.trace.messages import ResponseError
+
+if TYPE_CHECKING:
+    from interceptor.addons.gateway.answer.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+TICKET = "x-interceptor-relay"
+CONNECT_TIMEOUT = 30.0
+IDLE = 60.0  # seconds an idle upstream connection is kept for reuse
+# Idle upstream connections kept per address, shared by every session: enough for the sessions
+# that run at once (each turn's connection comes back when its answer ends), so a turn reuses
+# one instead of paying TCP's and TLS's round trips again (docs/benchmarks.md, bench/connections.py).
+POOL = 256
+READ = 1 << 16
+# The request from mitmproxy (on loopback, already whole in mitmproxy's memory) is read in
+# reads this large, and the relay's side of that connection buffers as much before it stops
+# reading: a long history's body in one or two reads, not one per ``READ``, each a pass of the
+# event loop and of h11.
+DOWN_READ = 1 << 20
+TRIM = 1 << 16  # consumed bytes kept before the buffer is cut
+MAX_HEAD = 1 << 20  # request/response head size accepted (above h11's smaller default)
+WATCH = 0.25  # seconds between looks at the client's connection while an answer is fetched
+
+
+class UpstreamBroke(Exception):
+    """The upstream connection failed before the answer ended."""
+
+
+class AnswerTooLarge(UpstreamBroke):
+    """An answer read whole (Fetch's, an abandoned one) passed ``intercept_max_answer``: it is
+    read no further, and its connection is closed (``Drain._read_rest``)."""
+
+
+@dataclass(eq=False, slots=True)
+class Sent:
+    """The request went out and its answer's head came back (``Drain._send``)."""
+
+    up: Upstream
+    event: Head
+    frame: Body
+    rest: bytes  # the body's first bytes, read with the head
+    reusable: bool  # both sides keep the connection, and the answer's end is not its close
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The request could not go out, or got no answer: the 502 (or the expiry) to give."""
+
+    message: str
+    retry: bool = True
+    expired: bool = False  # intercept_drain_timeout ran out after the client left
+
+
+@dataclass(eq=False)
+class Target:
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.scheme, self.host, self.port)
+
+    def where(self) -> str:
+        return f"{self.scheme}://{self.host}:{self.port}"
+
+
+@dataclass(eq=False)
+class Upstream:
+    """One connection to an upstream; pooled between exchanges. Each exchange parses its
+    answer's head with ``framing.read_head``, and its body with ``framing.Body``."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    idle_since: float = 0.0
+    reusable: bool = False  # the last answer ended cleanly and both sides keep the connection
+
+    def usable(self) -> bool:
+        return (not self.writer.is_closing() and not self.reader.at_eof()
+                and time.monotonic() - self.idle_since < IDLE)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def _answer_head(reader: asyncio.StreamReader) -> tuple[Head, bytes]:
+    """The upstream's answer head (``framing.read_head``: h11's grammar and checks), the
+    informational answers before it skipped, and the bytes read after it."""
+    buf = b""
+    while True:
+        got = read_head(buf, MAX_HEAD)
+        if got is None:
+            data = await reader.read(READ)
+            if not data:
+                raise UpstreamBroke("ConnectionClosed")
+            buf += data
+            continue
+        head, used = got
+        buf = buf[used:]
+        if head.status_code >= 200:
+            return head, buf
+
+
+async def _next(conn: h11.Connection, reader: asyncio.StreamReader, size: int = READ):
+    while True:
+        event = conn.next_event()
+        if event is not h11.NEED_DATA:
+            return event
+        conn.receive_data(await reader.read(size))
+
+
+# What ends an exchange with the upstream early: its connection, its head or body (framing),
+# mitmproxy's request to the relay (h11).
+BROKE = (OSError, h11.ProtocolError, UpstreamBroke, FramingError)
+
+
+def _closes(headers) -> bool:
+    """A ``Connection: close`` among these (name, value) pairs (h11's, or mitmproxy's fields)."""
+    return any(k.lower() == b"connection" and b"close" in v.lower() for k, v in headers)
+
+
+def _keep_alive(event: h11.Request | Head) -> bool:
+    """h11's rule: HTTP/1.1 and no ``Connection: close``."""
+    return event.http_version >= b"1.1" and not _closes(event.headers)
+
+
+def _request(method: bytes, target: bytes, headers, body: bytes, host: str) -> bytes:
+    """The head of the request for the upstream, as mitmproxy sent it to the relay (h11 read
+    and checked it) or as the flow holds it (``Fetch``): the ticket left out, a Host if it had
+    none, its length said again (the body is whole, whatever its framing was); ``body`` goes
+    after it as it is (not copied into one buffer with the head). Written here: building an
+    h11 event for it checks every header a second time, which cost more than the rest of the
+    request's way through the relay."""
+    lines = [b"%s %s HTTP/1.1\r\n" % (method, target)]
+    has_host = False
+    for k, v in headers:
+        name = k.lower()
+        if name in _NOT_SENT:
+            continue
+        has_host = has_host or name == b"host"
+        lines.append(k + b": " + v + b"\r\n")
+    if not has_host:
+        lines.insert(1, b"host: " + host.encode() + b"\r\n")
+    lines.append(b"content-length: %d\r\n\r\n" % len(body))
+    return b"".join(lines)
+
+
+_NOT_SENT = {TICKET.encode(), b"content-length", b"transfer-encoding"}
+
+
+def _response(status: int, reason: bytes, fields: Any, *, version: bytes = b"HTTP/1.1",
+              started: float, ended: float | None = None) -> http.Response:
+    """The upstream's answer as mitmproxy's ``Response``, its body to be set by the caller.
+
+    Made by mitmproxy's public constructor, so whatever mitmproxy's ``Response`` becomes in a
+    release, the flow holds one it made itself, its fields checked by mitmproxy's own rules."""
+    return http.Response(http_version=version, status_code=status, reason=reason, headers=http.Headers(fields),
+                         content=None, trailers=None, timestamp_start=started, timestamp_end=ended)
+
+
+def _chunk(buf: bytearray, start: int, end: int, last: bool) -> bytes:
+    """A chunked answer's body bytes ``buf[start:end]`` (one read's) as one chunk, and the
+    last chunk after them if the answer ended in that read; nothing for a read that carried
+    only framing (a zero-size chunk would end the answer)."""
+    data = b"%x\r\n%b\r\n" % (end - start, buf[start:end]) if end > start else b""
+    return data + b"0\r\n\r\n" if last else data
+
+
+def _head(event: Head) -> bytes:
+    """The upstream's status line and headers as it sent them (framing headers included:
+    its body follows as it framed it)."""
+    lines = [b"HTTP/%s %d %s\r\n" % (event.http_version, event.status_code, event.reason)]
+    lines += [k + b": " + v + b"\r\n" for k, v in event.fields]
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+def _pass_on(up: Upstream, frame: Body, data: bytes, body: bytearray) -> bytes:
+    """One read of the answer (``b""``: the upstream closed): the body it carries appended to
+    ``body``, and its bytes to pass on (up to the answer's end); UpstreamBroke (or
+    FramingError) if it breaks. Bytes after the answer's end make the connection unusable."""
+    if not data:
+        frame.eof()
+        if not frame.done:
+            raise UpstreamBroke("ConnectionClosed")
+        return b""
+    used = frame.feed(data, body)
+    if used < len(data):
+        up.reusable = False
+    return frame.passed(data, used)
+
+
+async def _reads(up: Upstream, frame: Body, data: bytes, body: bytearray):
+    """The answer's raw bytes a read at a time, to its end (``data``: what came with its
+    head), each through ``_pass_on`` first."""
+    while True:
+        if data:
+            data = _pass_on(up, frame, data, body)
+            if data:
+                yield data
+        if frame.done:
+            return
+        data = await up.reader.read(READ)
+        if not data:
+            _pass_on(up, frame, data, body)
+
+
+class _Through(asyncio.Protocol):
+    """An answer on its way down the loopback (``Drain.run``), one read of the upstream at a
+    time: framed (``framing.Body``), its body kept for the Drain, and sent down, or fed to the
+    pipeline once the Drain took over.
+
+    Once the StreamReader holds nothing more (a read of it came back short), this is the
+    upstream transport's protocol until the answer ends: each read is handled in the
+    transport's own callback, so it costs no StreamReader buffer, future or task wake-up (at
+    a provider's pace every event is a read of its own). Only public transport methods are
+    used (``get_protocol``, ``set_protocol``, ``pause_reading``, ``resume_reading``). The
+    StreamReader's protocol is put back at the end, for the connection's next exchange from
+    the pool; a connection lost meanwhile is passed on to it, so its reader is at EOF and its
+    writer closing, as if it had read the end itself. A loopback that does not take what is
+    written (mitmproxy not reading) pauses the upstream's reading until it drains, as the
+    StreamReader loop's ``drain()`` did."""
+
+    def __init__(self, drain: Drain, up: Upstream, frame: Body, down: _Loopback) -> None:
+        self.drain, self.up, self.frame, self.down = drain, up, frame, down
+        self.rechunk = frame.kind == CHUNKED
+        self.mark = drain.base + len(drain.buf)  # the body's bytes read so far (the buffer's trims keep the sum)
+        self.ended: asyncio.Future = asyncio.get_running_loop().create_future()  # set: the end; an exception: it broke
+        self.original: asyncio.BaseProtocol | None = None  # the StreamReader's, while this one reads
+        self.draining: asyncio.Future | None = None  # the upstream paused until the loopback drains
+
+    def step(self, data: bytes) -> None:
+        """One read of the upstream; ``b""``: its end. Raises UpstreamBroke, FramingError."""
+        d, frame = self.drain, self.frame
+        data = _pass_on(self.up, frame, data, d.buf)
+        if data:
+            if d.taken:
+                d._guarded(d._feed)
+            elif d.down_alive:
+                if self.rechunk:  # the read's body bytes as one chunk (the module docstring)
+                    end = d.base + len(d.buf)
+                    if frame.whole != 1:  # one whole chunk (a paced stream's usual read) goes as it came
+                        data = _chunk(d.buf, self.mark - d.base, end - d.base, frame.done)
+                    self.mark = end
+                d._pass_down(self.down, data)
+        if frame.done and not self.ended.done():
+            self.ended.set_result(None)
+
+    def _full(self) -> bool:
+        """The loopback holds bytes not yet sent (mitmproxy reads no faster than its harness
+        does): drain it before reading on (not once taken over: nothing more goes down then)."""
+        d = self.drain
+        return not d.taken and d.down_alive and self.down.full()
+
+    async def _drain_down(self) -> None:
+        try:
+            await self.down.drain()
+        except OSError:
+            self.drain.down_alive = False
+
+    async def run(self, rest: bytes) -> None:
+        """Pass the answer on from ``rest`` (read with its head) to its end."""
+        if rest:
+            self.step(rest)
+        reader = self.up.reader
+        while not self.frame.done:
+            if self._full():
+                await self._drain_down()
+            data = await reader.read(READ)
+            self.step(data)
+            if len(data) < READ and not reader.at_eof() and reader.exception() is None:
+                # The reader's buffer is empty: the transport's callbacks come here now. Not
+                # once the reader has seen the end or a failure: the transport told its
+                # protocol already and will not tell this one (a cut answer whose every byte
+                # and end were buffered before the relay read them hung here until the
+                # client gave up; its retries coalesced on it and hung too).
+                break
+        if self.frame.done:
+            return
+        transport = self.up.writer.transport
+        self.original = transport.get_protocol()
+        transport.set_protocol(self)
+        try:
+            if self._full():
+                self._pause(transport)
+            await self.ended
+        finally:
+            if self.draining is not None:  # bytes still queued for the loopback go out in order anyway
+                self.draining.cancel()
+            if self.original is not None:
+                transport.set_protocol(self.original)
+                self.original = None
+                if not transport.is_closing() and not transport.is_reading():
+                    transport.resume_reading()
+
+    def _pause(self, transport: asyncio.Transport) -> None:
+        transport.pause_reading()
+
+        async def unblock() -> None:
+            await self._drain_down()
+            self.draining = None
+            if not self.ended.done() and not transport.is_closing():
+                transport.resume_reading()
+        self.draining = asyncio.ensure_future(unblock())
+
+    def data_received(self, data: bytes) -> None:
+        if self.ended.done():
+            self.up.reusable = False  # bytes after the answer's end
+            return
+        try:
+            self.step(data)
+        except Exception as e:  # noqa: BLE001 - run() raises it: BROKE, or a bug, as the loop's read would
+            self.ended.set_exception(e)
+            return
+        if self.draining is None and not self.ended.done() and self._full():
+            self._pause(self.up.writer.transport)
+
+    def eof_received(self) -> bool:
+        self._input_ended(None)
+        return False  # the transport closes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._input_ended(exc)
+        original, self.original = self.original, None
+        if original is not None:
+            original.connection_lost(exc)
+
+    def _input_ended(self, exc: Exception | None) -> None:
+        if self.ended.done():
+            return
+        if exc is not None:
+            self.ended.set_exception(exc)
+            return
+        try:
+            self.step(b"")
+        except Exception as e:  # noqa: BLE001 - as in data_received
+            self.ended.set_exception(e)
+
+
+class _Loopback:
+    """The answer down the loopback: the relay's side of mitmproxy's server connection, which
+    mitmproxy reads as the flow's upstream."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+
+    def write(self, data: bytes) -> bool:
+        if self.writer.is_closing():
+            return False
+        self.writer.write(data)
+        return True
+
+    def full(self) -> bool:
+        return bool(self.writer.transport.get_write_buffer_size())
+
+    async def drain(self) -> None:
+        await self.writer.drain()
+
+
+class _Meter:
+    """The pipeline's outermost stream callable: counts what mitmproxy passed through it."""
+
+    def __init__(self, inner: Any, drain: Drain) -> None:
+        self.inner = inner
+        self.drain = drain
+
+    def __call__(self, chunk: bytes):
+        self.drain.consumed(len(chunk))
+        return self.inner(chunk) if callable(self.inner) else chunk
+
+
+class Drain:
+    """One model exchange through the relay; ``Exchange.drain``.
+
+    ``request`` (the last request step before the Gate) points the flow at the relay with a
+    one-use ticket header (random, removed before anything leaves); the relay sends the
+    request upstream and passes the answer back as it arrives. A stream's head read by
+    ``Fetch``, the flow goes on through the hop with the request's head only (the body went
+    upstream already; ``_lighten``, put back for observers at the answer's headers), so the
+    request is never sent twice.
+
+    The Drain keeps the body bytes mitmproxy has not yet passed through the pipeline: the
+    pipeline's outermost callable meters what it consumed, so for a stream this is what sits
+    in socket buffers, not the answer. When mitmproxy reports the flow's ``error`` and the
+    upstream did not break, the client went away and the Drain takes over: it feeds the bytes
+    mitmproxy never consumed and the rest of the answer through the same pipeline itself
+    (building it from the answer's headers if they came after the client left), then runs its
+    ``response`` stage: the turn commits (or the error is recorded), the call says
+    ``delivered: false``, and Retry settles it as undelivered, so the SDK's retry, which
+    coalesces on the exchange in flight meanwhile, gets the recorded answer."""
+
+    cut: str | None = None  # why the answer read whole was read no further (``_read_rest``)
+
+    def __init__(self, relay: Relay, flow: http.HTTPFlow, ex: Exchange, target: Target) -> None:
+        self.relay = relay
+        self.flow = flow
+        self.ex = ex
+        self.target = target
+        self.ticket = secrets.token_hex(16)
+        self.started = False  # the relay has the request
+        self.head: tuple[int, bytes, list[tuple[bytes, bytes]]] | None = None
+        self.buf = bytearray()  # body bytes from offset `base` on
+        self.base = 0
+        self.fed = 0  # body bytes mitmproxy (or the takeover) passed through the pipeline
+        self.upstream_done = False
+        self.broken = False
+        self.taken = False  # the client went away; this drain finishes the answer
+        self.finished = False
+        self.expired = False  # intercept_drain_timeout ran out after the client left
+        self.down_alive = True
+        self.up: Upstream | None = None
+        self.sent: Sent | None = None  # Fetch sent the request and left the answer to the relay
+        self.fetching = False  # Fetch has the exchange in mitmproxy's request hook
+        self.fetched = False  # Fetch read the answer whole and gave it to mitmproxy
+        self.closed_out = False  # Fetch ended the exchange itself, the client gone, and killed the flow
+        self.kept: tuple[bytes, str] | None = None  # the body and length the loopback does not carry (``_lighten``)
+        self._timer: asyncio.TimerHandle | None = None
+        self._watching: asyncio.TimerHandle | None = None
+        self._reading: asyncio.Future | None = None  # ``_read_on``
+
+    # -- the flow's side --------------------------------------------------------------------
+
+    def restore(self, flow: http.HTTPFlow) -> None:
+        """Observers (mitmweb, flow files, the log) see the upstream, not the relay, and the
+        request as it was sent there."""
+        t = self.target
+        flow.request.data.host, flow.request.data.port, flow.request.scheme = t.host, t.port, t.scheme
+        drop(flow.request.headers, (TICKET,))  # used (or never used): never sent anywhere again
+        self._unlighten(flow)
+
+    def _lighten(self) -> None:
+        """The request went upstream from Fetch and its answer is the relay's to pass down
+        (``sent``): the relay never reads the body mitmproxy sends it, so mitmproxy sends only
+        the head: a history-sized body would otherwise cross the loopback twice a streamed
+        turn (mitmproxy's write, the relay's read). Put back by ``restore`` at the answer's
+        headers (or the flow's error), before anything observes the flow again. A body framed
+        otherwise than by its length (chunked) is left as it is."""
+        req = self.flow.request
+        length = req.headers.get("content-length")
+        if self.kept is not None or length is None or "transfer-encoding" in req.headers or not req.raw_content:
+            return
+        self.kept = (req.raw_content, length)
+        req.data.content = b""
+        req.headers["content-length"] = "0"
+
+    def _unlighten(self, flow: http.HTTPFlow) -> None:
+        if self.kept is not None:
+            flow.request.data.content, flow.request.headers["content-length"] = self.kept
+            self.kept = None
+
+    def meter(self, stream: Any) -> Any:
+        return _Meter(stream, self) if stream else stream
+
+    def consumed(self, n: int) -> None:
+        self.fed += n
+        cut = self.fed - self.base
+        if cut >= TRIM and cut <= len(self.buf):
+            del self.buf[:cut]
+            self.base = self.fed
+
+    def ended(self, flow: http.HTTPFlow) -> None:
+        """The flow's answer is complete (or was given by the proxy: the relay never saw it)."""
+        self.relay.forget(self)
+        self.restore(flow)
+
+    def take_over(self, flow: http.HTTPFlow) -> bool:
+        """mitmproxy ended the flow with an error. True if this drain finishes the answer (the
+        client went away while the upstream answered, or after it had answered in full).
+        Whichever: observers see the flow as it went upstream (``restore``, idempotent), not
+        the relay's address or the body ``_lighten`` kept back."""
+        self.relay.forget(self)
+        self.restore(flow)
+        if self.fetched and not self.taken and flow.response is not None and not self.ex.committed:
+            # Fetched whole, and the client went away before mitmproxy ran the answer's hooks
+            # (it looks for that when the request hook returns): finished as a takeover's.
+            self.buf = bytearray(flow.response.raw_content or b"")
+            flow.response = None
+        if not self.started or self.broken or self.taken or self.finished:
+            return False
+        if self.ex.hold is not None and self.ex.hold.phase == "deliver":
+            return False  # decided and on the record: the stages after the hold see the error
+        self._left()
+        if self.sent is not None:  # Fetch left a stream to the relay, which the flow never reached
+            sent, self.sent = self.sent, None
+            self._reading = asyncio.ensure_future(self._read_on(sent))  # held: the loop keeps only weak refs
+            return True
+        if self.upstream_done and self.ex.hold is None:
+            asyncio.get_running_loop().call_soon(self._guarded, self._finish)
+        return True  # a held answer: ``_held`` goes on and hands the decision to the pipeline
+
+    def _left(self) -> None:
+        """The client went away before the answer's end: it is read on for at most
+        ``intercept_drain_timeout`` seconds, and recorded as undelivered."""
+        self.taken = True
+        if not self.ex.handed:  # an answer whose end the client was handed is delivered
+            if self.ex.committed:
+                mark_undelivered(self.ex)  # committed at its terminal event, before the rest was sent
+            self.ex.delivered = False
+        self._timer = asyncio.get_running_loop().call_later(self.relay.timeout, self._expire)
+        log.info(f"interceptor: session {self.ex.session.id!r}: the client left before the answer's end; "
+                 f"reading it from the upstream to record it")
+
+    # -- the relay's side -------------------------------------------------------------------
+
+    async def _send(self, method: bytes, head: bytes, body: bytes, keep: bool) -> Sent | Refusal:
+        """Send the request to the upstream and read its answer's head; what went wrong
+        otherwise, in words for the harness and the record."""
+        # Never sent twice: a model POST sent again may be sampled again. A pooled connection
+        # the upstream closed meanwhile is never used (``Relay.checkout`` sees its close before
+        # anything is written, and takes another); one that fails anyway (the close was in
+        # flight as the request left: the upstream may have read it) is the retryable 502
+        # below, which the harness's SDK retries itself.
+        self.started = True
+        try:
+            self.up = up = await self.relay.checkout(self.target)
+        except ssl.SSLCertVerificationError as e:
+            # Not retryable: the same certificate fails the same way; the operator must act.
+            return Refusal(tls_refusal(self.target.where(), e), retry=False)
+        except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
+            reason = type(e).__name__ if isinstance(e, asyncio.TimeoutError) else (getattr(e, "strerror", None) or str(e))
+            return Refusal(f"the session's upstream {self.target.where()} is unreachable ({reason})")
+        try:
+            up.writer.writelines((head, body))  # the body is not copied into one buffer with the head
+            await up.writer.drain()
+            event, rest = await _answer_head(up.reader)
+            frame = Body.of(method, event.status_code, event.headers)
+        except BROKE as e:
+            up.close()
+            return Refusal(f"the session's upstream {self.target.where()} closed the connection without "
+                           f"answering ({type(e).__name__})", expired=self.expired)
+        # ``rest``: the body's first bytes, read with the head.
+        return Sent(up, event, frame, rest, keep and _keep_alive(event) and frame.kind != CLOSE)
+
+    async def run(self, down: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request, body: bytes) -> bool:
+        """Serve the request mitmproxy sent to the relay; True if the connection to mitmproxy
+        may carry another request."""
+        sent, self.sent = self.sent, None  # sent already: Fetch read the head, then left it to the relay
+        if sent is None:
+            if self.started:  # Fetch sent it and failed: never sent twice
+                return await self._refuse(down, writer, "the interceptor failed while sending this exchange; "
+                                                        "it was not sent again", retry=False)
+            sent = await self._send(request.method, _request(request.method, request.target,
+                                                             request.headers.raw_items(), body, self.target.host),
+                                    body, _keep_alive(request))
+        if isinstance(sent, Refusal):
+            if sent.expired:
+                self._give_up(self._expiry())
+                return False
+            return await self._refuse(down, writer, sent.message, retry=sent.retry)
+        self._answered(sent)
+        up, event, frame, rest = sent.up, sent.event, sent.frame, sent.rest
+        if self.ex.hold is not None:
+            return await self._held(down, writer, up, frame, rest)
+        # The answer goes down as the upstream framed it, a chunked body one chunk per read
+        # (``_chunk``; ``addons/gateway/transport/framing.py`` takes the body out); the Drain keeps the body.
+        down = _Loopback(writer)
+        if self.taken:
+            self._guarded(self._headers)
+        else:
+            self._pass_down(down, _head(event))
+        try:
+            await _Through(self, up, frame, down).run(rest)
+        except BROKE as e:
+            up.close()
+            self.broken = True
+            self._give_up(self._expiry() if self.expired else f"the upstream connection broke ({type(e).__name__})")
+            return False  # not taken over: mitmproxy sees the body cut, as it would have from the upstream
+        except Exception as e:  # noqa: BLE001 - the relay's own failure passing it on (not the upstream's)
+            # Ended as a broken answer, on the record: left to ``_serve``'s catch-all, no one
+            # would read the upstream on, and a drain that took over would wait its whole
+            # ``intercept_drain_timeout`` without ever recording the exchange (its retries with it).
+            log.exception(f"interceptor: session {self.ex.session.id!r}: passing the answer on failed")
+            up.close()
+            self.broken = True
+            self._give_up(f"passing it on failed ({type(e).__name__})")
+            return False
+        self.upstream_done = True
+        self.relay.checkin(self.target, up)
+        if self.taken:
+            self._guarded(self._finish)
+            return False
+        # A close-delimited answer ends with the connection; so does one that says so.
+        return self.down_alive and up.reusable
+
+    # -- the fetch: an answer read whole in mitmproxy's request hook ------------------------
+
+    async def fetch(self) -> None:
+        """Send the request and read the answer whole in mitmproxy's request hook (``Fetch``),
+        and give it to mitmproxy as the flow's answer: the loopback hop's second HTTP exchange
+        is not made. An answer that is a stream (asked for, or not) is left to the relay once
+        its head is read: the flow goes on to it without its body (``_lighten``), and ``run``
+        passes that answer down as it comes, never sending the request again. See ``Fetch``."""
+        flow, req = self.flow, self.flow.request
+        self.fetching = True
+        self._watching = asyncio.get_running_loop().call_later(WATCH, self._watch)
+        waiting = self.relay.fetching.setdefault(flow.client_conn.id, set())
+        waiting.add(self)
+        try:
+            body = req.raw_content or b""
+            head = _request(req.data.method, req.data.path, req.headers.fields, body, req.authority or self.target.host)
+            sent = await self._send(req.data.method, head, body, not _closes(req.headers.fields))
+            if isinstance(sent, Refusal):
+                self.broken = True
+                self._refused(self._expiry() if sent.expired else sent.message, sent.retry)
+                return
+            event = sent.event
+            ctype = next((v.decode("latin-1") for k, v in event.headers if k == b"content-type"), "")
+            if self.ex.wire.frames(event.status_code, ctype, self.ex.stream) is not None and not self.gone():
+                self.sent = sent  # a stream: the relay passes it down (``run``)
+                self._lighten()
+                return
+            self._answered(sent)
+            started = time.time()
+            broke = await self._read_rest(sent)
+            if broke is not None:
+                self._refused(self._expiry() if self.expired else self.cut or
+                              f"the session's upstream {self.target.where()} broke the connection before the "
+                              f"answer's end ({broke})", self.cut is None)
+                return
+            if self.gone():  # ``_finish`` builds the answer from ``buf`` and runs the pipeline, as a takeover's
+                self._close_out(self._finish)
+                return
+            self.fetched = True
+            response = _response(event.status_code, event.reason, event.fields, version=b"HTTP/" + event.http_version,
+                                 started=started, ended=time.time())
+            response.raw_content = bytes(self.buf)
+            self.buf = bytearray()
+            self._answer(response)
+        finally:
+            self.fetching = False
+            waiting.discard(self)
+            if not waiting:
+                self.relay.fetching.pop(flow.client_conn.id, None)
+            self._watching.cancel()
+
+    async def _read_on(self, sent: Sent) -> None:
+        """The answer's head came to Fetch, which left the stream to the relay, and the client
+        went away before mitmproxy brought the flow there: the rest is read here, to its end
+        (or ``intercept_drain_timeout``), and the answer finished as a takeover's."""
+        try:
+            self._answered(sent)
+            broke = await self._read_rest(sent)
+        except Exception as e:  # noqa: BLE001 - a task of its own: no one else would see it, and Retry must settle
+            log.exception(f"interceptor: session {self.ex.session.id!r}: reading the abandoned answer failed")
+            sent.up.close()
+            self._give_up(f"reading it failed ({type(e).__name__})")
+            return
+        if broke is not None:
+            self._give_up(self._expiry() if self.expired else self.cut or f"the upstream connection broke ({broke})")
+            return
+        self._guarded(self._finish)
+
+    def _answered(self, sent: Sent) -> None:
+        """The upstream answered: its head kept for the pipeline, its connection's fate known."""
+        event = sent.event
+        self.head = (event.status_code, event.reason, list(event.headers))
+        sent.up.reusable = sent.reusable
+        if self.relay.reached is not None:
+            self.relay.reached(self.target.host, self.target.port)
+
+    async def _read_rest(self, sent: Sent) -> str | None:
+        """The answer's body to its end into ``buf`` (nothing goes down: Fetch and the Drain
+        read it whole), its connection back to the pool; the exception's name if it broke.
+        Bounded by ``intercept_max_answer`` (the pipeline's): past it, ``cut`` says so."""
+        limit = getattr(self.relay.pipeline.bounds, "answer", 0)
+        try:
+            async for _ in _reads(sent.up, sent.frame, sent.rest, self.buf):
+                if limit and len(self.buf) > limit:
+                    raise AnswerTooLarge(f"the upstream's answer passed {limit} bytes (option intercept_max_answer); "
+                                         "nothing of it was passed on")
+        except BROKE as e:
+            sent.up.close()
+            self.broken = True
+            if isinstance(e, AnswerTooLarge):
+                self.cut, self.buf = str(e), bytearray()
+            return type(e).__name__
+        self.upstream_done = True
+        self.relay.checkin(self.target, sent.up)
+        return None
+
+    def _answer(self, response: http.Response) -> None:
+        """The fetched answer (or the 502) is the flow's: mitmproxy runs the answer's hooks on
+        it (``responseheaders``, then ``response``) and sends it; the relay never sees it."""
+        self.relay.forget(self)
+        self.restore(self.flow)
+        self.flow.response = response
+
+    def failed(self, e: Exception) -> None:
+        """Fetch raised: a 500 that is not retried (the request may have gone out), and nothing
+        left for the relay or a takeover to finish."""
+        self.sent = None
+        self.broken = True
+        self._answer(error_response(self.ex.wire, 500, f"the interceptor failed while fetching this answer "
+                                                       f"({type(e).__name__}); it was not sent again", retry=False))
+
+    def _refused(self, message: str, retry: bool) -> None:
+        """No answer: the 502 in the upstream's dialect, or, the client gone, the record's error."""
+        if self.gone():
+            self._close_out(lambda: self._give_up(message))
+        else:
+            self._answer(error_response(self.ex.wire, 502, message, retry=retry))
+
+    def gone(self) -> bool:
+        """Has the client gone away (seen now, by ``_watch``, or told by ``Fetch``)? If so the
+        answer is from now on this drain's to end (``_left``, and the pipeline told)."""
+        if not self.taken and not self.flow.client_conn.state & ConnectionState.CAN_READ:
+            self._left()
+            self.relay.pipeline.client_gone(self.flow)
+        return self.taken
+
+    def _close_out(self, step: Callable[[], None]) -> None:
+        """End the exchange here, the client gone (``_finish``: the pipeline on the answer read
+        whole, committed as undelivered; ``_give_up``: the error on the record), then kill the
+        flow: mitmproxy, seeing it killed when the request hook returns, sends nothing and runs
+        only its ``error`` hook, which the pipeline passes over (``closed_out``)."""
+        self.relay.forget(self)
+        self._guarded(step)
+        self.closed_out = True
+        if self.flow.killable:
+            self.flow.kill()
+
+    def _watch(self) -> None:
+        """While the answer is fetched: has the client gone (its connection at EOF)? mitmproxy
+        holds that event from the flow until the request hook returns, so it is looked for
+        here, at once when mitmproxy reports the client's disconnection (``Fetch``) and every
+        ``WATCH`` seconds besides (a half-closed connection is not reported): from then on the
+        answer is read for at most ``intercept_drain_timeout``, and a retry of it coalesces on
+        it (Retry), even one that carries no retry header."""
+        if self.fetching and not self.gone():
+            self._watching = asyncio.get_running_loop().call_later(WATCH, self._watch)
+
+    async def _held(self, down: h11.Connection, writer: asyncio.StreamWriter, up: Upstream, frame: Body,
+                    rest: bytes) -> bool:
+        """A held answer (``addons/gateway/answer/hold.py``): collected through the pipeline up to the hold,
+        decided, then sent to mitmproxy (or, the harness gone, handed to the stages after it)."""
+        held = self.ex.hold
+        flow = self.flow
+        with self._exchange():
+            self._headers(collect=True)
+        stream = flow.response.stream
+        ticker = None
+        if (held.keepalive > 0 and held.sse and flow.response.status_code == 200 and not self.taken
+                and header(flow.response.headers, "content-encoding", "identity").lower() == "identity"):
+            held.head_sent = True
+            self._down(writer, down.send(h11.Response(status_code=200, headers=_framed(flow.response.headers.fields))))
+            ticker = asyncio.ensure_future(self._keepalive(down, writer, held.keepalive))
+        try:
+            piece = bytearray()
+            try:
+                async for _ in _reads(up, frame, rest, piece):
+                    if not piece:
+                        continue  # framing only (b"" would end the stream)
+                    with self._exchange():
+                        if callable(stream):
+                            stream(bytes(piece))
+                        else:
+                            self.buf += piece
+                    piece.clear()
+            except BROKE as e:
+                up.close()
+                self.broken = True
+                reason = self._expiry() if self.expired else f"the upstream connection broke ({type(e).__name__})"
+                with self._exchange():
+                    delivery = hold.broken(self.ex, flow, reason)
+            else:
+                self.upstream_done = True
+                self.relay.checkin(self.target, up)
+                with self._exchange():
+                    if callable(stream):
+                        stream(b"")
+                    else:
+                        flow.response.raw_content = bytes(self.buf)
+                        self.buf.clear()
+                    flow.response.timestamp_end = time.time()
+                    self.relay.pipeline.response(flow, collect=True)
+                    delivery = await hold.settle(self.ex, flow)
+        except Exception as e:  # noqa: BLE001 - the proxy's own failure: fail closed, on the record
+            log.exception(f"interceptor: session {self.ex.session.id!r}: holding the answer failed")
+            if not self.upstream_done:
+                up.close()
+                self.broken = True
+            with self._exchange():
+                delivery = hold.failed(self.ex, flow, f"holding the answer failed ({type(e).__name__})")
+        finally:
+            if ticker is not None:
+                ticker.cancel()
+        if self.taken:
+            with self._exchange():
+                self._end()
+                response = flow.response
+                response.stream = False
+                response.status_code = delivery.status
+                if delivery.headers:
+                    response.headers = http.Headers(delivery.headers)
+                response.raw_content = delivery.joined()
+                self.relay.pipeline.response(flow)
+            return False
+        if not held.head_sent:
+            self._down(writer, down.send(h11.Response(status_code=delivery.status, headers=delivery.headers)))
+        for data in delivery.parts():
+            self._down(writer, down.send(h11.Data(data=data)))
+            try:
+                await writer.drain()
+            except OSError:
+                self.down_alive = False
+        self._end()
+        if self.broken and held.head_sent:
+            return False  # the error event went out; the stream is cut, as the upstream's was
+        self._down(writer, down.send(h11.EndOfMessage()))
+        return self.down_alive and not self.broken and down.our_state is h11.DONE
+
+    async def _keepalive(self, down: h11.Connection, writer: asyncio.StreamWriter, every: float) -> None:
+        while self.down_alive:
+            await asyncio.sleep(every)
+            if not self.taken:
+                self._down(writer, down.send(h11.Data(data=hold.KEEPALIVE)))
+
+    def _expiry(self) -> str:
+        return f"the upstream did not finish within intercept_drain_timeout ({self.relay.timeout:g} s)"
+
+    def _expire(self) -> None:
+        if self.finished:
+            return
+        self.expired = True
+        if self.up is not None:
+            self.up.close()  # the read in flight ends, and run() (or fetch()) gives up
+        elif not self.fetching:  # fetch(): the connect's own timeout ends it
+            self._give_up(self._expiry())
+
+    def _down(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        """Down the loopback (a held answer, its keep-alives): ``_pass_down``'s rule."""
+        self._pass_down(_Loopback(writer), data)
+
+    def _pass_down(self, down: _Loopback, data: bytes) -> None:
+        if not (self.down_alive and down.write(data)):
+            self.down_alive = False
+
+    async def _refuse(self, down: h11.Connection, writer: asyncio.StreamWriter, message: str,
+                      retry: bool = True) -> bool:
+        self.broken = True  # nothing to drain: the error reaches the harness and the record as any 502
+        if self.taken:
+            self._give_up(message)
+            return False
+        # In the upstream's dialect: a translated session's answer is re-shaped by the pipeline.
+        response = error_response(self.ex.wire, 502, message, retry=retry)
+        writer.write(down.send(h11.Response(status_code=502, headers=list(response.headers.fields)))
+                     + down.send(h11.Data(data=response.raw_content or b"")) + down.send(h11.EndOfMessage()))
+        try:
+            await writer.drain()
+        except OSError:
+            return False
+        return True
+
+    # -- the takeover (the client went away) ------------------------------------------------
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        with self._exchange():
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - the record must still end, and Retry settle
+                log.exception(f"interceptor: session {self.ex.session.id!r}: finishing the abandoned answer failed")
+                self._give_up(f"finishing it failed ({type(e).__name__})")
+
+    @contextlib.contextmanager
+    def _exchange(self):
+        """The flow's typed state, for the pipeline's stages, while the Drain works on it.
+        Redact made the flow's metadata plain at mitmproxy's ``error`` (a saved or displayed
+        flow must not hold the session): it is made plain again after."""
+        before = self.flow.metadata.get(KEY)
+        self.flow.metadata[KEY] = self.ex
+        try:
+            yield
+        finally:
+            if before is not self.ex:
+                self.flow.metadata[KEY] = before
+
+    def _headers(self, collect: bool = False) -> None:
+        """The answer's headers came after the client left (or the answer is held,
+        ``collect``): the pipeline is built here."""
+        flow = self.flow
+        if flow.response is None or collect:
+            status, reason, headers = self.head
+            flow.response = _response(status, reason, headers, started=time.time())
+            self.relay.pipeline.responseheaders(flow, collect)
+
+    def _feed(self) -> None:
+        stream = self.flow.response.stream if self.flow.response is not None else None
+        if callable(stream):
+            start = self.fed - self.base
+            if start < len(self.buf):
+                stream(bytes(self.buf[start:]))
+
+    def _finish(self) -> None:
+        if self.finished:
+            return
+        self._headers()
+        flow = self.flow
+        stream = flow.response.stream
+        if callable(stream):
+            self._feed()
+            stream(b"")
+        else:  # read whole: mitmproxy consumed nothing, so the buffer is the body
+            flow.response.raw_content = bytes(self.buf)
+        flow.response.timestamp_end = time.time()
+        self._end()
+        self.relay.pipeline.response(flow)
+
+    def _give_up(self, reason: str) -> None:
+        """Taken over, and the answer cannot be finished: the flow's error, on the record."""
+        if not self.taken or self.finished:
+            return
+        self._end()
+        self.flow.error = mflow.Error(f"the client went away and {reason}")
+        with self._exchange():
+            self.relay.pipeline.error(self.flow)
+
+    def _end(self) -> None:
+        self.finished = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+def _framed(fields) -> list[tuple[bytes, bytes]]:
+    """An answer's headers with the framing left to h11 (chunked: its length is not known yet)."""
+    return [(k, v) for k, v in fields if k.lower() not in (b"content-length", b"transfer-encoding")]
+
+
+def upstream_tls(options: Any) -> ssl.SSLContext:
+    """TLS to a provider verified as mitmproxy verifies its upstreams (``ssl_insecure``,
+    ``ssl_verify_upstream_trusted_ca``, ``ssl_verify_upstream_trusted_confdir``, else certifi,
+    mitmproxy's own default), for every connection the proxy opens itself: the relay's and
+    provider feedback's second attempt. Loads a CA bundle: build it off the event loop or once."""
+    tls = ssl.create_default_context(cafile=getattr(options, "ssl_verify_upstream_trusted_ca", None)
+                                     or certifi.where())
+    if getattr(options, "ssl_verify_upstream_trusted_confdir", None):
+        tls.load_verify_locations(capath=options.ssl_verify_upstream_trusted_confdir)
+    if getattr(options, "ssl_insecure", False):
+        tls.check_hostname = False
+        tls.verify_mode = ssl.CERT_NONE
+    tls.set_alpn_protocols(["http/1.1"])
+    return tls
+
+
+NAME_MISMATCH = {62, 64}  # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
+
+
+def tls_refusal(where: str, error: ssl.SSLCertVerificationError) -> str:
+    """What the harness and the record are told when an upstream's certificate is refused."""
+    reason = (error.verify_message or str(error)).rstrip(".")
+    if error.verify_code in NAME_MISMATCH:
+        fix = "declare the upstream by a name its certificate holds, or set ssl_insecure"
+    else:
+        fix = "trust the CA that signed its certificate with ssl_verify_upstream_trusted_ca, or set ssl_insecure"
+    return f"the session's upstream {where} failed TLS verification ({reason}): {fix}"
+
+
+class Relay:
+    """The addon: options, the relay server, the tickets, the upstream connection pool."""
+
+    def __init__(self, pipeline: Pipeline, reached: Callable[[str, int], None] | None = None) -> None:
+        self.pipeline = pipeline
+        self.reached = reached  # Reach's: the upstream answered on a connection of ours
+        self.timeout = 300.0
+        self.keepalive = 0.0
+        self.spill = 4 << 20
+        self._mitmproxy_only = False  # an upstream-proxy mode or client certificates (``configure``)
+        self.server: asyncio.Server | None = None
+        self.port = 0
+        self._tickets: dict[str, Drain] = {}
+        self.fetching: dict[str, set[Drain]] = {}  # client connection id -> the drains Fetch is reading
+        self._idle: dict[tuple[str, str, int], list[Upstream]] = {}
+        self._tls: ssl.SSLContext | None = None
+
+    def load(self, loader) -> None:
+        loader.add_option(
+            "intercept_drain_timeout", int, 300,
+            "Seconds the proxy keeps reading a model's answer after the harness went away, to "
+            "record it (the retry is answered from the record); 0: no relay, such an answer is lost.",
+        )
+        loader.add_option(
+            "intercept_hold_keepalive", str, "0",
+            "For sessions with response hooks: seconds between SSE comments sent while an answer is "
+            "held (its 200 and headers go out at once); 0: off, nothing reaches the harness before "
+            "the hooks decide.",
+        )
+        loader.add_option(
+            "intercept_hold_spill", int, 4 << 20,
+            "Bytes of a held SSE answer kept in memory; beyond, it is spilled to a temporary file.",
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        if "intercept_drain_timeout" in updated:
+            if ctx.options.intercept_drain_timeout < 0:
+                raise exceptions.OptionsError("intercept_drain_timeout: seconds, 0 or more")
+            self.timeout = float(ctx.options.intercept_drain_timeout)
+        if "intercept_hold_keepalive" in updated:  # a string: mitmproxy options have no float type
+            try:
+                every = float(ctx.options.intercept_hold_keepalive)
+            except ValueError:
+                every = -1.0
+            if not 0 <= every < float("inf"):
+                raise exceptions.OptionsError("intercept_hold_keepalive: seconds, 0 (off) or more")
+            self.keepalive = every
+        if "intercept_hold_spill" in updated:
+            if ctx.options.intercept_hold_spill < 0:
+                raise exceptions.OptionsError("intercept_hold_spill: bytes, 0 or more")
+            self.spill = ctx.options.intercept_hold_spill
+        if updated & {"ssl_insecure", "ssl_verify_upstream_trusted_ca", "ssl_verify_upstream_trusted_confdir"}:
+            self._tls = None  # made again at the next https connection
+        if updated & {"mode", "client_certs"}:  # read when they change (``regular_mode``)
+            self._mitmproxy_only = not regular_mode() or bool(ctx.options.client_certs)
+
+    async def running(self) -> None:
+        if self.server is None:
+            self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0, limit=DOWN_READ)
+            self.port = self.server.sockets[0].getsockname()[1]
+
+    async def done(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        for conns in self._idle.values():
+            for c in conns:
+                c.close()
+        self._idle.clear()
+
+    # -- request: point the flow at the relay -----------------------------------------------
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.error or not flow.live:
+            return
+        ex = exchange_of(flow)
+        if ex is None or ex.route.kind != "model" or flow.request.method != "POST" or ex.drain is not None:
+            return
+        held = hold.holds(ex)
+        if (not self.port or self.timeout <= 0 or self._mitmproxy_only
+                or flow.request.scheme not in ("http", "https")):
+            if held:  # fail closed: an answer the hooks must see is never streamed unheld
+                message = ("the session's response hooks need the proxy's relay to hold answers "
+                           "(intercept_drain_timeout > 0, regular mode, no client certificates); nothing was forwarded")
+                flow.response = error_response(ex.dialect, 500, message, type="hold_unavailable")
+                commit(ex, flow, None, ResponseError(type="hold_unavailable", message=message, status=500))
+            return
+        if held:
+            ex.hold = hold.Held(spill_bytes=self.spill, keepalive=self.keepalive)
+        drain = Drain(self, flow, ex, Target(flow.request.scheme, flow.request.host, flow.request.port))
+        self._tickets[drain.ticket] = drain
+        ex.drain = drain
+        flow.request.headers[TICKET] = drain.ticket
+        flow.request.scheme = "http"
+        flow.request.data.host = "127.0.0.1"
+        flow.request.data.port = self.port
+
+    def forget(self, drain: Drain) -> None:
+        self._tickets.pop(drain.ticket, None)
+
+    def holds(self, drain: Drain) -> bool:
+        """The flow is pointed at the relay with this drain's ticket."""
+        return self._tickets.get(drain.ticket) is drain
+
+    # -- the relay server -------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        leftover = b""
+        try:
+            while True:
+                # An h11 connection per request: an answer passed on as the upstream framed it
+                # is not sent through h11, so its state could not go on to the next cycle.
+                down = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+                if leftover:
+                    down.receive_data(leftover)
+                request = await _next(down, reader, DOWN_READ)
+                if not isinstance(request, h11.Request):
+                    return
+                parts: list[bytes] = []  # joined once (a large body comes in a few reads)
+                while not isinstance(event := await _next(down, reader, DOWN_READ), h11.EndOfMessage):
+                    if not isinstance(event, h11.Data):
+                        return
+                    parts.append(event.data)
+                ticket = next((v.decode() for k, v in request.headers if k == TICKET.encode()), None)
+                drain = self._tickets.pop(ticket, None) if ticket else None
+                if drain is None:  # not a flow of ours: nothing is forwarded
+                    writer.write(down.send(h11.Response(status_code=404, headers=[(b"content-length", b"0")]))
+                                 + down.send(h11.EndOfMessage()))
+                    return
+                body = parts[0] if len(parts) == 1 else b"".join(parts)
+                if not await drain.run(down, writer, request, body):
+                    return
+                if down.their_state is not h11.DONE:  # the request said close
+                    return
+                leftover, closed = down.trailing_data
+                if closed:
+                    return
+        except (OSError, h11.ProtocolError, asyncio.IncompleteReadError):
+            return
+        except Exception:  # noqa: BLE001 - one exchange's bug must not end the proxy's loop
+            log.exception("interceptor: relay connection failed")
+        finally:
+            writer.close()
+
+    # -- upstream connections ---------------------------------------------------------------
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = upstream_tls(ctx.options)
+        return self._tls
+
+    async def checkout(self, target: Target) -> Upstream:
+        """An idle pooled connection to the target (the most recently used first), or a new one."""
+        idle = self._idle.get(target.key, [])
+        if idle:
+            # One turn of the loop first: a close the upstream sent (its idle timeout) that has
+            # arrived but not been read yet marks its connection at EOF, so it is not used.
+            await asyncio.sleep(0)
+        while idle:
+            up = idle.pop()
+            if up.usable():
+                return up
+            up.close()
+        tls = self._tls_context() if target.scheme == "https" else None
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(target.host, target.port, ssl=tls, server_hostname=target.host if tls else None,
+                                    limit=MAX_HEAD),
+            CONNECT_TIMEOUT)
+        return Upstream(reader, writer)
+
+    def checkin(self, target: Target, up: Upstream) -> None:
+        if up.reusable:
+            up.idle_since = time.monotonic()
+            idle = self._idle.setdefault(target.key, [])
+            if len(idle) < POOL:
+                idle.append(up)
+                return
+        up.close()
+
+
+class Fetch:
+    """The last request step, after the Gate and the observers of its decision: a model
+    exchange that does not ask for a stream is sent on the relay's own upstream connection and
+    its answer read whole here, in mitmproxy's request hook, then given to mitmproxy as the
+    flow's answer (``Drain.fetch``).
+
+    Why: through the relay every exchange is two HTTP exchanges, mitmproxy's with the relay
+    on loopback and the relay's with the upstream; a JSON answer is read whole before anything
+    goes down anyway, so the first one only costs (CPU and latency every turn, more as the
+    history grows: bench/relay.py). What stays as it was:
+    mitmproxy runs the answer's hooks on it (``responseheaders``, ``response``: the pipeline,
+    the commit, Retry's capture), observers see the real upstream, the upstream connections
+    are the relay's pool. A client that goes away meanwhile is seen by ``Drain._watch``: the
+    answer is read on (``intercept_drain_timeout``), committed as undelivered, and a retry
+    coalesces on it, as a takeover does. A stream is sent from here too: once its head is
+    read, the flow goes to the relay carrying no body (``Drain._lighten``) and the relay
+    passes the stream down. Held answers and requests with trailers go through the relay as
+    before. An error in here answers a 500 in the dialect's shape: the
+    request may have gone out, so it is never sent again.
+    """
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+
+    def client_disconnected(self, client) -> None:
+        """The client went away: each answer still fetched for it is now the drain's to end."""
+        for drain in list(self.relay.fetching.get(client.id, ())):
+            drain.gone()
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.error or not flow.live:
+            return
+        ex = exchange_of(flow)
+        drain = ex.drain if ex is not None else None
+        if (drain is None or drain.started or ex.hold is not None or flow.request.trailers
+                or not self.relay.holds(drain)):
+            return
+        try:
+            await drain.fetch()
+        except Exception as e:  # noqa: BLE001 - fail closed; the request may have gone out
+            log.exception(f"interceptor: session {ex.session.id!r}: fetching the answer failed")
+            drain.failed(e)
