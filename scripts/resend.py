@@ -98,11 +98,12 @@ def body_of(trace: Trace, call: ModelCall, model: str | None, sampling: Sampling
     merged = Sampling.model_validate({**call.sampling.set_fields(), **sampling.set_fields()})
     dialect.apply_overrides(body, name, merged, requested=call.model)
     if collect_tokens:  # as a live session's Collect asks a vLLM/SGLang upstream
-        if call.dialect != "chat":
-            raise ResendError(f"--collect-tokens asks a vLLM/SGLang upstream in Chat Completions; call "
-                              f"{call.id} is {call.dialect} (nothing was sent)")
-        body["return_token_ids"] = True
-        body["logprobs"] = True
+        if dialect.tokens is None:
+            raise ResendError(f"--collect-tokens asks a vLLM/SGLang upstream for token fields, which the "
+                              f"{call.dialect} dialect has none of (call {call.id}; nothing was sent)")
+        plan = dialect.tokens.wanted(body)
+        for key in plan.asks if plan is not None else ():
+            body[key] = True
     return path, body
 
 
