@@ -38,7 +38,7 @@ from mitmproxy import http
 from interceptor.addons.gateway.answers import error_response
 from interceptor.addons.gateway.exchange import KEY, Exchange, exchange_of
 from interceptor.addons.mitm.settings import Settings
-from interceptor.dialects import CHAT, DIALECTS
+from interceptor.dialects import DIALECTS
 from interceptor.dialects.base import header
 
 log = logging.getLogger(__name__)
@@ -187,7 +187,9 @@ class BodyCap:
                 for k, _, v in (line.partition(":") for line in head.decode("latin-1").split("\r\n")[1:] if line)
             )
             limit = int(headers.get(LIMIT_HEADER, "0"))
-            dialect = DIALECTS.get(headers.get(SINK_HEADER, ""), CHAT)
+            dialect = DIALECTS.get(headers.get(SINK_HEADER, ""))
+            if dialect is None:  # not a flow this addon pointed here: nothing to answer it with
+                return
             gauge = self._gauges.pop(headers.get(GAUGE_HEADER, ""), None)
             if gauge is None:
                 size = int(headers.get("content-length", "0"))
