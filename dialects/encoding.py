@@ -18,6 +18,7 @@ from __future__ import annotations
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from typing import Protocol
 
 import brotli
 import zstandard
@@ -128,7 +129,21 @@ class Chain(Decoder):
         return b"".join(out)
 
 
-def _inflate(z, chunk: bytes) -> Iterator[bytes]:
+class Inflater(Protocol):
+    """What ``zlib.decompressobj()`` returns, as this module uses it: zlib documents the
+    object's methods and attributes but gives its type no public name."""
+
+    @property
+    def eof(self) -> bool: ...
+    @property
+    def unconsumed_tail(self) -> bytes: ...
+    @property
+    def unused_data(self) -> bytes: ...
+
+    def decompress(self, data: bytes, max_length: int = 0, /) -> bytes: ...
+
+
+def _inflate(z: Inflater, chunk: bytes) -> Iterator[bytes]:
     """A zlib stream's output for ``chunk``, ``PIECE`` bytes at a time, up to the stream's
     end (what follows it is left in ``z.unused_data``)."""
     while True:
@@ -169,7 +184,7 @@ class Deflate(Decoder):
 
     def __init__(self) -> None:
         self._head = b""
-        self._z: zlib._Decompress | None = None  # type: ignore[name-defined]
+        self._z: Inflater | None = None
 
     def _pieces(self, chunk: bytes) -> Iterator[bytes]:
         if self._z is None:
