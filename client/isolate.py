@@ -17,7 +17,10 @@ a *connector* that stays in the caller's namespace, then enters the new namespac
 connection a program makes to the forwarder, the connector connects to the proxy and hands
 the connected socket over a socketpair (``SCM_RIGHTS``); a socket keeps the namespace it was
 made in, so the forwarder relays between the two with large reads (one copy, no file on
-disk, nothing to clean up). The user namespace maps the caller's own uid to itself (as root:
+disk, nothing to clean up). Each connection's first request gets the session's credentials
+(from the proxy URL in ``HTTPS_PROXY``) in place of any it had, so the proxy applies the
+session's egress policy to every connection from the namespace, also one whose program
+dropped them. The user namespace maps the caller's own uid to itself (as root:
 every uid to itself), so the harness is the same user inside as outside, without capabilities
 outside its namespaces.
 
@@ -40,10 +43,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import ctypes
 import fcntl
 import functools
 import os
+import re
 import signal
 import socket
 import struct
@@ -51,12 +56,14 @@ import subprocess
 import sys
 from collections import deque
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 PROGRAM = Path(__file__).resolve()
 REFUSED = 125  # the exit status when nothing ran: the namespaces could not be made
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 CHUNK = 256 * 1024  # one read of a relayed stream: the per-chunk Python cost stays small
+HEAD_LIMIT = 64 * 1024  # a first request head longer than this is refused
+HEAD_END = re.compile(rb"\r?\n\r?\n")
 # Signals the runner sends that go on to the harness. SIGINT does not: a terminal's ^C
 # reaches the harness itself (it is in the runner's process group).
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -234,19 +241,49 @@ def _init(cmd: list[str], env: dict[str, str], user: tuple[int, int] | None) -> 
             os._exit(128 - code if code < 0 else code)
 
 
-def _env(address: tuple[str, int]) -> dict[str, str]:
-    """This environment, its proxy variables that name the proxy pointed at the forwarder."""
-    env = dict(os.environ)
+def _env(address: tuple[str, int]) -> tuple[dict[str, str], bytes | None]:
+    """This environment, its proxy variables that name the proxy pointed at the forwarder; and
+    the ``Proxy-Authorization`` header line their credentials make (the session's secret)."""
+    env, auth = dict(os.environ), None
     for name in PROXY_VARIABLES:
         value = env.get(name)
         if not value:
             continue
         u = urlsplit(value)
-        if u.port == address[1] and u.hostname and u.hostname != "127.0.0.1":
+        if u.port != address[1] or not u.hostname:
+            continue
+        if u.password and auth is None:
+            token = base64.b64encode(f"{unquote(u.username or '')}:{unquote(u.password)}".encode())
+            auth = b"Proxy-Authorization: Basic " + token
+        if u.hostname != "127.0.0.1":
             userinfo = u.netloc.rpartition("@")[0]
             netloc = f"{userinfo}@" if userinfo else ""
             env[name] = urlunsplit((u.scheme, f"{netloc}127.0.0.1:{u.port}", u.path, u.query, u.fragment))
-    return env
+    return env, auth
+
+
+async def _head(loop: asyncio.AbstractEventLoop, client: socket.socket) -> tuple[bytes, bytes] | None:
+    """The first request's head (request line and headers, its blank line excluded) and what
+    came after it; None for anything that is no HTTP/1 request head within ``HEAD_LIMIT``."""
+    buf = bytearray()
+    while len(buf) < HEAD_LIMIT:
+        chunk = await loop.sock_recv(client, HEAD_LIMIT)
+        if not chunk:
+            return None
+        buf += chunk
+        if not buf[:1].isalpha():  # a method comes first; TLS or garbage never reaches the proxy
+            return None
+        end = HEAD_END.search(buf)
+        if end:
+            return bytes(buf[:end.start()]), bytes(buf[end.end():])
+    return None
+
+
+def _authorized(head: bytes, auth: bytes) -> bytes:
+    """``head`` with the session's credentials as its only ``Proxy-Authorization``."""
+    lines = [line.rstrip(b"\r") for line in head.split(b"\n")]
+    kept = [line for line in lines[1:] if not line.lower().startswith(b"proxy-authorization:")]
+    return b"\r\n".join([lines[0], auth, *kept]) + b"\r\n\r\n"
 
 
 # -- the program: the forwarder -----------------------------------------------------------------
@@ -260,9 +297,14 @@ async def _pump(loop: asyncio.AbstractEventLoop, src: socket.socket, dst: socket
     dst.shutdown(socket.SHUT_WR)  # the other direction may still be talking
 
 
-async def _forward(listener: socket.socket, chan: socket.socket, init: int, parent: int) -> int:
+async def _forward(listener: socket.socket, chan: socket.socket, init: int, parent: int, auth: bytes | None) -> int:
     """Relay every connection to the proxy until the harness's PID 1 exits; its status. Kill
-    that PID 1 (and so the namespace) when the runner or the connector goes."""
+    that PID 1 (and so the namespace) when the runner or the connector goes.
+
+    With ``auth``, each connection's first request carries the session's credentials, in
+    place of any it had: the proxy then holds every connection from here to the session's
+    network policy (egress binds a connection to the session that showed its secret), also
+    one whose program dropped the credentials of ``HTTPS_PROXY`` or never read them."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[int] = loop.create_future()
     waiting: deque[asyncio.Future[int | None]] = deque()
@@ -301,6 +343,12 @@ async def _forward(listener: socket.socket, chan: socket.socket, init: int, pare
 
     async def relay(client: socket.socket) -> None:
         with client:
+            first = b""
+            if auth is not None:
+                head = await _head(loop, client)
+                if head is None:
+                    return
+                first = _authorized(head[0], auth) + head[1]
             future = loop.create_future()
             waiting.append(future)
             await loop.sock_sendall(chan, b"c")
@@ -309,6 +357,7 @@ async def _forward(listener: socket.socket, chan: socket.socket, init: int, pare
                 return  # the proxy did not answer: the harness sees its connection closed
             with socket.socket(fileno=fd) as upstream:
                 upstream.setblocking(False)
+                await loop.sock_sendall(upstream, first)
                 pumps = {asyncio.ensure_future(_pump(loop, client, upstream)),
                          asyncio.ensure_future(_pump(loop, upstream, client))}
                 finished, pending = await asyncio.wait(pumps, return_when=asyncio.FIRST_EXCEPTION)
@@ -384,7 +433,7 @@ def main(argv: list[str]) -> int:
         except (IsolationUnavailable, OSError) as e:
             print(f"isolate: {e}", file=sys.stderr, flush=True)
             return REFUSED
-        env = _env(address)
+        env, auth = _env(address)
         init = os.fork()  # PID 1 of the new PID namespace
         if init == 0:
             try:
@@ -394,7 +443,7 @@ def main(argv: list[str]) -> int:
             finally:
                 os._exit(REFUSED)
         with listener:
-            return asyncio.run(_forward(listener, chan, init, args.parent))
+            return asyncio.run(_forward(listener, chan, init, args.parent, auth))
     finally:
         # The connector goes when its channel closes: once this program has exited, nothing
         # of the rollout is left.

@@ -479,6 +479,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--tool-hooks writes the harness's settings into its own HOME; --keep-home would change yours")
     if args.user and args.keep_home:
         parser.error("--user runs the harness with a HOME of its own; --keep-home would share yours")
+    if args.isolate and args.no_proxy_auth:
+        parser.error("--isolate binds every connection to the session by the secret in the proxy URL; "
+                     "--no-proxy-auth would leave it out")
     return args
 
 

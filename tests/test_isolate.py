@@ -53,8 +53,9 @@ seen["answer"] = reply.choices[0].message.content
 json.dump(seen, open(out, "w"))
 """
 
-# A tool the harness runs: two tunnels through the proxy (in and out of the allow list) and
-# one connection around it.
+# A tool the harness runs: tunnels through the proxy in and out of the allow list (with the
+# session's credentials from HTTPS_PROXY, and without: a tool that drops them), a plain
+# request out of it, and a connection around the proxy.
 TOOL = r"""
 import base64, errno, http.client, json, os, socket, sys
 from urllib.parse import unquote, urlsplit
@@ -62,9 +63,9 @@ out, sim_port = sys.argv[1], int(sys.argv[2])
 proxy = urlsplit(os.environ["HTTPS_PROXY"])
 auth = base64.b64encode(f"{unquote(proxy.username)}:{unquote(proxy.password)}".encode()).decode()
 
-def tunnel(host, port):
+def tunnel(host, port, credentials=True):
     conn = http.client.HTTPConnection(proxy.hostname, proxy.port, timeout=30)
-    conn.set_tunnel(host, port, headers={"Proxy-Authorization": f"Basic {auth}"})
+    conn.set_tunnel(host, port, headers={"Proxy-Authorization": f"Basic {auth}"} if credentials else {})
     try:
         conn.request("GET", "/tool-probe", headers={"Host": f"{host}:{port}"})
         return f"answered {conn.getresponse().status}"
@@ -73,7 +74,30 @@ def tunnel(host, port):
     finally:
         conn.close()
 
-seen = {"inside": tunnel("127.0.0.1", sim_port), "outside": tunnel("example.com", 80)}
+def plain(url):
+    conn = http.client.HTTPConnection(proxy.hostname, proxy.port, timeout=30)
+    try:
+        conn.request("GET", url)
+        return f"answered {conn.getresponse().status}"
+    finally:
+        conn.close()
+
+def after_own_api():
+    # Pipelined on one connection: the proxy's own API first (which binds no session), then a
+    # request out of the allow list without credentials: the proxy ends the connection after
+    # its own answer, or refuses what follows; never forwards it.
+    with socket.create_connection((proxy.hostname, proxy.port), timeout=30) as s:
+        s.sendall(f"GET /_interceptor/health HTTP/1.1\r\nHost: {proxy.hostname}:{proxy.port}\r\n\r\n".encode()
+                  + b"GET http://outside.invalid/tool-probe HTTP/1.1\r\nHost: outside.invalid\r\n\r\n")
+        answers = b""
+        while chunk := s.recv(65536):
+            answers += chunk
+    return [line.decode() for line in answers.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+
+seen = {"inside": tunnel("127.0.0.1", sim_port), "outside": tunnel("outside.invalid", 80),
+        "after_own_api": after_own_api(),
+        "outside_without_credentials": tunnel("outside.invalid", 80, credentials=False),
+        "plain_without_credentials": plain("http://outside.invalid/tool-probe")}
 try:
     socket.create_connection(("127.0.0.1", sim_port), timeout=30).close()
     seen["around"] = "connected"
@@ -189,9 +213,14 @@ def test_the_egress_allow_list_holds_for_a_tool_the_harness_runs(proxy, sim, tmp
     seen = json.loads(out.read_text())
     assert seen["inside"].startswith("answered "), seen  # through the proxy to an allowed host
     assert "403" in seen["outside"], seen  # the proxy refused the tunnel
+    # The forwarder gave the credentials to the connections that had none: refused all the
+    # same (an unbound connection would have been forwarded: a 502 for this host).
+    assert "403" in seen["outside_without_credentials"], seen
+    assert seen["plain_without_credentials"] == "answered 403", seen
+    assert seen["after_own_api"] in (["HTTP/1.1 200 OK"], ["HTTP/1.1 200 OK", "HTTP/1.1 403 Forbidden"]), seen
     assert seen["around"] == "ECONNREFUSED", seen  # and around the proxy there is no way
     trace = read_trace(proxy.trace_dir / "tool-egress.msgpack")
-    assert trace.egress == {"example.com": 1}
+    assert trace.egress == {"outside.invalid": 3}
 
 
 def test_nothing_of_the_rollout_remains_when_the_harness_exits(proxy, sim, tmp_path):
