@@ -85,7 +85,9 @@ class Held:
         self.size += len(data)
 
     def spilled(self) -> bool:
-        return self.spill is not None and getattr(self.spill, "_rolled", False)
+        """Whether the held bytes went to disk: a spooled file rolls over once its size
+        exceeds ``max_size`` (0: never), and every byte kept is counted in ``size``."""
+        return self.spill is not None and 0 < self.spill_bytes < self.size
 
     def chunks(self) -> Iterator[bytes]:
         """The held bytes, a chunk at a time (the spill file is read back, then closed)."""
