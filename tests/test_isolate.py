@@ -26,7 +26,7 @@ from interceptor.trace import read_trace
 from clients import KEY_ENV
 from harness import RUN_HARNESS
 from provider import Reply
-from test_run_as_user import ATTACKER
+from test_run_as_user import ATTACKER, other_user  # noqa: F401 (its fixture)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="network namespaces are Linux's")
 
@@ -335,5 +335,30 @@ def test_a_plain_user_gets_the_same_wall_through_unprivileged_user_namespaces(ne
         seen = json.loads(out.read_text())
         assert seen["uid"] != 0 and seen["uid"] == int(subprocess.check_output(["id", "-u", "nobody"]))
         assert seen["answer"] == "answered to nobody"
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_run_as_another_user_isolated(other_user, proxy, sim):
+    """``--isolate --user``: root makes the namespaces, the harness runs inside as that user."""
+    sim.script(Reply(text="done as another user, isolated"))
+    for folder in (proxy.workdir, proxy.confdir):
+        folder.chmod(0o755)
+    shared = Path(tempfile.mkdtemp(prefix="ic-isolate-user-"))
+    try:
+        shared.chmod(0o777)
+        out, around = shared / "seen.json", shared / "around.txt"
+        system_python = shutil.which("python3", path="/usr/bin:/bin")
+        harness = (f"{system_python} -c {shlex.quote(AROUND)} {around} {sim.port} && "
+                   f"exec {system_python} -c {shlex.quote(ATTACKER)} {proxy.confdir / 'interceptor-admin-token'} "
+                   f"{proxy.proc.pid} {KEY_ENV} {out}")
+        result = _run_harness(proxy, ["--isolate", "--user", other_user.pw_name, "--upstream", sim.url("/v1")],
+                              ["sh", "-c", harness])
+        assert result.returncode == 0, result.stderr
+        assert around.read_text() == "ECONNREFUSED"
+        seen = json.loads(out.read_text())
+        assert seen["uid"] == other_user.pw_uid and seen["answer"] == "done as another user, isolated"
+        assert seen["token"].startswith("refused: PermissionError"), seen["token"][:20]
+        assert seen["environ"].startswith("refused"), seen["environ"][:20]
     finally:
         shutil.rmtree(shared, ignore_errors=True)
