@@ -41,7 +41,6 @@ from urllib.parse import urlsplit
 
 from mitmproxy import certs, ctx, exceptions
 from mitmproxy.proxy import mode_specs
-from mitmproxy.utils import human
 from pydantic import TypeAdapter, ValidationError
 
 from interceptor.addons.gateway.policy.hookload import HookSet, load_hooks
@@ -49,6 +48,7 @@ from interceptor.addons.gateway.policy.hookpool import TIMEOUT as HOOK_TIMEOUT
 from interceptor.addons.gateway.sessions.session import HooksConfig, Registry, Session, SessionConfig
 from interceptor.addons.gateway.sessions.state import DEFAULT_MAX_BYTES as DEFAULT_STATE_MAX
 from interceptor.addons.gateway.sessions.upstream import DEFAULT, KNOWN, Upstream, format_validation_error, parse_upstreams, pick
+from interceptor.addons.gateway.sizes import size_option
 from interceptor.dialects import default_hosts, key_variables
 from interceptor.trace.hooks import HookError
 from interceptor.trace.messages import Sampling
@@ -79,15 +79,6 @@ _REMOVED = {
     "intercept_admin_token": "it was removed: a token on the command line is readable by every user (ps); "
                              f"give the proxy {TOKEN_VARIABLE} in its environment instead",
 }
-
-
-def _size(options, name: str) -> int:
-    """A size option in bytes (k/m/g suffixes); 0 for no limit."""
-    value = getattr(options, name)
-    try:
-        return human.parse_size(value) or 0
-    except ValueError as e:
-        raise exceptions.OptionsError(f"{name}: not a size such as 64m, 512k or 1g: {value!r}") from e
 
 
 class Settings:
@@ -251,11 +242,11 @@ class Settings:
             except OSError as e:
                 raise exceptions.OptionsError(f"intercept_trace_dir: cannot create {self.trace_dir}: {e}") from e
         if "intercept_max_body" in updated:
-            self.max_body = _size(o, "intercept_max_body")
+            self.max_body = size_option("intercept_max_body", o.intercept_max_body)
         if "intercept_state_max_bytes" in updated:
-            self.state_max_bytes = _size(o, "intercept_state_max_bytes")
+            self.state_max_bytes = size_option("intercept_state_max_bytes", o.intercept_state_max_bytes)
         if "intercept_rewrite_keep_bytes" in updated:
-            self.registry.rewrite_keep_bytes = _size(o, "intercept_rewrite_keep_bytes")
+            self.registry.rewrite_keep_bytes = size_option("intercept_rewrite_keep_bytes", o.intercept_rewrite_keep_bytes)
         if "intercept_hook_timeout" in updated:
             if not 1 <= o.intercept_hook_timeout <= 86400:
                 raise exceptions.OptionsError(

@@ -39,15 +39,15 @@ import re
 import time
 from dataclasses import dataclass
 
-from mitmproxy import ctx, exceptions, http
+from mitmproxy import ctx, http
 from mitmproxy.connection import ConnectionState
-from mitmproxy.utils import human
 
 from interceptor.addons.gateway.answers import error_response
 from interceptor.addons.gateway.exchange import EventClock, Exchange, exchange_of
 from interceptor.addons.gateway.answer.hold import Hold
 from interceptor.addons.gateway.answer.pipeline import Pipeline, Stage
 from interceptor.addons.gateway.record import commit
+from interceptor.addons.gateway.sizes import size_option
 from interceptor.addons.gateway.answer.translate import Translate
 from interceptor.dialects.base import Frames, header
 from interceptor.dialects.encoding import Decoder, Identity, TooLarge
@@ -369,11 +369,7 @@ class Tee:
     def configure(self, updated: set[str]) -> None:
         for name, field in (("intercept_max_answer", "answer"), ("intercept_max_event", "event")):
             if name in updated:
-                value = getattr(ctx.options, name)
-                try:
-                    setattr(self.bounds, field, human.parse_size(value) or 0)
-                except ValueError as e:
-                    raise exceptions.OptionsError(f"{name}: not a size such as 64m, 512k or 1g: {value!r}") from e
+                setattr(self.bounds, field, size_option(name, getattr(ctx.options, name)))
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         self.pipeline.responseheaders(flow)
