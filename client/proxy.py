@@ -176,8 +176,9 @@ class Proxy:
         confdir.mkdir(parents=True, exist_ok=True)
         port = free_port()
         token = "ic-admin-" + secrets.token_urlsafe(32)
+        # No default session: every rollout opens its own, and none records beside them.
         opts: dict[str, Any] = {"confdir": confdir, "intercept_trace_dir": self.trace_dir,
-                                "termlog_verbosity": "info"}
+                                "intercept_default_session": False, "termlog_verbosity": "info"}
         if self.hosts is not None:
             opts["intercept_hosts"] = self.hosts
         if self.upstreams:
@@ -186,7 +187,7 @@ class Proxy:
         cmd = [mitmdump_bin(), "--listen-host", "127.0.0.1", "--listen-port", str(port), "-s", str(SCRIPT)]
         for name, value in opts.items():
             for item in value if isinstance(value, (list, tuple)) else [value]:
-                cmd += ["--set", f"{name}={item}"]
+                cmd += ["--set", f"{name}={str(item).lower() if isinstance(item, bool) else item}"]
         env = {k: v for k, v in os.environ.items() if k not in PROXY_VARIABLES}
         env.update(self.env)
         env[TOKEN_VARIABLE] = token  # never on its command line, which every user can read

@@ -143,3 +143,21 @@ def test_health_says_who_writes_the_trace_and_either_way_records_every_turn(star
     assert trace.num_turns == 3 and [trace.nodes[c.node].message.text() for c in trace.calls] == [
         f"answer {k}" for k in range(3)]
     assert proc.api("GET", "health")[1]["trace_writes"] == writes
+
+
+def test_without_a_default_session_nothing_records_but_the_sessions_asked_for(start_proxy, sim, harness_env):
+    """``intercept_default_session=false`` (what the Python API's proxies set): no default trace,
+    no environment file, the banner says where sessions come from, and a session made through
+    the control API records as ever."""
+    proc = start_proxy({"intercept_default_session": "false"})
+    assert "no default session (intercept_default_session=false)" in proc.log()
+    assert not (proc.confdir / "interceptor-harness" / "default.env").exists()
+    assert proc.api("GET", "sessions")[1]["sessions"] == []
+    session = proc.create_session(id="asked")
+    sim.script(Reply(text="recorded"))
+    harness_env(session["env"])
+    oai, _ = session_clients(session)
+    oai.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}])
+    proc.api("DELETE", "sessions/asked")
+    assert sorted(p.name for p in proc.trace_dir.glob("*.msgpack")) == ["asked.msgpack"]
+    assert read_trace(proc.trace_dir / "asked.msgpack").num_turns == 1

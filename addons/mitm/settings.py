@@ -130,6 +130,11 @@ class Settings:
         loader.add_option("intercept_trace_dir", str, "./traces", "One trace file per session: <dir>/<session id>.msgpack.")
         loader.add_option("intercept_sessions", Optional[str], None, "A JSON file with a list of session configs, loaded at start.")
         loader.add_option(
+            "intercept_default_session", bool, True,
+            "Without intercept_sessions, make one default session at start (its environment file named in "
+            "the banner). false: none; sessions come from the control API only (the Python API's proxies).",
+        )
+        loader.add_option(
             "intercept_upstreams", Optional[str], None,
             "Upstreams sessions may pick by name: inline JSON or a JSON file, "
             '{"name": {"base_url": ..., "api_key_env": ..., "dialect": ...}}; known providers by name: '
@@ -479,7 +484,7 @@ class Settings:
                     raise exceptions.OptionsError(why) from e
                 _refuse_to_start(why)
             log.info(f"interceptor: {len(self.file_configs)} session(s) from {ctx.options.intercept_sessions}")
-        else:
+        elif ctx.options.intercept_default_session:
             # (milliseconds: two starts within a second must not share, and so rename, a file)
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.started_at)) + f".{int(self.started_at * 1000) % 1000:03d}Z"
             # Its own file per start, never an earlier one's: a name taken already (two proxies
@@ -516,6 +521,9 @@ class Settings:
                  + ("" if ctx.options.intercept_default_hosts else " (only these: intercept_default_hosts=false)"))
         if default is not None:
             self._banner(default, harness_dir)
+        elif not self.file_configs:
+            log.info(f"interceptor: ready at {self.proxy_url()}; no default session (intercept_default_session=false): "
+                     f"sessions come from the control API; its token: {self.token_path or '$' + TOKEN_VARIABLE}")
         self.ready = True
 
     def bound_address(self, wait: bool = False) -> tuple[str, int] | None:
