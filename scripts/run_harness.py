@@ -128,7 +128,8 @@ class Proxy:
         confdir.mkdir(parents=True, exist_ok=True)
         cmd = [mitmdump_bin(), "--listen-host", "127.0.0.1", "--listen-port", str(port), "-s", str(SCRIPT),
                "--set", f"confdir={confdir}", "--set", f"intercept_trace_dir={trace_dir}",
-               "--set", "termlog_verbosity=info"]
+               "--set", "termlog_verbosity=info",
+               "--set", "intercept_default_session=false"]  # the run's own session is the only one
         for host in hosts:
             cmd += ["--set", f"intercept_hosts={host}"]
         for option in options:

@@ -61,6 +61,7 @@ def test_it_starts_a_proxy_hands_over_the_session_and_passes_the_exit_status_bac
     assert secret not in result.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["sealed"] and summary["exit_status"] == 3 and summary["tls_rejections"] == 0
+    assert [p.name for p in (tmp_path / "traces").iterdir()] == ["stand-in.msgpack"]  # the run's only
     trace = read_trace(tmp_path / "traces" / "stand-in.msgpack")
     assert trace.calls[0].model == "imposed" and trace.sealed
     assert sim.requests[0].headers["authorization"] == f"Bearer {REAL_KEY}"
