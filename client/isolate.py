@@ -102,8 +102,8 @@ def check() -> None:
 def command(cmd: list[str], proxy_url: str, *, user: tuple[int, int] | None = None) -> list[str]:
     """The argv that runs ``cmd`` isolated, its only way out the proxy at ``proxy_url``
     (``http://host:port``). ``user``: (uid, gid) the harness runs as (the caller must be root).
-    Run it with the harness's environment; its exit status is the harness's (``REFUSED`` if
-    nothing could run)."""
+    Start it from this process (everything in it dies with this process) with the harness's
+    environment; its exit status is the harness's (``REFUSED`` if nothing could run)."""
     u = urlsplit(proxy_url)
     if not u.hostname or not u.port:
         raise ValueError(f"the proxy URL needs a host and a port: {proxy_url!r}")

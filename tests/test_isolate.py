@@ -267,6 +267,47 @@ def test_nothing_of_the_rollout_remains_when_the_runner_is_killed(proxy, sim, tm
         runner.stderr.close()
 
 
+# Says which signal reached it, once, and exits with 128 + its number.
+TRAPS = r"""
+import signal, sys
+def caught(signum, _frame):
+    open(sys.argv[1], "a").write(signal.Signals(signum).name + "\n")
+    sys.exit(128 + signum)
+signal.signal(signal.SIGINT, caught)
+signal.signal(signal.SIGTERM, caught)
+print("ready", flush=True)
+signal.pause()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_terminal_interrupt_and_a_sigterm_reach_the_harness_inside_once(proxy, sim, tmp_path, sig):
+    """^C goes to the runner's process group (the harness is in it; the namespace's own
+    processes ignore it); SIGTERM to the runner is passed on through the namespace's PID 1."""
+    out = tmp_path / "caught.txt"
+    runner = subprocess.Popen([sys.executable, str(RUN_HARNESS), "--proxy", proxy.url,
+                               f"--admin-token={proxy.admin_token}", "--isolate", "--upstream", sim.url("/v1"),
+                               "--", sys.executable, "-c", TRAPS, str(out)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                              start_new_session=True)  # its own process group, as a terminal's job
+    try:
+        readable, _, _ = select.select([runner.stdout], [], [], 60)
+        assert readable and runner.stdout.readline() == b"ready\n", runner.stderr.read1().decode()
+        if sig == signal.SIGINT:
+            os.killpg(runner.pid, sig)  # what the terminal does on ^C
+        else:
+            runner.send_signal(sig)
+        assert runner.wait(60) == 128 + sig
+        assert out.read_text() == f"{sig.name}\n"
+        assert "(sealed)" in runner.stderr.read().decode()
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+        runner.stdout.close()
+        runner.stderr.close()
+
+
 def test_it_refuses_to_start_where_the_kernel_cannot_make_the_namespace(proxy, sim, tmp_path):
     """A user namespace of the test's own whose limit of nested user namespaces is 0 stands
     for a kernel that forbids them (the limit is per user namespace: nothing else is touched)."""
