@@ -1,14 +1,11 @@
-"""The one-command benchmark of issue 16: every path side by side in one run, with the two peers.
+"""The one-command benchmark: every path side by side in one run, with the two peers.
 
     .venv/bin/python bench/compare.py [--quick] [--reps 2] [--turns 300] [--paths a,b] [--no-peers]
     make bench                 # the full comparison (ARGS=--quick for a smoke run)
 
 Paths, all live at once against one simulator process (``tests/provider``, run by this script
 with ``--serve``), every one a real process in its own session (so each gets its own
-autogroup share of a shared machine's CPU, as separate services would; until 2026-12-05
-``proxy`` was started by ``interceptor.client.Proxy`` in this script's session, sharing the
-clients' autogroup, and a mitmdump so started read 0.06-0.18 ms a rollout turn more at turn 300
-than the same in a session of its own, three runs of a variant of bench/rollout.py):
+autogroup share of a shared machine's CPU, as separate services would):
 
 - ``direct``: the simulator itself, no proxy (the floor every other path is compared with);
 - ``bare``: bare mitmdump, TLS intercepted for api.openai.com and mapped to the simulator

@@ -1,4 +1,4 @@
-"""Upstream connections (issue 16): how many TCP connections and TLS handshakes the upstream
+"""Upstream connections: how many TCP connections and TLS handshakes the upstream
 sees for N sessions x M turns, through bare mitmdump and through this proxy, side by side in
 one run.
 

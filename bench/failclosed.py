@@ -1,4 +1,4 @@
-"""What failing closed costs (issue 9), before and after, side by side in one run.
+"""What failing closed costs, before and after, side by side in one run.
 
     .venv/bin/python bench/failclosed.py [--before REV] [--requests 300] [--rounds 5]
 

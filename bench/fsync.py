@@ -1,4 +1,4 @@
-"""The trace's fsync policy under load (issue 16): CPU per request and throughput at 16
+"""The trace's fsync policy under load: CPU per request and throughput at 16
 concurrent clients, each its own session, side by side in one run; with ``--before REV``, a
 change's cost in the same cell (this proxy as it was at ``REV`` as one more path).
 

@@ -8,7 +8,7 @@ Every hook of ``addons/interception.py``'s list, in its order, on ``tflow`` flow
 the start-up tuning (``RuntimeTuning.running``) done first, as in the proxy. Per request: the CPU
 time of this thread (``time.thread_time_ns``, so the shared machine's load mostly cancels)
 in each addon's ``requestheaders``, ``request``, ``responseheaders`` and ``response`` hook,
-and the collector's passes (``gc.callbacks``). ``rollout``: issue 16's conversation (a
+and the collector's passes (``gc.callbacks``). ``rollout``: the growing conversation (a
 570-character user message and reply added per turn, the whole history restated, the session
 imposing a model); ``fixed``: the same ~20 KB one-message request every time (bench/overhead.py's
 small JSON body). The answer is a Chat Completions JSON reply. ``--hooks``: the session has a

@@ -1,5 +1,5 @@
 """CPU per request of several proxies under one load, interleaved request by request: the
-16-client cell's cost with the machine's drift taken out (issue 16).
+16-client cell's cost with the machine's drift taken out.
 
     .venv/bin/python bench/interleaved.py [--paths bare,proxy] [--before REV] [--rounds 8] [--requests 40]
     .venv/bin/python bench/interleaved.py --before HEAD~3      # this proxy, as it was at HEAD~3, and bare

@@ -1,5 +1,5 @@
-"""What the relay costs (issue 9: an abandoned answer is read to its end and recorded; issue
-16: its loopback hop made cheap), side by side in one run.
+"""What the relay costs (an abandoned answer is read to its end and recorded; its loopback hop),
+side by side in one run.
 
     .venv/bin/python bench/relay.py [--requests 200] [--tokens 500] [--before REV] [--bare]
 
@@ -9,7 +9,7 @@ default (every model request goes out through addons/gateway/transport/relay.py'
 ``--before REV`` the proxy at that revision (its relay on) as a third path. Sequential chat
 turns with 20 KB request bodies, JSON and SSE (the SSE answer ``--tokens`` events, one token
 each); ``--bare`` adds bare mitmdump streaming SSE (``bench/stream_sse.py``, ``map_remote`` to
-the simulator, no addons), the baseline issue 16's goals are stated against. The paths in
+the simulator, no addons), the baseline the speed goals are stated against. The paths in
 rotating order request by request so the machine's load hits them alike.
 Per request: its latency, and the CPU time of all of the mitmdump process's threads
 (``/proc/<pid>/task/*/schedstat``) from before the request to 5 ms after its end; for SSE also

@@ -5,7 +5,7 @@
 
 One Chat Completions conversation of ``--turns`` turns, each restating the whole history and
 adding a ``--chunk``-character user message and reply (300 x 2 x 570 characters: the last
-request is ~340 KB, the workload of issue 16), sent to every path **in the same turn, the
+request is ~340 KB), sent to every path **in the same turn, the
 order rotating every turn**, so the machine's load (a shared 2-core box) hits every path
 alike. ``--dialect anthropic`` sends the same conversation as Claude Code sends its own to
 the Messages API: a system prompt opened by a billing header that changes every request, and
@@ -29,7 +29,7 @@ already served a night's sessions, against bare mitmdump that has relayed the sa
 - ``direct``: to the simulator, no proxy (the latency floor);
 - ``bare``: bare mitmdump, TLS intercepted for api.openai.com and mapped to the simulator
   (``map_remote``): mitmproxy's own cost for the same bytes;
-- ``before``: this proxy at ``--before`` (default: the last commit before issue 16's prefix
+- ``before``: this proxy at ``--before`` (default: the last commit before the prefix
   recognition), exported with ``git archive`` and run from there (omit with ``--before none``);
 - ``proxy``: this checkout;
 - ``no relay`` (with ``--relay-off``): this checkout with ``intercept_drain_timeout=0``, so

@@ -1,4 +1,4 @@
-"""Sessions at scale (issue 16): 256 sessions at once x 20 turns on one worker, with random
+"""Sessions at scale: 256 sessions at once x 20 turns on one worker, with random
 faults, and what each session costs in memory, live and sealed.
 
     .venv/bin/python bench/scale.py [--sessions 256] [--turns 20] [--batches 2] [--faults 0.3] [--trim-ab | --ab OPTION=VALUE]

@@ -1,4 +1,4 @@
-"""What a live session holds, by allocation site (issue 16): bench/scale.py's harness loop, with
+"""What a live session holds, by allocation site: bench/scale.py's harness loop, with
 tracemalloc in the proxy, so the resident-set figure it reports can be split into what the
 sessions keep and what the allocator keeps after the turns in flight are done.
 

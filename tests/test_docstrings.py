@@ -102,3 +102,13 @@ def test_the_check_passes_bounds_said_in_the_codes_terms():
                                   "# 1.56 GB peak", "# 0.4 KB more", "# a 20 kB record"])
 def test_each_form_the_rule_names_is_caught(text):
     assert findings(text + "\n")
+
+
+def test_no_issue_number_in_the_benchmarks_prose():
+    """``bench/`` states its workloads in figures (a 20 KB request is the workload), but an
+    issue number or the story of a run belongs in a commit message there too."""
+    files = sorted((ROOT / "bench").rglob("*.py"))
+    assert len(files) > 10
+    bad = [f"{p.relative_to(ROOT)}:{line}: {m.group(0)!r}" for p in files
+           for line, text in prose(p.read_text(encoding="utf-8")) for m in ISSUE.finditer(text)]
+    assert not bad, "an issue number in a benchmark's comment or docstring:\n" + "\n".join(bad)
