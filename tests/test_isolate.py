@@ -28,7 +28,22 @@ from harness import RUN_HARNESS
 from provider import Reply
 from test_run_as_user import ATTACKER, other_user  # noqa: F401 (its fixture)
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="network namespaces are Linux's")
+
+
+@pytest.fixture
+def namespaces() -> None:
+    """Skips only where the kernel (or a container's seccomp) forbids this user to make user
+    namespaces, with its reason; any other failure of the check fails the test."""
+    try:
+        isolate.check()
+    except isolate.IsolationUnavailable as e:
+        if "cannot make a user namespace" not in str(e):
+            raise
+        pytest.skip(f"user namespaces are forbidden here: {e}")
+
+
+pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="network namespaces are Linux's"),
+              pytest.mark.usefixtures("namespaces")]
 
 # A harness that ignores the proxy variables for its own connections, then asks the model
 # through the OpenAI SDK (default base URL: only HTTPS_PROXY and the CA bundle lead it on).

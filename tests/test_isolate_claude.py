@@ -9,6 +9,7 @@ import uuid
 from harness import FINAL, TOOL_OUTPUT, check_ran, check_task_trace, node_harness, run_harness, trace_of
 from harness import hproxy, hsim, sim  # noqa: F401 (this module's fixtures)
 from provider import Reply, ToolCall
+from test_isolate import namespaces, pytestmark  # noqa: F401 (Linux, and user namespaces allowed)
 
 SESSION = {"model": "claude-session-model", "sampling": {"max_tokens": 4096}}
 
