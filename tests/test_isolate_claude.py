@@ -6,10 +6,15 @@ from __future__ import annotations
 import sys
 import uuid
 
+import pytest
+
 from harness import FINAL, TOOL_OUTPUT, check_ran, check_task_trace, node_harness, run_harness, trace_of
 from harness import hproxy, hsim, sim  # noqa: F401 (this module's fixtures)
 from provider import Reply, ToolCall
-from test_isolate import namespaces, pytestmark  # noqa: F401 (Linux, and user namespaces allowed)
+from test_isolate import namespaces  # noqa: F401 (its fixture)
+from test_isolate import pytestmark as isolated
+
+pytestmark = [*isolated, pytest.mark.harness]  # Linux, user namespaces allowed, a real harness CLI
 
 SESSION = {"model": "claude-session-model", "sampling": {"max_tokens": 4096}}
 
