@@ -253,7 +253,7 @@ def check_unknown_secret_fails(proxy: MitmProcess, sim: ProviderSimulator, comma
 
 
 
-# The sessions issue 10 runs every harness with, against strict mode: nothing set (the
+# The sessions every harness is run with against strict mode: nothing set (the
 # harness's requests forwarded byte for byte), a model only, one sampling key laid over the
 # harness's, Anthropic thinking on with a budget and off, and exact mode.
 SESSIONS = {

@@ -1,6 +1,7 @@
-"""intercept_max_body (issue 9, seen 6): a 200 MB request was buffered, forwarded and recorded;
-mitmdump peaked at 1.56 GB and stayed at 948 MB. Now: 413 in the dialect's shape before the
-body is held, nothing forwarded, nothing recorded but a count; a 60 MB body still passes.
+"""intercept_max_body: a request over the cap (200 MB here) is answered 413 in the dialect's
+shape before the body is held, so mitmdump's memory barely moves; nothing is forwarded and
+nothing recorded but a count. A 60 MB body still passes, and a chunked one over the cap is
+refused in shape too.
 Memory is read from /proc (VmRSS now, VmHWM the peak) of the real mitmdump."""
 
 from __future__ import annotations

@@ -805,7 +805,7 @@ def test_error_bodies_in_each_shape():
 
 
 def test_chat_chunks_with_more_than_text_are_folded_whole():
-    """The assembler reads a chunk of plain text by a shortcut (issue 16); whatever rides
+    """The assembler reads a chunk of plain text by a shortcut; whatever rides
     along with the text (vLLM's per-chunk token ids, logprobs, a finish reason, a second
     key in the delta) still reaches the record."""
     base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}

@@ -1,4 +1,4 @@
-"""What the model generated is recorded, even when the harness stops reading (issue 9).
+"""What the model generated is recorded, even when the harness stops reading.
 
 A client that closes once it has what it needs (litellm's sync Anthropic stream after
 ``message_delta``; any caller that stops iterating), or that times out while the upstream is

@@ -1,4 +1,4 @@
-"""Fail closed, by fault injection into the real mitmdump (issue 9).
+"""Fail closed, by fault injection into the real mitmdump.
 
 ``tests/faults.py`` makes each hook of each addon that touches a model flow raise in turn
 (or return early without doing its work). For each: the harness's real SDK gets an error in
@@ -261,8 +261,9 @@ def test_an_unclaimed_provider_flow_never_leaves(r):
 
 @pytest.mark.parametrize("depth,where", [(1500, "messages"), (500, "metadata")])
 def test_a_deeply_nested_body_is_refused_in_shape_not_forwarded_as_sent(r, depth, where):
-    """Issue 9, seen 1: ~1,500 levels anywhere, or ~500 inside a small top-level value, made
-    Rewrite raise and mitmproxy forwarded the request unrewritten, with the session secret."""
+    """A body nested ~1,500 levels deep anywhere, or ~500 inside a small top-level value, is
+    refused in shape: Rewrite failing on it must not let mitmproxy forward the request as sent,
+    unrewritten and with the session secret."""
     nested = "[" * depth + "]" * depth
     body = ('{"model": "gpt-harness", "messages": [{"role": "user", "content": "hi", "x": %s}]}' % nested
             if where == "messages" else
@@ -283,9 +284,10 @@ def test_a_deeply_nested_body_is_refused_in_shape_not_forwarded_as_sent(r, depth
 
 
 def test_a_full_disk_mid_session_loses_no_turn_and_health_says_so_while_it_lasts(r):
-    """Issue 9, seen 4: ENOSPC left half a record mid-file, later turns sat behind it
-    unreadable, verify passed and health said ok. 20 turns of one conversation, the disk
-    full for turns 8..13 (every write puts half its bytes down, then fails)."""
+    """A full disk (ENOSPC) loses no turn: no half record is left mid-file with later turns
+    unreadable behind it, health answers 503 while the disk is full, and the sealed trace
+    verifies with every turn once the writes succeed again. 20 turns of one conversation,
+    the disk full for turns 8..13 (every write puts half its bytes down, then fails)."""
     history: list[dict] = []
     health_while_full = []
     for k in range(20):

@@ -1,4 +1,4 @@
-"""Provider feedback (issue 10), through a real mitmdump with the real SDKs against the strict
+"""Provider feedback, through a real mitmdump with the real SDKs against the strict
 simulator configured to refuse a parameter for a model no table knows: a session imposing it
 gets one error call, one success and a ``provider_rejected`` override, the second attempt
 carries the real key where the dialect puts it (Redact has blanked the flow's by then), and

@@ -1,5 +1,5 @@
 """A JSON exchange is fetched in mitmproxy's request hook (addons/gateway/transport/relay.py, ``Fetch``): no
-loopback hop, the same answer, the same record (issue 16). A stream is sent from there too,
+loopback hop, the same answer, the same record. A stream is sent from there too,
 and the loopback carries only its request's head.
 
 The relay used to carry every model exchange as two HTTP exchanges, mitmproxy's with the

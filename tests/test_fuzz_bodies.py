@@ -1,4 +1,4 @@
-"""Any body either leaves rewritten or is refused in shape (issue 9), by property test.
+"""Any body either leaves rewritten or is refused in shape, by property test.
 
 In process, fast: the addons the entry script lists, guarded and gated exactly as there,
 run by mitmproxy's own addon manager on ``tflow`` flows (Reach, which would probe a socket,

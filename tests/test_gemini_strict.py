@@ -1,4 +1,4 @@
-"""Gemini's documented generationConfig rules (issue 10): strict mode refuses what the Gemini
+"""Gemini's documented generationConfig rules: strict mode refuses what the Gemini
 API refuses (tests/provider/strict.py, ``check_gemini``), and every request the proxy rewrote
 passes it. In-process, each case is also sent without reconciliation to show that it breaks the
 rule it is about; through a real mitmdump, the harness's own breach reaches it unchanged and

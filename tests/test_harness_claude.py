@@ -95,7 +95,7 @@ def _edits(body: dict) -> list[str]:
 
 @pytest.mark.parametrize("name", list(SESSIONS))
 def test_claude_code_against_strict_mode(hproxy, sim, claude, tmp_path, name):
-    """Issue 10: every session kind leaves requests the real API accepts, and says so."""
+    """Every session kind leaves requests the real API accepts, and says so."""
     session = SESSIONS[name]
     _script_task(sim)
     sid = f"claude-{name}-{uuid.uuid4().hex[:8]}"
@@ -143,7 +143,7 @@ def test_claude_code_against_strict_mode(hproxy, sim, claude, tmp_path, name):
 
 
 def test_claude_code_on_a_chat_upstream_in_vllm_mode(sim, claude, tmp_path):
-    """Issue 15: Claude Code (thinking on, its Bash tool) trained against an OpenAI-compatible
+    """Claude Code (thinking on, its Bash tool) trained against an OpenAI-compatible
     server: the proxy translates Messages to Chat Completions and back, the simulator (vLLM
     mode) sees only Chat, and the trace's branch is the upstream's own token ids."""
     from harness import KEY_ENV, REAL_KEY, HOSTS, MitmProcess

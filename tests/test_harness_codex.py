@@ -125,7 +125,7 @@ def test_codex_with_an_unknown_secret_fails_and_nothing_is_recorded(hproxy, sim,
 @pytest.mark.parametrize("transport", ["websocket", "sse"])
 @pytest.mark.parametrize("name", list(SESSIONS))
 def test_codex_against_strict_mode(hproxy, sim, tmp_path, transport, name):
-    """Issue 10: every session kind, both transports, requests the real API accepts."""
+    """Every session kind, over both transports, leaves requests the real API accepts."""
     _script_task(sim)
     result, sid = _run(hproxy, sim, tmp_path, transport, name, SESSIONS[name])
     check_ran(result)
@@ -151,7 +151,7 @@ def test_codex_against_strict_mode(hproxy, sim, tmp_path, transport, name):
 
 @pytest.mark.parametrize("transport", ["websocket", "sse"])
 def test_codex_on_a_chat_upstream_in_vllm_mode(sim, tmp_path, transport):
-    """Issue 15: Codex on an OpenAI-compatible server that serves Chat Completions only. Its
+    """Codex on an OpenAI-compatible server that serves Chat Completions only. Its
     Responses requests are translated, its freeform ``exec`` tool goes as a function of one
     string (vLLM serves no other) and its call comes back freeform; over its default
     transport the proxy serves the WebSocket itself and sends each frame as a POST.
@@ -183,7 +183,7 @@ def test_codex_on_a_chat_upstream_in_vllm_mode(sim, tmp_path, transport):
 
 
 def test_codex_socket_on_a_chat_upstream_is_as_fast_as_on_a_responses_one(sim, tmp_path):
-    """Issue 15: Codex over its WebSocket against a Chat-only upstream (no WebSocket, no
+    """Codex over its WebSocket against a Chat-only upstream (no WebSocket, no
     Responses) is served by the proxy itself: no fallback delay (Codex retries a refused
     upgrade for ~6 s before it falls back to POST), so the task takes within 1 s of the same
     task against a Responses upstream with its own WebSocket, measured here in one run (each

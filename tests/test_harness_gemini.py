@@ -81,7 +81,7 @@ def test_gemini_cli_with_an_unknown_secret_fails_and_nothing_is_recorded(hproxy,
 
 
 def test_gemini_cli_on_a_chat_upstream_in_vllm_mode(sim, gemini, tmp_path):
-    """Issue 15: Gemini CLI on an OpenAI-compatible server: its streamGenerateContent requests
+    """Gemini CLI on an OpenAI-compatible server: its streamGenerateContent requests
     go as Chat Completions (the model from the path into the body), the answers come back as
     Gemini's chunks, the trace's branch is the upstream's token ids."""
     import json

@@ -59,7 +59,7 @@ def test_mini_swe_agent_with_an_unknown_secret_fails_and_nothing_is_recorded(hpr
 
 @pytest.mark.parametrize("name", list(SESSIONS))
 def test_mini_swe_agent_against_strict_mode(hproxy, sim, tmp_path, name):
-    """Issue 10: every session kind leaves requests the real API accepts."""
+    """Every session kind leaves requests the real API accepts."""
     _script_task(sim)
     sid = f"mini-{name}-{uuid.uuid4().hex[:8]}"
     result = run_harness(hproxy, sim, _mini(), sid=sid, cwd=tmp_path / "work", session=SESSIONS[name])

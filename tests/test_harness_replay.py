@@ -1,4 +1,4 @@
-"""Issue 17: a harness re-run against a replay of its own trace, with no model at all.
+"""A harness re-run against a replay of its own trace, with no model at all.
 
 Each harness runs a tool task live against the simulator, then again with the simulator
 stopped against a session whose upstream is the first run's trace: the same exit status and

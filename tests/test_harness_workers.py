@@ -1,4 +1,4 @@
-"""Real harness CLIs through the multi-worker front (issue 16): HAProxy in front of two real
+"""Real harness CLIs through the multi-worker front: HAProxy in front of two real
 mitmdump workers (scripts/serve.py), Claude Code and Codex CLI run at the same time, each as a
 session the front's control API put on its own worker.
 

@@ -1,5 +1,5 @@
 """``header`` and ``drop`` (dialects/base.py) read and remove mitmproxy's header fields in one
-pass instead of its per-lookup walk (issue 16): they must answer exactly as ``Headers.get``
+pass instead of its per-lookup walk: they must answer exactly as ``Headers.get``
 and ``Headers.pop`` do, whatever the names' case, repeated fields and non-UTF-8 bytes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hooks (issue 12): the evaluator's stop conditions at the model boundary.
+"""Hooks: the evaluator's stop conditions at the model boundary.
 
 Loading is tested in process (``load_hooks`` on files written here); the stops through a
 real mitmdump and the real openai SDK: a between-turn stop and a request stop refuse in the

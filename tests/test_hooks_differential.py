@@ -1,4 +1,4 @@
-"""The request hooks' caches against the pass they stand for (issue 16), in process.
+"""The request hooks' caches against the pass they stand for, in process.
 
 A hooked request goes on from its conversation's last pass (``LastPass``), and the hooks' walk
 and the commit take what that pass found (``Exchange.walked``). Each stands for a full pass

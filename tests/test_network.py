@@ -1,4 +1,4 @@
-"""Provider-side tools and the network policy (issue 13): under ``strip`` every capability the
+"""Provider-side tools and the network policy: under ``strip`` every capability the
 provider executes for the model leaves the request (per dialect, each removal an override
 with reason ``network_policy`` naming the kind); under ``restrict`` hosted web search stays,
 narrowed to the policy's domains; a request that exists only to search is answered locally;
@@ -431,7 +431,7 @@ def test_websocket_frames_are_mediated_and_their_own_chain_kept(proxy, new_sessi
 
 
 def test_a_providers_400_never_undoes_the_policy():
-    """Feedback (issue 10) undoes a change the provider blamed; a removal the network policy
+    """Provider feedback undoes a change the provider blamed; a removal the network policy
     made is not the proxy's guess about the provider but the rollout's rule: it stays."""
     from interceptor.addons.gateway.feedback import proxy_param
     from interceptor.addons.gateway.exchange import Exchange

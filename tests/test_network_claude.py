@@ -1,4 +1,4 @@
-"""Claude Code under a network policy (issue 13): its WebSearch tool makes a request of its
+"""Claude Code under a network policy: its WebSearch tool makes a request of its
 own whose only tool is Anthropic's hosted web search; with ``provider_tools: strip`` the
 proxy answers that request itself (search unavailable), the model's next turn gets that as
 the tool's result, and only the two real turns reach the provider."""

@@ -1,5 +1,5 @@
 """Read-only copies (``trace.messages.read_only``): what a request hook is handed of the
-messages the conversation already holds (issue 16: so they need no comparing after each call).
+messages the conversation already holds (so they need no comparing after each call).
 
 A copy equals its message both ways and hashes the same; every way of changing it, at any
 depth, raises ``ReadOnly`` (the hook's error, naming the message); every way of copying it

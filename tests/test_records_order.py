@@ -1,4 +1,4 @@
-"""Records say what the harness said (issue 10): every role as sent, and the pieces of one
+"""Records say what the harness said: every role as sent, and the pieces of one
 reply in the order the model produced them, in the trace, in `show`, in `export`, and through
 a dialect round trip.
 

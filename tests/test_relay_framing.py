@@ -1,6 +1,6 @@
 """The relay passes an upstream's answer on as it arrives (addons/gateway/transport/framing.py).
 
-The relay does not decode and re-encode an answer's chunks one by one (issue 16): it tracks
+The relay does not decode and re-encode an answer's chunks one by one: it tracks
 where the body ends itself and passes each read's body bytes on, a chunked body as one chunk
 per read. What must hold whatever the framing:
 the harness gets the whole answer, the turn is recorded whole, a kept-alive upstream connection

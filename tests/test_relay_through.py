@@ -2,7 +2,7 @@
 on real loopback sockets: what only its transport-callback phase can get wrong.
 
 Once the StreamReader holds nothing more, ``_Through`` is the upstream transport's protocol
-until the answer ends (a paced stream's reads then cost no task wake-up, issue 16). So: the
+until the answer ends (a paced stream's reads then cost no task wake-up). So: the
 bytes reach the loopback in order and whole whatever the phase they came in; a loopback that
 does not take what is written pauses the upstream's reading, and reading resumes once it
 drains; the StreamReader's protocol is back afterwards, so the pooled connection carries its

@@ -1,4 +1,4 @@
-"""A replay upstream (issue 17): a trace answers a session's requests instead of a model.
+"""A replay upstream: a trace answers a session's requests instead of a model.
 
 Each test records a conversation live (a real mitmdump, the real SDKs, the simulator), then
 starts a second proxy whose declared upstream is that trace and asks the same things again,

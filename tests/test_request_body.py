@@ -1,7 +1,8 @@
-"""``Dialect.request_body`` (issue 17's ``resend``): a canonical request rendered as the
-dialect's request body reads back (``parse_request``) to the very same messages and tools, for
-captured Claude Code and Anthropic SDK requests and for bodies in each dialect's shapes (tool
-calls and results, reasoning with signatures, custom and namespaced tools, images by URL).
+"""``Dialect.request_body`` (what ``replay_trace.py resend`` sends): a canonical request
+rendered as the dialect's request body reads back (``parse_request``) to the very same messages
+and tools, for captured Claude Code and Anthropic SDK requests and for bodies in each dialect's
+shapes (tool calls and results, reasoning with signatures, custom and namespaced tools, images
+by URL).
 What the record cannot restore (inline image bytes, kept as a digest) is refused by name."""
 
 from __future__ import annotations

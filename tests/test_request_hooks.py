@@ -1,4 +1,4 @@
-"""Request hooks (issue 12): a hook rewrites a tool result once; the rewrite is remembered.
+"""Request hooks: a hook rewrites a tool result once; the rewrite is remembered.
 
 Through a real mitmdump and the real SDKs against the simulator (strict): the rewritten
 result reaches the simulator, the next two turns that restate the original get the

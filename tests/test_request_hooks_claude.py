@@ -1,4 +1,4 @@
-"""Claude Code (`claude -p`) with a request hook that rewrites its Bash tool result (issue 12):
+"""Claude Code (`claude -p`) with a request hook that rewrites its Bash tool result:
 the model's next request holds the rewritten text, Claude Code finishes normally, and the
 trace keeps the original in the rewrite record."""
 

@@ -1,4 +1,4 @@
-"""Request hooks over a long rollout (issue 16): the rewrites accumulate, and every turn that
+"""Request hooks over a long rollout: the rewrites accumulate, and every turn that
 restates their originals gets each one spliced in where it was, while the proxy goes on from
 the last request's pass instead of looking up every message again (``LastPass`` in
 ``addons/gateway/policy/memory.py``).

@@ -1,4 +1,4 @@
-"""``replay_trace.py resend`` (issue 17): a trace's recorded prompts asked again of another
+"""``replay_trace.py resend``: a trace's recorded prompts asked again of another
 model, the new samples landing beside the recorded replies; interrupted and resumed without
 asking any call twice; a 429's retry-after honoured. The source is a real 10-turn rollout
 recorded through the proxy; the other model is the simulator under another name."""

@@ -1,4 +1,4 @@
-"""Response hooks (issue 12): the answer is held until the hooks decide; a replacement is
+"""Response hooks: the answer is held until the hooks decide; a replacement is
 written in the harness's own dialect; the model's own reply stays on the trace.
 
 Through a real mitmdump against the strict simulator, with the real SDKs parsing what the

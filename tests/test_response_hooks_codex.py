@@ -1,4 +1,4 @@
-"""A response hook under the real Codex CLI (issue 12): its default transport is the Responses
+"""A response hook under the real Codex CLI: its default transport is the Responses
 WebSocket; the relay holds answers over HTTP only, so the proxy serves a held session's socket
 itself (addons/gateway/transport/wsserve.py: each frame a held POST) and the hook replaces the final reply
 without Codex falling back. Codex prints the replacement and exits 0; the trace keeps the

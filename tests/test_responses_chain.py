@@ -1,4 +1,4 @@
-"""Responses over HTTP chained on `previous_response_id` with `store: true` (issue 10): each
+"""Responses over HTTP chained on `previous_response_id` with `store: true`: each
 request sends only its new input, the provider holds the rest; the trace still has every
 turn's whole prompt on one branch. An id this proxy never recorded starts a new root and the
 call names it."""

@@ -1,4 +1,4 @@
-"""The end of a rollout (issue 12): ``DELETE /_interceptor/sessions/<id>`` takes the
+"""The end of a rollout: ``DELETE /_interceptor/sessions/<id>`` takes the
 evaluator's stop condition, reward, named rewards, metrics and info into the footer; the
 footer says who stopped the rollout, whether it was cut short, and where the time went.
 

@@ -1,4 +1,4 @@
-"""Task and state routes (issue 13): a tool server reads the task and keeps the rollout's
+"""Task and state routes: a tool server reads the task and keeps the rollout's
 state through the proxy with the session's state secret; the model secret and the admin
 token open nothing there; every accepted write is a ``state`` record and the footer holds
 the final version and digest.

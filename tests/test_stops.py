@@ -1,4 +1,4 @@
-"""Limits and stops (issue 12): a rollout's budget ends it cleanly, at the boundary.
+"""Limits and stops: a rollout's budget ends it cleanly, at the boundary.
 
 Through a real mitmdump, the real openai and anthropic SDKs, and the simulator. The refusal
 is a 400 in the dialect's shape that the SDKs do not retry; nothing reaches the simulator;

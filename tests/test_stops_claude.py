@@ -1,4 +1,4 @@
-"""Claude Code (`claude -p`) under ``limits.max_turns`` (issue 12): the rollout ends at the
+"""Claude Code (`claude -p`) under ``limits.max_turns``: the rollout ends at the
 boundary with the reason visible to the user, and the trace ends where the harness was (its
 last Bash result is on it, though no model ever read it)."""
 

@@ -1,4 +1,4 @@
-"""Strict mode through the proxy, rule by rule, with the real SDKs (issue 10).
+"""Strict mode through the proxy, rule by rule, with the real SDKs.
 
 For each rule of tests/provider/strict.py two requests: one where the harness itself sends
 what breaks it, with a session that sets nothing (overlay mode: the proxy changes nothing,

@@ -1,4 +1,4 @@
-"""The Tee's shortcut for the usual streamed event (issue 16), in process: a Chat text chunk
+"""The Tee's shortcut for the usual streamed event, in process: a Chat text chunk
 or a Messages delta read from its bytes (``NativeAssembler.quick``, ``dialects/common.py``'s
 ``Shape``) must put on the record exactly what the full path (cut into lines, parsed, folded)
 puts there, whatever the chunks hold: escapes, non-ASCII text, OpenAI's obfuscation padding,

@@ -1,4 +1,4 @@
-"""Claude Code with ``run_harness.py --tool-hooks`` (issue 13): its PreToolUse and PostToolUse
+"""Claude Code with ``run_harness.py --tool-hooks``: its PreToolUse and PostToolUse
 command hooks ask the proxy's tool route, where the session's request hook decides. It blocks
 ``rm`` (the command never runs: the file survives, and the model's next request holds the
 block content, exactly, as the tool's result) and redacts a secret a ``cat`` printed. Claude

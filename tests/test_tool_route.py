@@ -1,4 +1,4 @@
-"""The tool route (issue 13): a harness asks ``POST /_interceptor/tool`` before and after each
+"""The tool route: a harness asks ``POST /_interceptor/tool`` before and after each
 tool call with its own credential; the session's request hooks decide (allow, block,
 rewrite, stop), and the decision is enforced at the model boundary: whatever the harness then
 sends for that call, the model reads the decided content, and the graph holds it once.

@@ -1,4 +1,4 @@
-"""A tool server in a real rollout (issue 13): Claude Code launches an MCP server (the `mcp`
+"""A tool server in a real rollout: Claude Code launches an MCP server (the `mcp`
 package, stdio: examples/mcp_task_server.py) through ``--mcp-config``; the server gets the
 task and state URLs and the state secret from the file ``run_harness.py --tool-server-env``
 wrote, reads ``/task`` and PATCHes ``/state`` when the model calls its tool. The trace holds

@@ -309,7 +309,7 @@ class _CountingEq:
 
 def test_matching_among_ten_thousand_siblings_costs_constant_comparisons(monkeypatch):
     """A session reused for 10,000 independent requests has 10,000 roots: finding the one
-    a restated prompt continues must not compare it with every one of them (issue 16)."""
+    a restated prompt continues must not compare it with every one of them."""
     from interceptor.trace.graph import Graph
     from interceptor.trace.model import Trace
 
@@ -381,7 +381,7 @@ def test_long_strings_hash_by_their_own_digest_and_still_tell_messages_apart():
        content=st.one_of(st.text(max_size=40), st.text(min_size=1020, max_size=1100),
                          st.text(alphabet="ab\ud800é", min_size=1020, max_size=1100)))
 def test_a_plain_message_hashes_as_its_full_dump_and_a_change_forgets_the_hash(role, content):
-    """``message_hash`` reads a message of a role and a text without dumping it (issue 16):
+    """``message_hash`` reads a message of a role and a text without dumping it:
     the hash is the one the general path (``model_dump``) gives, empty and long texts and
     lone surrogates included; assigning any field forgets the cached hash, so a message
     that gains a name, a tool call id or other content hashes as what it is now."""

@@ -1,5 +1,5 @@
 """The record under faults: a full disk, a turn that cannot be recorded, text UTF-8 cannot
-carry. The invariants (issue 9): the file is never corrupt in the middle, a failed commit
+carry. The invariants: the file is never corrupt in the middle, a failed commit
 never poisons the next turn, and graph and file agree after every exchange."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The trace through the real proxy (issue 4): the graph a real SDK conversation makes, the
+"""The trace through the real proxy: the graph a real SDK conversation makes, the
 training fields from an upstream that plays vLLM, crash recovery, schema versions.
 
 One simulator and one mitmdump serve the whole module (each test makes its own session);

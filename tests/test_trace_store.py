@@ -438,11 +438,11 @@ def _writer_held(monkeypatch, store: Store) -> threading.Event:
 
 
 def test_records_of_an_open_healthy_file_are_written_where_they_are_made(tmp_path, monkeypatch):
-    """Issue 16: handing each record to the writer thread cost ~0.1-0.25 ms of CPU per
-    request at 16 clients. Once the thread has opened the file, the producer writes each turn
-    itself: with the thread held, every turn is on the file when ``append`` returns; the
-    footer still goes through the thread (it is fsynced at once), and with
-    ``write_on_loop`` off every record waits for the thread again."""
+    """Handing each record to the writer thread costs CPU on every request, so once the
+    thread has opened the file the producer writes each turn itself: with the thread held,
+    every turn is on the file when ``append`` returns; the footer still goes through the
+    thread (it is fsynced at once), and with ``write_on_loop`` off every record waits for the
+    thread again."""
     store = Store()
     r = Rollout(tmp_path / "i.msgpack", store=store)
     store.flush(timeout=10)  # the header: the thread opens the file

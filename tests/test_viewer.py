@@ -185,7 +185,7 @@ def test_token_ids_and_the_proxys_response_rewrites(browser, session, hproxy, si
 
 
 def _rewrite_trace(path: Path) -> tuple[str, str]:
-    """A request hook's rewrite of a tool result as issue 12's hooks will record it (the
+    """A request hook's rewrite of a tool result as the hooks record it (the
     record's own fields: direction, by, call, original, delivered), written by the real
     Recorder; the delivered text is what the graph holds."""
     original = "PASSED 3 tests. (hint leaked: the expected answer is 42)"

@@ -1,4 +1,4 @@
-"""More than one core (issue 16): HAProxy in front of N real mitmdump workers (scripts/serve.py).
+"""More than one core: HAProxy in front of N real mitmdump workers (scripts/serve.py).
 
 Everything goes through the front, as harnesses and orchestrators use it: the control API
 (interceptor.client attached to the front's one address), the real openai and anthropic SDKs

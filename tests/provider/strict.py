@@ -207,7 +207,7 @@ def check_anthropic(body: dict[str, Any], refuse: set[str]) -> Refusal | None:
         if refusal:
             return refusal
     # Thinking-block clearing needs thinking (ANTHROPIC_CONTEXT_EDITING, "Thinking block
-    # clearing"; the live API's message is quoted in issue 10 of this project).
+    # clearing"; the refusal's text is the live API's).
     edits = (body.get("context_management") or {}).get("edits") if isinstance(body.get("context_management"), dict) else None
     for edit in edits or []:
         etype = str((edit or {}).get("type", ""))
