@@ -112,3 +112,16 @@ def test_no_issue_number_in_the_benchmarks_prose():
     bad = [f"{p.relative_to(ROOT)}:{line}: {m.group(0)!r}" for p in files
            for line, text in prose(p.read_text(encoding="utf-8")) for m in ISSUE.finditer(text)]
     assert not bad, "an issue number in a benchmark's comment or docstring:\n" + "\n".join(bad)
+
+
+def test_no_issue_number_in_the_tests_prose():
+    """A test's comments and docstrings say what it guards; which issue asked for it belongs in
+    a commit message. This file is left out (its examples are the pattern the check looks for),
+    and so are the harnesses' installed npm packages (not ours)."""
+    files = sorted(p for p in (ROOT / "tests").rglob("*.py")
+                   if "node_modules" not in p.parts and p != Path(__file__).resolve())
+    assert len(files) > 50
+    bad = [f"{p.relative_to(ROOT)}:{line + text.count(chr(10), 0, m.start())}: {m.group(0)!r}"
+           for p in files for line, text in prose(p.read_text(encoding="utf-8")) for m in ISSUE.finditer(text)]
+    assert not bad, ("an issue number in a test's comment or docstring; say what the test guards "
+                     "instead:\n" + "\n".join(bad))
