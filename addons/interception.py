@@ -30,6 +30,7 @@ from interceptor.addons.mitm.egress import Egress
 from interceptor.addons.gateway.feedback import Feedback, Refused
 from interceptor.addons.mitm.gate import Gate, guarded
 from interceptor.addons.mitm.openproxy import OpenProxyGuard
+from interceptor.addons.gateway.policy.pause import Pause
 from interceptor.addons.mitm.reach import Reach
 from interceptor.addons.gateway.replay import Replay
 from interceptor.addons.mitm.redact import Redact
@@ -75,6 +76,11 @@ addons = guarded([
     Feedback(refused),  # before Tee: a 400 for a parameter the proxy set is undone and sent once more
     Replay(),  # after Retry and WsRelay: answers from a replay source's trace
     Stops(),  # after retry's decision: a replayed or coalesced retry is never refused
+    # After Retry, Replay and Stops: a replayed or coalesced retry is answered from the record and
+    # never waits for a paused upstream, nor is a refused request held to be refused; before the
+    # relay, so nothing of a held request has left. Its answer hooks before Tee's: a stale answer is
+    # replaced before the pipeline reads it.
+    Pause(registry.weights),
     relay,  # the last request step before the Gate: the flow is pointed at the relay (or the Gate refuses it)
     tee,
 ]) + [

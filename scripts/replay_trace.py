@@ -226,6 +226,10 @@ def samples(trace: Trace):
             "metrics": trace.metrics or None,
             "task": trace.task or None,
             "calls": b.calls,
+            # Which weights sampled each token, and each message (None: not sampled, or no
+            # version declared); always present, so one parquet file holds every trace's rows.
+            "policy_versions": b.policy_versions,
+            "message_versions": b.message_versions,
         }
         for name in ("reference_logprobs", "loss_weights"):
             if getattr(b, name) is not None:

@@ -19,6 +19,11 @@ are that row in another shape, so a filter or a new field applies to all of them
   ``reasoning_content``, the key Hugging Face chat templates read), ready for
   ``tokenizer.apply_chat_template`` or SFT. Freeform (``custom``) tool calls are written as
   functions whose ``arguments`` is the raw input text: chat templates know only functions.
+  ``message_versions`` keeps, message by message, the weights version that sampled it.
+
+Every format keeps the policy versions: ``policy_versions`` (token by token, beside
+``token_ids``) and ``message_versions`` (one per message), JSON text in parquet since a
+version is a number or a name.
 
 The formats other tools read, a document per trace (ATIF, OpenTelemetry), are
 ``interchange.py``'s.
@@ -133,7 +138,7 @@ def messages_row(row: dict[str, Any]) -> dict[str, Any]:
     """A JSONL row (``samples``) as a chat conversation row."""
     out = {"trace_id": row["trace_id"], "branch": row["branch"],
            "messages": chat_messages(row["messages"]), "tools": chat_tools(row.get("tools") or [])}
-    for key in ("reward", "metrics", "task"):
+    for key in ("reward", "metrics", "task", "message_versions"):
         out[key] = row.get(key)
     return out
 

@@ -32,9 +32,11 @@ from interceptor.trace.messages import (
 # 2: per-call tool sets, per-node reference_logprobs and loss_weights, a typed header and
 # typed rewrites (unknown fields refused); ``prompt``, ``stop`` and ``metric`` records, the
 # footer's stopped_by, truncated, timing, rewards and info. 3: every record ends in an XXH3-64
-# checksum chained to the record before it (trace/records.py). README "Record format" says what each
-# version reads.
-SCHEMA_VERSION = 3
+# checksum chained to the record before it (trace/records.py). 4: policy versions: ``version``
+# records (an upstream's weights declared), a call's ``policy_version``, ``answered_version``,
+# ``version_mismatch`` and ``held_ms``, a sampled node's ``policy_version``. README "Record
+# format" says what each version reads.
+SCHEMA_VERSION = 4
 # The oldest record format this reader still folds. Raise it only with a migration note in
 # the README: trainers keep old files for years.
 MIN_SCHEMA_VERSION = 1
@@ -42,6 +44,10 @@ MIN_SCHEMA_VERSION = 1
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+#: A weights version as the orchestrator declares it: a number, or a name (a checkpoint's).
+Version = int | str
 
 
 class MessageNode(_Model):
@@ -66,6 +72,10 @@ class MessageNode(_Model):
     # loss weight (None: the sampled mask is the weight).
     reference_logprobs: list[float] | None = None
     loss_weights: list[float] | None = None
+    # A sampled node's: the weights version that sampled it (the one the upstream said answered,
+    # else the one declared when the request was sent; ``ModelCall.policy_version``). Every
+    # token of the node carries it (``Branch.policy_versions``). None: no version was declared.
+    policy_version: Version | None = None
 
 
 class Override(_Model):
@@ -190,6 +200,16 @@ class ModelCall(_Model):
     # sample, with its token ids), ``delivered_node`` is the non-sampled sibling the harness
     # received, on which the next turn chains. None: the harness got the sampled reply.
     delivered_node: int | None = None
+    # Policy versions (an asynchronous RL loop swaps the weights while rollouts run): the
+    # upstream's version declared when the request was sent (``version`` records), and the one
+    # the upstream said answered (the header its declaration names), when it says;
+    # ``version_mismatch``: both known and different, the answer is not the declared policy's.
+    policy_version: Version | None = None
+    answered_version: Version | None = None
+    version_mismatch: bool = False
+    # Milliseconds the request was held before it was sent, its upstream paused for a weight
+    # swap (None: never held).
+    held_ms: int | None = None
 
     @property
     def duration(self) -> float | None:
@@ -295,6 +315,16 @@ class Timing(_Model):
     last_answer_at: float | None = None
 
 
+class VersionChange(_Model):
+    """A ``version`` record: the orchestrator declared the weights version of the session's
+    upstream (through the control API), or the session started on it. Calls sent after it
+    carry it as their ``policy_version``."""
+
+    upstream: str
+    version: Version
+    at: float = 0.0
+
+
 class Branch(_Model):
     """One root-to-leaf path: a training sample.
 
@@ -322,6 +352,11 @@ class Branch(_Model):
     loss_weights: list[float] | None = None
     tool_set: int | None = None
     tools: list[Tool] = Field(default_factory=list)
+    # Which weights sampled each token (aligned with ``token_ids``: the sampled node's
+    # ``policy_version``, None on tokens the model did not sample), and each message
+    # (aligned with ``messages``); both None when no node of the path has a version.
+    policy_versions: list[Version | None] | None = None
+    message_versions: list[Version | None] | None = None
 
 
 class Header(_Model):
@@ -399,6 +434,7 @@ class Trace(_Model):
     # Connections refused by the network policy (``egress`` records), and per host how many.
     egress_refusals: list[EgressRefusal] = Field(default_factory=list)
     egress: dict[str, int] = Field(default_factory=dict)
+    versions: list[VersionChange] = Field(default_factory=list)  # ``version`` records, in order
     tool_decisions: list[ToolDecision] = Field(default_factory=list)  # the tool route's answers (``tool`` records)
 
     # --- graph views -------------------------------------------------------------------
@@ -467,6 +503,11 @@ class Trace(_Model):
                 branch.reference_logprobs = ref
             if any(n.loss_weights is not None for n in nodes):
                 branch.loss_weights = weights
+        if any(n.policy_version is not None for n in nodes):
+            branch.message_versions = [n.policy_version if n.sampled else None for n in nodes]
+            if branch.token_ids is not None:
+                branch.policy_versions = [v for n, v in zip(nodes, branch.message_versions)
+                                          for _ in range(len(n.token_ids))]
         return branch
 
     @property

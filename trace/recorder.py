@@ -20,7 +20,7 @@ from interceptor.trace.messages import Message, Request, Response, ResponseError
 from interceptor.trace.prefix import Listed, Prefixes
 from interceptor.trace.model import (
     SCHEMA_VERSION, EgressRefusal, Header, MessageNode, ToolDecision, ModelCall, Reward, Rewrite, StateWrite, StopRecord,
-    Timing, Trace,
+    Timing, Trace, Version, VersionChange,
 )
 from interceptor.trace.records import call_record, node_record
 from interceptor.trace.store import FSYNC_POLICIES, Store
@@ -243,6 +243,11 @@ class Recorder:
         )
         call.node = turn.sampled
         call.choice_nodes = turn.choices
+        version = call.answered_version if call.answered_version is not None else call.policy_version
+        if version is not None:  # before the nodes are dumped: each new sampled node says which weights made it
+            for i in (turn.sampled, *turn.choices):
+                if i in turn.added:
+                    trace.nodes[i].policy_version = version
         if delivered is not None:
             call.delivered_node = self._graph.add_delivered(turn.sampled, delivered, turn.added,
                                                             now=call.ended_at or time.time())
@@ -433,6 +438,12 @@ class Recorder:
         self._trace.egress_refusals.append(refusal)
         self._trace.egress[host] = count
         self._append({"kind": "egress", "egress": refusal.model_dump(exclude_defaults=True)})
+
+    def record_version(self, upstream: str, version: Version, at: float | None = None) -> None:
+        """The weights version of the session's upstream, as the orchestrator declared it."""
+        change = VersionChange(upstream=upstream, version=version, at=at if at is not None else time.time())
+        self._trace.versions.append(change)
+        self._append({"kind": "version", "version": change.model_dump()}, sync=self.fsync == "turn")
 
     def seal(self, stop_condition: str = "sealed", *, reward: float | None = None,
              rewards: dict[str, Reward] | None = None, metrics: dict | None = None,

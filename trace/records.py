@@ -1,4 +1,4 @@
-"""The on-disk record format (schema version 3) and the fold that turns records into a Trace.
+"""The on-disk record format (schema version 4) and the fold that turns records into a Trace.
 
 A trace file is a plain concatenation of msgpack maps, each with a ``kind`` first and, since
 version 3, an ``xxh3`` last: a checksum that chains the record to the one before it (below), so a
@@ -21,6 +21,8 @@ changed byte is found, not only a broken structure. The kinds:
 - ``tool``    tool: one call of the tool route (phase, tool call id, action, hooks, digest,
               the reported content when small, what was delivered)
 - ``egress``  egress: a connection the network policy refused (host, port, count so far)
+- ``version`` version: the weights version of the session's upstream, declared by the
+              orchestrator (upstream, version, at); calls after it carry it (version 4)
 - ``undelivered`` call (an id): that call's answer did not reach the harness whole; written
               when the harness went away after the call was recorded (its ``delivered``
               becomes false)
@@ -58,6 +60,7 @@ from interceptor.trace.model import (
     StopRecord,
     Timing,
     Trace,
+    VersionChange,
 )
 from interceptor.trace.shared import shared
 
@@ -108,8 +111,8 @@ class HoleWarning(TornRecordWarning):
 
 
 # Every record kind, in the module docstring's order (a hole is told from a torn tail by any of them).
-RECORD_KINDS = ("header", "turn", "call", "prompt", "replay", "metric", "stop", "rewrite", "state", "egress", "tool",
-                "undelivered", "footer")
+RECORD_KINDS = ("header", "turn", "call", "prompt", "replay", "metric", "stop", "rewrite", "state", "egress", "version",
+                "tool", "undelivered", "footer")
 KINDS = frozenset(RECORD_KINDS)
 _KIND_KEY = b"\xa4kind"  # every record is a map whose first key is "kind"
 
@@ -337,7 +340,8 @@ def node_from_record(data: dict[str, Any]) -> tuple[int, MessageNode]:
 def _upgrade(record: dict[str, Any], version: int) -> dict[str, Any]:
     """Bring a record of an older supported schema version to the current shape. Version 2
     only added record kinds and footer fields, and version 3 the checksum (taken out by the
-    reader), so a version 1 record is already in shape."""
+    reader), and version 4 only fields and a record kind, so a version 1 record is already in
+    shape."""
     return record
 
 
@@ -434,6 +438,8 @@ def fold(records: Iterator[tuple[int, dict[str, Any]]], source: str = "trace") -
             refusal = EgressRefusal.model_validate(rec["egress"])
             trace.egress_refusals.append(refusal)
             trace.egress[refusal.host] = refusal.count
+        elif kind == "version":
+            trace.versions.append(VersionChange.model_validate(rec["version"]))
         elif kind == "footer":
             trace.sealed = True
             if "state_version" in rec:
@@ -465,7 +471,7 @@ def record_schema() -> dict[str, Any]:
     fails when it changes under the same version (a reader of that version would misread it)."""
     parts = {"header": Header, "node": MessageNode, "call": ModelCall, "tool": Tool,
              "rewrite": Rewrite, "stop": StopRecord, "reward": Reward, "timing": Timing, "state": StateWrite,
-             "egress": EgressRefusal, "tool_decision": ToolDecision}
+             "egress": EgressRefusal, "tool_decision": ToolDecision, "version": VersionChange}
     return {"kinds": list(RECORD_KINDS),
             **{name: model.model_json_schema() for name, model in parts.items()}}
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from interceptor.dialects.prompt_ids import PromptRead
     from interceptor.addons.gateway.retry import Recorded
     from interceptor.addons.gateway.sessions.session import Session
+    from interceptor.addons.gateway.sessions.weights import Weights
     from interceptor.addons.gateway.answer.tee import StreamTee
     from interceptor.dialects.translate import Translation
 
@@ -145,6 +146,12 @@ class Exchange:
     unwritten: bool = False
     # For sessions with response hooks only: the answer held back until they decide (Hold).
     hold: Held | None = None
+    # The upstream's weights version declared when the request was let go (Pause), how long
+    # it waited for a paused upstream, and the upstream's Weights that count it in flight
+    # until its commit (record.py), so a pause knows when every request sent has finished.
+    policy_version: Any = None
+    held_ms: int | None = None
+    weights: Weights | None = None
 
     @property
     def dialect(self):

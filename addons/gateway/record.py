@@ -15,6 +15,7 @@ from mitmproxy import http
 
 from interceptor.addons.gateway.exchange import Exchange
 from interceptor.addons.gateway.policy.memory import Remembered
+from interceptor.addons.gateway.sessions.weights import parse_version
 from interceptor.trace import ModelCall
 from interceptor.trace.ids import new_id
 from interceptor.trace.messages import Response, ResponseError, Sampling
@@ -38,8 +39,33 @@ def endpoint(flow: http.HTTPFlow) -> str:
     return flow.request.path.split("?", 1)[0]
 
 
+def answered_version(ex: Exchange, flow: http.HTTPFlow):
+    """The weights version the upstream says answered, in the header its declaration names
+    (``Upstream.version_header``); None when it names none or the answer has none."""
+    upstream = ex.session.upstream
+    name = upstream.version_header if upstream is not None else None
+    value = flow.response.headers.get(name) if name is not None and flow.response is not None else None
+    return parse_version(value) if value else None
+
+
+def declared_version(ex: Exchange):
+    """The version declared when the request was sent (Pause stamps it); for an exchange that
+    never passed there (a WebSocket frame, a refusal), the upstream's current one."""
+    if ex.weights is not None:
+        return ex.policy_version
+    return ex.session.weights.version if ex.session.weights is not None else None
+
+
+def finished(ex: Exchange) -> None:
+    """The exchange ended (a commit, a replay): it no longer keeps its paused upstream from
+    being drained."""
+    if ex.weights is not None and ex.call_id:
+        ex.weights.finished(ex.call_id)
+
+
 def make_call(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: ResponseError | None,
               status: int | None = None) -> ModelCall:
+    declared, answered = declared_version(ex), answered_version(ex, flow)
     return ModelCall(
         id=ex.call_id or new_id(),
         dialect=ex.dialect.name,
@@ -65,6 +91,10 @@ def make_call(ex: Exchange, flow: http.HTTPFlow, response: Response | None, erro
         replayed_from=ex.replayed_from,
         delivered=ex.delivered,
         rewrites=[r.rewrite.id for r in ex.carried if r.rewrite.id],
+        policy_version=declared,
+        answered_version=answered,
+        version_mismatch=answered is not None and declared is not None and answered != declared,
+        held_ms=ex.held_ms,
     )
 
 
@@ -110,6 +140,7 @@ def commit(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: 
         hold.sampled = response
         return
     ex.committed = True
+    finished(ex)
     if response is not None and response.error is not None and error is None:
         error = response.error
     call = make_call(ex, flow, response, error, status)
@@ -145,6 +176,7 @@ def commit_replay(ex: Exchange, flow: http.HTTPFlow, status: int, replay_of: str
     turn. Marks the exchange as a replay, which every later stage reads from ``ex.replay_of``."""
     ex.committed = True  # nothing more for the pipeline to record
     ex.replay_of = replay_of
+    finished(ex)
     call = ModelCall(
         id=new_id(),
         dialect=ex.dialect.name,

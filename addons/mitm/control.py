@@ -5,7 +5,8 @@ harness, and deletes the session when the rollout ends (which seals the trace). 
 but ``health`` needs ``Authorization: Bearer <admin token>``; a wrong token changes nothing.
 The tool servers' routes (``task``, ``state``, ``stop``: addons/gateway/sessions/state.py) take the session's
 state secret instead, and nothing else; the tool route (``tool``: addons/mitm/toolroute.py) takes
-the harness's own credential, the model secret.
+the harness's own credential, the model secret. An upstream's weights version and pause
+(``upstreams``: addons/mitm/upstreamroutes.py) take the admin token.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from interceptor.addons.mitm.settings import Settings
 from interceptor.addons.gateway.sessions.state import TOOL_SERVER_ROUTES
 from interceptor.addons.mitm.stateroutes import StateRoutes
 from interceptor.addons.mitm.toolroute import ToolRoute
+from interceptor.addons.mitm.upstreamroutes import UpstreamRoutes
 from interceptor.trace import read_trace
 from interceptor.trace.store import TraceExistsError
 
@@ -83,6 +85,7 @@ class Control:
         self.secrets = Secrets(settings)
         self.state_routes = StateRoutes(registry, settings, self.holds_secret)
         self.tool_route = ToolRoute(registry, settings)
+        self.upstream_routes = UpstreamRoutes(registry, settings)
 
     def holds_secret(self, text: str) -> bool:
         """Any secret of the proxy in ``text``: a session's (this one's or another's), the
@@ -98,9 +101,15 @@ class Control:
         if flow.response or flow.error or not flow.live or not flow.metadata.get("interceptor_control"):
             return
         try:
-            if flow.request.path.split("?", 1)[0] == f"{PREFIX}tool":  # the hooks may take their time
+            path = flow.request.path.split("?", 1)[0]
+            if path == f"{PREFIX}tool":  # the hooks may take their time
                 flow.response = await self.tool_route.handle(flow)
                 return
+            if path.startswith(f"{PREFIX}upstreams") and self._authorized(flow):  # a pause waits for a drain
+                parts = path[len(PREFIX):].strip("/").split("/")
+                if parts[0] == "upstreams":
+                    flow.response = await self.upstream_routes.handle(flow.request, parts)
+                    return
             flow.response = self._handle(flow)
         except Exception as e:  # noqa: BLE001 - every answer of this API is its JSON, a fault's too
             flow.response = self._fault(flow, e)

@@ -185,6 +185,7 @@ def _models_page(title: str, intro: list[str], tops: list[tuple[str, dict[str, A
 def control_api_page() -> str:
     from interceptor.addons.gateway.sessions.session import SealConfig, SessionConfig
     from interceptor.addons.mitm.toolroute import ToolCallBody
+    from interceptor.addons.mitm.upstreamroutes import PauseBody, VersionBody
 
     intro = [
         "The bodies the control API reads, from the pydantic models that validate them: a field",
@@ -194,13 +195,18 @@ def control_api_page() -> str:
         "",
         "- the create body, `SessionConfig`: `POST /_interceptor/sessions`;",
         "- the seal body, `SealConfig`: `DELETE /_interceptor/sessions/<id>`;",
-        "- the tool-call body, `ToolCallBody`: `POST /_interceptor/tool`.",
+        "- the tool-call body, `ToolCallBody`: `POST /_interceptor/tool`;",
+        "- an upstream's version, `VersionBody`: `PUT /_interceptor/upstreams/<name>/version`;",
+        "- the pause body, `PauseBody` (optional): `POST /_interceptor/upstreams/<name>/pause`",
+        "  (what each upstream route answers: [Versions and pauses](../async-rl.md)).",
     ]
     tops = [
         ("The create body",
          SessionConfig.model_json_schema()),
         ("The seal body", SealConfig.model_json_schema()),
         ("The tool-call body", ToolCallBody.model_json_schema()),
+        ("The version body", VersionBody.model_json_schema()),
+        ("The pause body", PauseBody.model_json_schema()),
     ]
     return _models_page("Control API bodies", intro, tops)
 

@@ -10,7 +10,9 @@ tool conversation with token ids, through mitmdump, from the simulator playing v
 version 2 with ``max_turns=3``, so a fourth request is refused (its tool result a prompt
 node, a ``stop`` record), sealed with the evaluator's rewards and metrics; and a response
 hook that rewrites the second reply's text (its sampled and delivered nodes side by side, a
-response ``rewrite`` record, the third turn chained on the delivered one).
+response ``rewrite`` record, the third turn chained on the delivered one); since version 4
+with the upstream's weights version declared before the session (each turn stamped with it)
+and again before the refused request (a second ``version`` record).
 It also writes ``tests/data/schema-v<SCHEMA_VERSION>.json``, the record models' JSON schema
 that tests/test_record_format.py holds the code to until the version moves on again.
 """
@@ -64,6 +66,7 @@ def main() -> int:
     with ProviderSimulator() as sim, MitmProcess(
             options={"intercept_upstream": sim.url("/v1"), "intercept_api_key_env": KEY_ENV},
             env={KEY_ENV: REAL_KEY}) as proxy:
+        assert proxy.api("PUT", "upstreams/default/version", {"version": 1})[0] == 200  # since version 4
         s = proxy.create_session(id="golden", collect_tokens=True, task={"name": "golden"},
                                  limits={"max_turns": 3}, hooks={"module": str(hooks)},
                                  upstream={"base_url": sim.url("/v1")})
@@ -71,6 +74,7 @@ def main() -> int:
         sim.default = FakeVLLM([step_reply(k, 3) for k in range(4)])
         oai, _ = session_clients(s)
         messages, _ = chat_loop(oai, 3, stream=True)
+        assert proxy.api("PUT", "upstreams/default/version", {"version": "ckpt-2"})[0] == 200
         try:
             chat_loop(oai, 1, stream=True, messages=messages)
         except openai.BadRequestError as e:

@@ -143,6 +143,9 @@ class ProviderSimulator:
         # Seconds an idle kept-alive connection is kept open before the simulator closes it
         # (uvicorn's timeout_keep_alive is 5 s, vLLM's server inherits it); None: never.
         self.keep_alive: float | None = None
+        # The weights version this "inference server" says it serves, in `x-weights-version` on
+        # every model answer (an RL stack's router reports it so); None: no such header.
+        self.weights_version: str | int | None = None
         self.host = host
         self._port = port
         self.default = default
@@ -493,6 +496,8 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             request_id = "req_" + secrets.token_hex(16)
             base = {"x-request-id": request_id, "openai-version": "2020-10-01", "openai-processing-ms": "1"}
+        if sim.weights_version is not None:
+            base["x-weights-version"] = str(sim.weights_version)
 
         if family == "gemini":
             gemini.serve(self, record, sim, {"x-gemini-service-tier": "standard"})

@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, field_validator,
 from interceptor.addons.gateway.policy.hookpool import TIMEOUT as HOOK_TIMEOUT, HookPool
 from interceptor.addons.gateway.policy.network import NetworkPolicy
 from interceptor.addons.gateway.sessions.state import TaskState
-from interceptor.addons.gateway.sessions.upstream import Upstream, UpstreamRef
+from interceptor.addons.gateway.sessions.upstream import DEFAULT, Upstream, UpstreamRef
+from interceptor.addons.gateway.sessions.weights import Fleet, Weights
 from interceptor.addons.gateway.policy.limits import Limits, Stop, StopBy
 from interceptor.addons.gateway.policy.memory import KEEP_BYTES, Handed, Memory
 from interceptor.dialects import credential_headers
@@ -34,7 +35,7 @@ from interceptor.trace import Recorder, Store
 from interceptor.trace.graph import KnownIds
 from interceptor.trace.match import Ignore
 from interceptor.trace.messages import Sampling
-from interceptor.trace.model import Reward
+from interceptor.trace.model import Reward, Version
 
 if TYPE_CHECKING:
     from interceptor.addons.gateway.policy.hookload import HookSet
@@ -90,6 +91,12 @@ class SessionConfig(BaseModel):
     state_schema: dict[str, Any] | None = None
     # What the rollout may reach through the provider and around it (addons/gateway/policy/network.py).
     network: NetworkPolicy | None = None
+    # The oldest weights version of its upstream this rollout accepts (addons/gateway/sessions/weights.py):
+    # an answer from an older one is an error on the record, not a turn.
+    min_version: Version | None = None
+    # Seconds a request may wait for its paused upstream before it is answered a retryable
+    # error (None: the proxy's intercept_pause_limit).
+    pause_limit: FiniteFloat | None = Field(default=None, gt=0, le=86400)
 
     @model_validator(mode="after")
     def _state(self) -> SessionConfig:
@@ -187,6 +194,7 @@ class Session:
     # (``dialects/prompt_ids.py``): one per branch a turn went on lately (a harness and its
     # sub-agents take turns). Replaced whole, never changed in place: a stream holds it.
     last_prompts: tuple[Prior, ...] = ()
+    weights: Weights | None = None  # its upstream's version and pause, shared by every session of it
 
     def remember_prompt(self, read: PromptRead, reply: int, ids: list[int] | None = None) -> None:
         """A committed turn's prompt ids: they read as ``read`` and end at the parent of its
@@ -299,6 +307,7 @@ class Registry:
         self.keep_sealed = keep_sealed
         self.rewrite_keep_bytes = KEEP_BYTES  # intercept_rewrite_keep_bytes
         self.hook_timeout = HOOK_TIMEOUT  # intercept_hook_timeout
+        self.weights = Fleet()  # each upstream's weights version and pause
         self._released: deque[str] = deque()
         # Dropped sessions' trace paths, as strings: one entry per session the process ever
         # dropped, so as small as it can be (a Path is several objects more).
@@ -341,6 +350,7 @@ class Registry:
                     "hooks": ({"module": hooks.module, "hooks": list(hooks.names),
                                **({"sha256": hooks.sha256} if hooks.sha256 else {})} if hooks else None),
                     "on_hook_error": config.on_hook_error,
+                    **({"min_version": config.min_version} if config.min_version is not None else {}),
                 },
                 "task": config.task,
                 "agent": config.agent,
@@ -358,6 +368,9 @@ class Registry:
             session.hooks, session.hooks_config = hooks, dict(hooks_config or {})
             session.hook_pool = HookPool(config.hook_timeout or self.hook_timeout)
             session.memory = Memory(keep_bytes=self.rewrite_keep_bytes)
+            session.weights = self.weights.of(upstream.name if upstream else DEFAULT)
+            if session.weights.version is not None:  # the version its first calls are sent under
+                recorder.record_version(session.weights.name, session.weights.version, session.weights.declared_at)
             self._by_id[sid] = session
             self._by_model_secret[session.model_secret] = session
             self._by_state_secret[session.state_secret] = session

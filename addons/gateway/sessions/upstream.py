@@ -28,6 +28,7 @@ from interceptor.dialects import known_upstreams
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HEADER = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")  # an HTTP field name (RFC 9110 5.1, a token)
 DEFAULT = "default"  # the upstream the default session's options declare
 
 
@@ -54,6 +55,17 @@ class Upstream(BaseModel):
     websocket: bool = True
     on_miss: Literal["error", "upstream"] = "error"
     pace: bool = False
+    # The response header in which the upstream says which weights version answered (e.g. a
+    # vLLM behind a router that sets ``x-weights-version``): recorded on each call beside the
+    # declared version, and a call where they differ is marked (addons/gateway/sessions/weights.py).
+    version_header: str | None = None
+
+    @field_validator("version_header")
+    @classmethod
+    def _header(cls, v: str | None) -> str | None:
+        if v is not None and not HEADER.match(v):
+            raise ValueError(f"version_header must be a header name such as x-weights-version, got {v!r}")
+        return v.lower() if v is not None else v
 
     @field_validator("name")
     @classmethod
@@ -120,6 +132,8 @@ class Upstream(BaseModel):
                "dialect": self.dialect, "key_set": bool(self.key())}
         if not self.websocket:
             out["websocket"] = False
+        if self.version_header is not None:
+            out["version_header"] = self.version_header
         if self.replay is not None:
             out.update(replay=self.replay, on_miss=self.on_miss, pace=self.pace)
         return out
