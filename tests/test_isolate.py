@@ -31,6 +31,26 @@ from test_run_as_user import ATTACKER, other_user  # noqa: F401 (its fixture)
 
 
 @pytest.fixture
+def host_doors():
+    """A TCP listener and a UDP socket on this machine's own non-loopback IPv4 address, as the
+    isolated harness's arguments (address, TCP port, UDP port): what it must not reach. Which
+    address is found by connecting a UDP socket towards a documentation address (RFC 5737),
+    which sends nothing."""
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))
+            host = probe.getsockname()[0]
+        except OSError:
+            host = ""
+    if not host or host.startswith("127."):
+        pytest.skip("this machine has no non-loopback IPv4 address to probe the wall with")
+    with socket.create_server((host, 0)) as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.bind((host, 0))
+        yield [host, str(tcp.getsockname()[1]), str(udp.getsockname()[1])]
+
+
+@pytest.fixture
 def namespaces() -> None:
     """Skips only where the kernel (or a container's seccomp) forbids this user to make user
     namespaces, with its reason; any other failure of the check fails the test."""
@@ -47,21 +67,25 @@ pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="network namesp
 
 # A harness that ignores the proxy variables for its own connections, then asks the model
 # through the OpenAI SDK (default base URL: only HTTPS_PROXY and the CA bundle lead it on).
+# "host" is a TCP and a UDP door the test opened on this machine's own non-loopback address
+# (``host_doors``): unreachable from the namespace, and if the wall broke, nothing would leave
+# the machine either (a datagram stands in for a DNS query).
 IGNORES_THE_PROXY = r"""
 import errno, json, socket, sys, openai
-out, sim_port = sys.argv[1], int(sys.argv[2])
+out, sim_port, host, tcp_port, udp_port = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 seen = {}
-for name, address in (("simulator", ("127.0.0.1", sim_port)), ("public", ("1.1.1.1", 443))):
+for name, address in (("simulator", ("127.0.0.1", sim_port)), ("host", (host, tcp_port))):
     try:
         socket.create_connection(address, timeout=30).close()
         seen[name] = "connected"
     except OSError as e:  # a timeout would be "timed out": a hang, not a refusal
         seen[name] = errno.errorcode.get(e.errno) or str(e)
 try:
-    socket.getaddrinfo("api.openai.com", 443)
-    seen["dns"] = "resolved"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.sendto(b"probe", (host, udp_port))
+    seen["datagram"] = "sent"
 except OSError as e:
-    seen["dns"] = "failed"
+    seen["datagram"] = errno.errorcode.get(e.errno) or str(e)
 reply = openai.OpenAI(max_retries=0).chat.completions.create(
     model="gpt-x", messages=[{"role": "user", "content": "hi"}])
 seen["answer"] = reply.choices[0].message.content
@@ -178,25 +202,25 @@ def _in_netns(inode: int) -> list[int]:
     return found
 
 
-def test_a_harness_that_ignores_the_proxy_cannot_connect_and_its_sdk_works_through_it(proxy, sim, tmp_path):
+def test_a_harness_that_ignores_the_proxy_cannot_connect_and_its_sdk_works_through_it(proxy, sim, tmp_path, host_doors):
     sim.script(Reply(text="answered inside the wall"))
     out = tmp_path / "seen.json"
     result = _run_harness(proxy, ["--isolate", "--upstream", sim.url("/v1"), "--id", "walled", "--model", "imposed"],
-                          [sys.executable, "-c", IGNORES_THE_PROXY, str(out), str(sim.port)])
+                          [sys.executable, "-c", IGNORES_THE_PROXY, str(out), str(sim.port), *host_doors])
     assert result.returncode == 0, result.stderr
     seen = json.loads(out.read_text())
     # Refused at once, never a connection and never a hang: the loopback has nothing but the
     # proxy's door, and there is no route anywhere else (no DNS either).
     assert seen["simulator"] == "ECONNREFUSED", seen
-    assert seen["public"] == "ENETUNREACH", seen
-    assert seen["dns"] == "failed"
+    assert seen["host"] == "ENETUNREACH", seen
+    assert seen["datagram"] == "ENETUNREACH", seen  # no DNS, nor any other datagram
     assert seen["answer"] == "answered inside the wall"
     trace = read_trace(proxy.trace_dir / "walled.msgpack")
     assert [c.model for c in trace.calls] == ["imposed"] and trace.sealed
     assert len(sim.requests) == 1  # the SDK's call, and nothing around the proxy
 
 
-def test_the_python_api_runs_a_rollout_isolated(proxy, sim, tmp_path):
+def test_the_python_api_runs_a_rollout_isolated(proxy, sim, tmp_path, host_doors):
     """``AsyncSession.isolated`` (on ``Session.isolated``): the evaluator's own subprocess."""
     sim.script(Reply(text="answered to the evaluator"))
     out = tmp_path / "seen.json"
@@ -204,7 +228,7 @@ def test_the_python_api_runs_a_rollout_isolated(proxy, sim, tmp_path):
     async def rollout() -> dict:
         client = await AsyncProxy.attach(proxy.url, proxy.admin_token)
         async with await client.session(upstream={"base_url": sim.url("/v1")}, id="api-walled") as session:
-            argv = await session.isolated([sys.executable, "-c", IGNORES_THE_PROXY, str(out), str(sim.port)])
+            argv = await session.isolated([sys.executable, "-c", IGNORES_THE_PROXY, str(out), str(sim.port), *host_doors])
             harness = await asyncio.create_subprocess_exec(*argv, env={**os.environ, **session.env},
                                                           stdin=subprocess.DEVNULL)
             assert await harness.wait() == 0
@@ -212,7 +236,7 @@ def test_the_python_api_runs_a_rollout_isolated(proxy, sim, tmp_path):
 
     summary = asyncio.run(rollout())
     seen = json.loads(out.read_text())
-    assert (seen["simulator"], seen["public"]) == ("ECONNREFUSED", "ENETUNREACH"), seen
+    assert (seen["simulator"], seen["host"], seen["datagram"]) == ("ECONNREFUSED", "ENETUNREACH", "ENETUNREACH"), seen
     assert seen["answer"] == "answered to the evaluator"
     assert summary["calls"] == 1 and summary["sealed"]
     assert read_trace(proxy.trace_dir / "api-walled.msgpack").calls[0].error is None
