@@ -63,11 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # ---------------------------------------------------------------------------------------------
 # The allowlists: what the tree breaks today. An entry leaves when its code does.
 
-INTERNALS_ALLOWED: dict[str, str] = {
-    "trace/messages.py": "to fix (pydantic's model_construct): copies and freezes the trace's own pydantic "
-                         "models with object.__new__ and a written __dict__ (pydantic v2 keeps fields "
-                         "there), the class picked at run time from tables ast cannot prove ours",
-}
+INTERNALS_ALLOWED: dict[str, str] = {}
 
 LAYERS_ALLOWED: dict[str, str] = {}
 

@@ -98,6 +98,9 @@ class Message(_Model):
     # ``message._hash`` goes through pydantic's ``__getattr__``, and a turn reads it several
     # times.
     _hash: str | None = PrivateAttr(default=None)
+    # A read-only copy's index in the request it was handed with (``read_only``), for its
+    # error and for the hook copies kept across calls; None on any other message.
+    _at: int | None = PrivateAttr(default=None)
 
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)
@@ -220,7 +223,10 @@ _NUMBERS = frozenset({"prompt_token_ids", "token_ids", "logprobs"})
 def copied(value: Any) -> Any:
     """A deep copy of a value made of these models, lists, dicts and JSON atoms, without
     ``model_copy(deep=True)``'s cost (it goes through ``copy.deepcopy`` and its memo for
-    every field). Strings are shared: they cannot change. Anything else is deep-copied."""
+    every field). Strings are shared: they cannot change. Anything else is deep-copied.
+    A model is rebuilt with pydantic's ``model_construct`` (its fields as they were set, its
+    private values kept), as a plain class when it was a ``read_only`` one; one of atoms
+    only is its own ``model_copy()``, the cheaper of the two, and deep for it."""
     if isinstance(value, _ATOMS):
         return value
     if isinstance(value, list):
@@ -229,18 +235,19 @@ def copied(value: Any) -> Any:
         return {k: copied(v) for k, v in value.items()}
     if isinstance(value, _Model):
         thawed = _THAWED.get(type(value))
-        new = object.__new__(thawed or type(value))
-        object.__setattr__(new, "__dict__", {k: list(v) if k in _NUMBERS and isinstance(v, list) else copied(v)
-                                             for k, v in value.__dict__.items()})
-        object.__setattr__(new, "__pydantic_fields_set__", set(value.__pydantic_fields_set__))
-        object.__setattr__(new, "__pydantic_extra__", None)  # extra="forbid": there is none
-        private = value.__pydantic_private__
-        if private is not None:
-            private = dict(private)
-            if thawed is not None:
-                private.pop("_at", None)  # a read-only copy's index in the request it was handed with
-        object.__setattr__(new, "__pydantic_private__", private)
-        return new
+        if thawed is None:
+            for v in value.__dict__.values():
+                if not isinstance(v, _ATOMS):
+                    break
+            else:
+                return value.model_copy()
+        private = value.__pydantic_private__ or {}
+        if thawed is not None and "_at" in private:  # a read-only copy's index goes with it
+            private = {k: v for k, v in private.items() if k != "_at"}
+        return (thawed or type(value)).model_construct(
+            set(value.model_fields_set),
+            **{k: list(v) if k in _NUMBERS and isinstance(v, list) else copied(v) for k, v in value.__dict__.items()},
+            **private)
     return copy.deepcopy(value)
 
 
@@ -348,15 +355,11 @@ def read_only(value: Any, at: int | None = None) -> Any:
         cls = _READ_ONLY.get(type(value)) or (type(value) if type(value) in _THAWED else None)
         if cls is None:
             return copied(value)
-        new = object.__new__(cls)
-        object.__setattr__(new, "__dict__", {k: read_only(v) for k, v in value.__dict__.items()})
-        object.__setattr__(new, "__pydantic_fields_set__", set(value.__pydantic_fields_set__))
-        object.__setattr__(new, "__pydantic_extra__", None)
-        private = value.__pydantic_private__
+        private = value.__pydantic_private__ or {}
         if isinstance(value, Message):
-            private = {**(private or {}), "_at": at}
-        object.__setattr__(new, "__pydantic_private__", None if private is None else dict(private))
-        return new
+            private = {**private, "_at": at}
+        return cls.model_construct(set(value.model_fields_set),
+                                   **{k: read_only(v) for k, v in value.__dict__.items()}, **private)
     return copy.deepcopy(value)
 
 
