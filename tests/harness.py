@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from interceptor.trace import Trace, read_trace
 from clients import KEY_ENV, REAL_KEY
 from mitm import ROOT, MitmProcess
 from provider import ProviderSimulator, RequestRecord
+from waiting import wait_until
 
 # The pinned harnesses; `make test-latest` points INTERCEPT_HARNESS_BIN at the @latest ones.
 NODE_BIN = Path(os.environ.get("INTERCEPT_HARNESS_BIN") or ROOT / "tests" / "harnesses" / "node_modules" / ".bin")
@@ -124,12 +124,11 @@ def when_left(proxy: MitmProcess, sid: str, timeout: float = 90) -> threading.Ev
     line = f"session {sid!r}: {LEFT}"
 
     def watch() -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if line in proxy.log():
-                left.set()
-                return
-            time.sleep(0.05)
+        try:
+            wait_until(lambda: line in proxy.log(), timeout, line)
+        except AssertionError:
+            return  # never set: the test waiting on it fails on its own timeout
+        left.set()
 
     threading.Thread(target=watch, name=f"when-left-{sid}", daemon=True).start()
     return left

@@ -9,23 +9,18 @@ from __future__ import annotations
 
 import re
 import ssl
-import time
 
 import httpx
 import pytest
 
 from clients import DEAD_PORT
+from waiting import wait_until
 
 
 def wait_for_line(proc, pattern: str, timeout: float = 20.0) -> str:
     """The first log line matching ``pattern``, as soon as mitmdump has written it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = re.search(pattern, proc.log())
-        if found:
-            return found.group(0)
-        time.sleep(0.05)
-    raise AssertionError(f"no line matching {pattern!r} in:\n{proc.log()}")
+    return wait_until(lambda: re.search(pattern, proc.log()), timeout,
+                      lambda: f"a line matching {pattern!r} in:\n{proc.log()}").group(0)
 
 
 @pytest.mark.parametrize(("host", "port", "why"), [

@@ -22,7 +22,6 @@ import logging
 import os
 import resource
 import socket
-import time
 
 import pytest
 from mitmproxy import exceptions
@@ -31,6 +30,7 @@ from mitmproxy.test import taddons
 from interceptor.addons.mitm.conns import AcceptErrors, ClientTimeouts
 from interceptor.trace import read_trace
 from provider import Reply
+from waiting import wait_until
 from wsclient import WSClient
 
 BOUND = 20.0  # seconds a test waits for what a 1 s timeout makes happen
@@ -83,15 +83,6 @@ def _read_answer(sock: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
-def _wait_for(predicate, what: str, timeout: float = BOUND):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if got := predicate():
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"not seen within {timeout} s: {what}")
-
-
 def _calls(session: dict):
     try:
         return read_trace(session["trace_path"]).calls
@@ -112,7 +103,7 @@ def short(start_proxy):
 def test_an_idle_connection_is_closed(short):
     with _connect(short) as s:
         assert _read_all(s) == b""
-    _wait_for(lambda: "no request within intercept_client_idle_timeout" in short.log(), "the close logged")
+    wait_until(lambda: "no request within intercept_client_idle_timeout" in short.log(), BOUND, "the close logged")
 
 
 def test_a_head_that_never_ends_is_closed(short, sim):
@@ -135,8 +126,8 @@ def test_a_body_that_never_ends_is_closed_and_recorded_as_the_clients(short, sim
     with _connect(short) as s:
         s.sendall(_head(session, 1000) + b'{"model":')
         assert _read_all(s) == b""
-    _wait_for(lambda: "request body within intercept_client_body_timeout" in short.log(), "the close logged")
-    calls = _wait_for(lambda: _calls(session), "the exchange's record")
+    wait_until(lambda: "request body within intercept_client_body_timeout" in short.log(), BOUND, "the close logged")
+    calls = wait_until(lambda: _calls(session), BOUND, "the exchange's record")
     assert [c.error.type for c in calls] == ["client_disconnected"], calls
     assert not sim.requests  # nothing was forwarded
 
@@ -190,7 +181,7 @@ def test_out_of_descriptors_the_open_sessions_are_served_and_the_log_says_it_onc
     try:
         for _ in range(20):  # past the limit: the kernel completes them, the proxy cannot accept them
             extra.append(_connect(proxy))
-        _wait_for(lambda: "out of file descriptors" in proxy.log(), "the proxy saying it ran out")
+        wait_until(lambda: "out of file descriptors" in proxy.log(), BOUND, "the proxy saying it ran out")
         answer = first
         while not answer.endswith(b"0\r\n\r\n"):
             chunk = live.recv(65536)
@@ -206,7 +197,7 @@ def test_out_of_descriptors_the_open_sessions_are_served_and_the_log_says_it_onc
             s.close()
         resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
     # Descriptors free again: the log says so, and new connections are accepted.
-    _wait_for(lambda: "accepting connections again" in proxy.log(), "the proxy saying it accepts again")
+    wait_until(lambda: "accepting connections again" in proxy.log(), BOUND, "the proxy saying it accepts again")
     with _connect(proxy) as s:
         s.sendall(b"GET /_interceptor/health HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nConnection: close\r\n\r\n" % proxy.port)
         assert b" 200 " in _read_all(s).split(b"\r\n", 1)[0]
@@ -226,7 +217,7 @@ def test_a_client_that_half_closes_after_its_request_is_recorded_truthfully(star
         s.sendall(_request(session, close=True))
         s.shutdown(socket.SHUT_WR)
         _read_all(s)
-    calls = _wait_for(lambda: _calls(session), "the exchange's record")
+    calls = wait_until(lambda: _calls(session), BOUND, "the exchange's record")
     assert len(calls) == 1
     call = calls[0]
     if relay:

@@ -19,6 +19,7 @@ import pytest
 
 from interceptor.trace import read_trace
 from provider import Reply
+from waiting import wait_until
 
 FAULTS = Path(__file__).with_name("faults.py")
 MESSAGES = [{"role": "user", "content": "count"}]
@@ -51,10 +52,7 @@ def read_stream(client: httpx.Client, url: str, secret: str, body: dict, http2: 
 def recorded(path: str, n: int) -> None:
     """Until the trace holds ``n`` calls (the last answer's hook may run just after the harness
     has read it all)."""
-    deadline = time.monotonic() + 10
-    while len(read_trace(path).calls) < n:
-        assert time.monotonic() < deadline, f"fewer than {n} calls were recorded"
-        time.sleep(0.05)
+    wait_until(lambda: len(read_trace(path).calls) >= n, 10, f"{n} calls recorded")
 
 
 @pytest.mark.parametrize("http2", [False, True], ids=["http1", "http2"])

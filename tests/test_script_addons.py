@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 from pathlib import Path
 
 from mitmproxy import command, hooks
@@ -22,6 +21,7 @@ from mitmproxy.test import taddons, tflow
 from interceptor.addons.gateway.faults import FAULT_KEY, Fault
 from interceptor.client.proxy import mitmdump_bin
 from mitm import SCRIPT, MitmProcess
+from waiting import wait_until
 from test_addons import _load_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,10 +122,10 @@ def test_a_running_mitmdump_holds_every_addon_by_name_and_its_own_dispatcher(tmp
     none of its methods is replaced on the instance (its ``trigger_event`` dispatches)."""
     seen_file = tmp_path / "seen.json"
     with MitmProcess(options={"observe_file": str(seen_file)}, extra_scripts=[OBSERVE]) as proc:
-        deadline = time.monotonic() + 60
-        while not seen_file.exists():  # written once mitmproxy's running hook reached the observer
-            assert time.monotonic() < deadline and proc.proc.poll() is None, proc.log()[-3000:]
-            time.sleep(0.05)
+        def seen() -> bool:  # written once mitmproxy's running hook reached the observer
+            assert proc.proc.poll() is None, proc.log()[-3000:]
+            return seen_file.exists()
+        wait_until(seen, 60, lambda: f"{seen_file} written:\n{proc.log()[-3000:]}")
         seen = json.loads(seen_file.read_text())
     script = _load_script()
     assert [name for name, _ in seen["addons"]] == _names(script.addons)
