@@ -20,6 +20,7 @@ import pytest
 from clients import session_clients
 from interceptor.trace import read_trace
 from provider import Reply
+from waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "count to three"}]
 # The simulator's Messages stream for three text pieces is nine events (message_start,
@@ -36,15 +37,12 @@ def sealed_trace(proxy, session):
 
 def wait_for_calls(session, n: int, timeout: float = 15.0) -> None:
     """The proxy reads on after the client left: wait until its records are written."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def enough() -> bool:
         try:
-            if len(read_trace(session["trace_path"]).calls) >= n:
-                return
+            return len(read_trace(session["trace_path"]).calls) >= n
         except Exception:  # noqa: BLE001 - a record being written
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"fewer than {n} calls on the record after {timeout} s")
+            return False
+    wait_until(enough, timeout, f"{n} calls on the record")
 
 
 def one_undelivered_turn(trace, text: str):

@@ -8,7 +8,6 @@ import random
 import socket
 import ssl
 import threading
-import time
 from pathlib import Path
 
 import anthropic
@@ -20,6 +19,7 @@ from clients import session_clients
 from test_early_close import wait_for_calls
 from interceptor.trace import read_trace
 from provider import Reply
+from waiting import wait_until
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 RETRY_EXCHANGE = FIXTURES / "anthropic-exchanges" / "retry-429-429-200-stream.json"
@@ -94,15 +94,15 @@ def test_committed_but_undelivered_turn_is_replayed_to_the_sdk(stream, sim, prox
     harness_env(session["env"])
     oai = openai.OpenAI(api_key=session["model_secret"], max_retries=0)
     messages = [{"role": "user", "content": "q"}]
-    # The harness goes away after the headers: the upstream completes, the turn commits,
-    # the harness never reads it.
+    # The harness goes away after the headers: the upstream completes, the turn commits (it
+    # is on the record), the harness never reads it.
     if stream:
         with oai.chat.completions.stream(model="m", messages=messages):
-            time.sleep(0.5)
+            wait_for_calls(session, 1)
     else:
         with oai.chat.completions.with_streaming_response.create(model="m", messages=messages) as r:
             assert r.status_code == 200
-            time.sleep(0.5)
+            wait_for_calls(session, 1)
     assert len(sim.model_requests()) == 1
     # The SDK's own retry of the same request: its helper must accept the recorded bytes.
     flag = {"x-stainless-retry-count": "1"}  # per request: the SDK's own value loses to it
@@ -117,20 +117,27 @@ def test_committed_but_undelivered_turn_is_replayed_to_the_sdk(stream, sim, prox
 
 
 def test_retry_while_streaming_coalesces_and_both_get_the_same_bytes(sim, proxy, new_session):
-    sim.script(Reply(text=[f"w{i} " for i in range(6)], delay=0.15))
+    resume = threading.Event()  # the upstream holds its stream after three events until the retry came
+    sim.script(Reply(text=[f"w{i} " for i in range(6)], delay=0.15, pause_before=3, resume=resume))
     session = new_session()
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "slow"}]}
     results = {}
 
-    def first():
-        results["first"] = raw_post(proxy, session, "/v1/chat/completions", body, 0)
+    def ask(name: str, retry_count: int) -> threading.Thread:
+        def post() -> None:
+            results[name] = raw_post(proxy, session, "/v1/chat/completions", body, retry_count)
+        thread = threading.Thread(target=post)
+        thread.start()
+        return thread
 
-    t = threading.Thread(target=first)
-    t.start()
+    first = ask("first", 0)
     sim.wait_for_requests(1)
-    time.sleep(0.2)  # mid-stream
-    results["retry"] = raw_post(proxy, session, "/v1/chat/completions", body, 1)
-    t.join()
+    connected = proxy.log().count("client connect")
+    retry = ask("retry", 1)  # mid-stream
+    wait_until(lambda: proxy.log().count("client connect") > connected, 10, "the retry's connection")
+    resume.set()
+    first.join()
+    retry.join()
     assert results["first"][0] == results["retry"][0] == 200
     assert results["first"][2] == results["retry"][2]
     assert b"w5" in results["retry"][2]
@@ -213,10 +220,7 @@ def disconnects(proxy) -> int:
 def until_disconnected(proxy, before: int) -> None:
     """Wait until mitmproxy has seen one more client go: the old rule's condition for calling a
     delivered answer undelivered, so a test of the rule does not depend on a race."""
-    deadline = time.monotonic() + 10
-    while disconnects(proxy) == before:
-        assert time.monotonic() < deadline, "mitmproxy never logged the client's disconnection"
-        time.sleep(0.005)
+    wait_until(lambda: disconnects(proxy) > before, 10, "mitmproxy logging the client's disconnection")
 
 
 ASKS = 4
