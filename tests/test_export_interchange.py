@@ -11,7 +11,6 @@ import base64
 import json
 import subprocess
 import sys
-import time
 
 import anthropic
 import atif
@@ -28,6 +27,7 @@ from provider import Reply, ToolCall
 from test_export import _export, _traces
 from test_trace import SYSTEM, TOOLS, Rollout
 from test_trace_tokens import send
+from waiting import wait_until
 
 
 def _steps_by_node(traj: dict) -> dict[int, dict]:
@@ -314,14 +314,14 @@ def test_follow_exports_each_trace_as_it_is_sealed(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         def lines(n: int) -> list[dict]:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:  # waiting on the file, not on time: ends when the lines land
+            def landed() -> str | None:
                 text = out.read_text() if out.exists() else ""
                 if text.count("\n") >= n:
-                    return [json.loads(line) for line in text.splitlines()]
+                    return text
                 assert proc.poll() is None, proc.stderr.read()
-                time.sleep(0.05)
-            raise AssertionError(f"fewer than {n} lines: {out.read_text() if out.exists() else ''!r}")
+                return None
+            text = wait_until(landed, 30, lambda: f"{n} lines in {out.read_text() if out.exists() else ''!r}")
+            return [json.loads(line) for line in text.splitlines()]
 
         a = Rollout(folder / "a.msgpack")
         a.send([SYSTEM, Message(role="user", content="q")], Message(role="assistant", content="a1"))

@@ -27,6 +27,7 @@ from interceptor.trace.verify import problems
 from clients import KEY_ENV, REAL_KEY
 from mitm import MitmProcess
 from provider import ProviderSimulator, Reply
+from waiting import wait_until
 
 FAULTS = Path(__file__).with_name("faults.py")
 IMPOSED = "imposed-model"
@@ -305,10 +306,8 @@ def test_a_full_disk_mid_session_loses_no_turn_and_health_says_so_while_it_lasts
     for status, body in health_while_full:
         assert status == 503 and body["ok"] is False and body["store"][r.session["id"]]["held"] >= 1
     status, summary = r.proxy.api("GET", f"sessions/{r.session['id']}")
-    deadline = time.time() + 10
-    while r.proxy.api("GET", "health", token=None)[0] != 200 and time.time() < deadline:
-        time.sleep(0.2)  # the writer retries every second
-    assert r.proxy.api("GET", "health", token=None)[0] == 200
+    # the writer retries every second
+    wait_until(lambda: r.proxy.api("GET", "health", token=None)[0] == 200, 10, "health ok once the writer wrote")
     trace = r.sealed()
     assert trace.num_turns == 20 and len(trace.branches) == 1 and not trace.errors
     assert [trace.nodes[c.node].message.text() for c in trace.calls] == [f"answer {k}" for k in range(20)]
@@ -326,10 +325,8 @@ def test_a_writer_thread_that_ends_is_reported_replaced_and_loses_no_turn(r):
     r.sim.script(Reply(text="one"), Reply(text="two"), Reply(text="three"))
     r.inject({"writer_dies": True})
     assert r.ask("first").content[0].text == "one"
-    deadline = time.time() + 10
-    while (health := r.proxy.api("GET", "health", token=None))[0] == 200 and time.time() < deadline:
-        time.sleep(0.1)
-    status, body = health
+    status, body = wait_until(lambda: (health := r.proxy.api("GET", "health", token=None))[0] != 200 and health, 10,
+                              "health saying the writer died")
     assert status == 503 and body["ok"] is False and "SystemExit: injected" in body["writer"]
     r.inject({})
     history = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "one"},

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import anthropic
@@ -29,6 +28,7 @@ from clients import session_clients
 from interceptor.trace import read_trace
 from faults import BLIND_SAID, UNWATCHED_SAID
 from provider import Reply
+from waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "count"}]
 FAULTS = Path(__file__).with_name("faults.py")
@@ -70,10 +70,7 @@ def abandoned_stream(sim, start_proxy, tmp_path, faults: dict, text: str):
         with pytest.raises(httpx.ReadTimeout):
             client.post("https://api.openai.com/v1/chat/completions", json={"model": "m", "messages": MESSAGES},
                         headers={"authorization": f"Bearer {session['model_secret']}"})
-    deadline = time.monotonic() + 20
-    while not recorded_calls(session):
-        assert time.monotonic() < deadline, "the abandoned exchange was never recorded"
-        time.sleep(0.1)
+    wait_until(lambda: recorded_calls(session), 20, "the abandoned exchange on the record")
     return proxy, session
 
 
@@ -227,10 +224,8 @@ def test_the_same_body_sent_at_once_by_a_client_that_gave_up_gets_the_first_answ
                 first.post(url, json=body, headers=headers)  # httpx closes the connection that timed out
         # Sent again as soon as mitmproxy has read the close (its log says so as it runs the
         # client_disconnected hook).
-        deadline = time.monotonic() + 10
-        while proxy.log().count("client disconnect") == closed:
-            assert time.monotonic() < deadline, "mitmproxy never logged the first client's disconnection"
-            time.sleep(0.005)
+        wait_until(lambda: proxy.log().count("client disconnect") > closed, 10,
+                   "mitmproxy logging the first client's disconnection")
         r = again.post(url, json=body, headers=headers)
     assert r.json()["choices"][0]["message"]["content"] == "the slow answer"
     assert len(sim.model_requests()) == 1

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -16,6 +15,7 @@ from interceptor.client import Proxy
 from interceptor.trace import Follower, Sealed, TurnLanded
 from conftest import KEY_ENV, REAL_KEY
 from test_client import _chat
+from waiting import wait_until
 
 READER = """
 import sys
@@ -91,13 +91,7 @@ def test_each_sealed_trace_once_in_seal_order_across_a_kill(sim, tmp_path, reade
 def _landed(follower: Follower, timeout: float = 10) -> list:
     """The next non-empty look: the proxy answers a turn before its writer thread has put the
     record on disk, so it may land a moment after the harness has its answer."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        items = follower.poll()
-        if items:
-            return items
-        time.sleep(0.05)
-    return []
+    return wait_until(follower.poll, timeout, "a turn landed")
 
 
 def test_turns_as_they_land_then_the_seal(sim, tmp_path):

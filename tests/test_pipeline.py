@@ -20,6 +20,7 @@ from interceptor.trace import read_trace
 from clients import REAL_KEY, session_clients
 from mitm import ROOT, MitmProcess
 from provider import Reply, ToolCall
+from waiting import wait_until
 
 SESSION = {
     "model": "sim-imposed-model",
@@ -407,10 +408,8 @@ def test_bare_start_listens_on_loopback_only_and_has_a_ca_on_a_fresh_home(tmp_pa
     home.mkdir()
     proc = MitmProcess(options={"confdir": None, "listen_host": None}, env={"HOME": str(home)}).start()
     try:
-        deadline = time.time() + 10
-        while time.time() < deadline and _listening(proc.port) != {"0100007F"}:
-            time.sleep(0.1)
-        assert _listening(proc.port) == {"0100007F"}, _listening(proc.port)
+        wait_until(lambda: _listening(proc.port) == {"0100007F"}, 10,
+                   lambda: f"listening on loopback only, not {_listening(proc.port)}")
         env_file = home / ".mitmproxy" / "interceptor-harness" / "default.env"
         text = env_file.read_text()
         assert "SSL_CERT_FILE=" in text and "NODE_EXTRA_CA_CERTS=" in text

@@ -13,7 +13,6 @@ over every split of the bytes (a read can end anywhere).
 from __future__ import annotations
 
 import json
-import time
 
 import h11
 import httpx2 as httpx
@@ -25,6 +24,7 @@ from interceptor.addons.gateway.transport.framing import CHUNKED, CLOSE, LENGTH,
 from interceptor.addons.gateway.transport.relay import DOWN_READ
 from interceptor.trace import read_trace
 from provider import Reply
+from waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "count"}]
 FRAMINGS = [None, "extensions", "split", "close"]
@@ -307,9 +307,7 @@ def test_an_abandoned_answer_in_any_framing_is_read_to_its_end_and_recorded(fram
     stream = oai.chat.completions.create(model="gpt-4.1", messages=MESSAGES, stream=True)
     next(iter(stream))
     stream.close()
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and not read_trace(session["trace_path"]).calls:
-        time.sleep(0.1)
+    wait_until(lambda: read_trace(session["trace_path"]).calls, 15, "the abandoned answer on the record")
     flag = {"x-stainless-retry-count": "1"}
     with oai.chat.completions.stream(model="gpt-4.1", messages=MESSAGES, extra_headers=flag) as s:
         assert s.get_final_completion().choices[0].message.content == "".join(PIECES)

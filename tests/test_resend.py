@@ -9,12 +9,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 from clients import KEY_ENV, REAL_KEY, session_clients
 from interceptor.trace import read_trace
 from mitm import ROOT
 from provider import Reply, ToolCall
+from waiting import wait_until
 
 REPLAY_TRACE = ROOT / "scripts" / "replay_trace.py"
 TURNS = 10
@@ -61,9 +61,7 @@ def test_resend_asks_every_prompt_once_across_an_interruption(proxy, sim, harnes
     out = tmp_path / "resent.msgpack"
 
     first = _resend(source, out, sim, "--concurrency", "2")
-    deadline = time.time() + 60
-    while len(_answered(sim)) < 1 + TURNS // 2 and time.time() < deadline:  # the 429 and half the calls
-        time.sleep(0.02)
+    wait_until(lambda: len(_answered(sim)) >= 1 + TURNS // 2, 60, "the 429 and half the calls answered")
     first.send_signal(signal.SIGINT)
     _, err = first.communicate(timeout=60)
     assert first.returncode == 130, err

@@ -18,22 +18,13 @@ from interceptor.client.proxy import free_port
 from clients import KEY_ENV, REAL_KEY, session_clients
 from mitm import MitmProcess
 from provider import Reply
+from waiting import wait_until
 
 STATUS = re.compile(r"interceptor status: .*")
 
 
 def status_lines(proxy: MitmProcess) -> list[str]:
     return STATUS.findall(proxy.log())
-
-
-def wait_for(predicate, timeout: float = 20.0, step: float = 0.1):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError("timed out")
 
 
 def three_turns(sim, new_session, harness_env) -> dict:
@@ -50,12 +41,13 @@ def three_turns(sim, new_session, harness_env) -> dict:
 def test_status_line_while_traffic_flows_then_quiet(sim, proxy, new_session, harness_env):
     assert status_lines(proxy) == []  # a live default session alone is idle: nothing said
     three_turns(sim, new_session, harness_env)
-    line = wait_for(lambda: next((l for l in status_lines(proxy) if "totals 3 turns" in l), None))
+    line = wait_until(lambda: next((l for l in status_lines(proxy) if "totals 3 turns" in l), None), 20,
+                      lambda: f"a status line with 'totals 3 turns' in {status_lines(proxy)}")
     assert "last minute 3 turns, 3 calls" in line and "0 errors, 0 replays, 0 refused" in line
     assert re.search(r"sessions 2 live, 0 sealed", line)  # the default session and ours
     assert re.search(r"trace \d+\.\d (KB|MB) written, [1-9]\d* records, \d+ queued", line)
     # idle: one last line saying so, then nothing
-    wait_for(lambda: status_lines(proxy)[-1].endswith("· idle"), timeout=10)
+    wait_until(lambda: status_lines(proxy)[-1].endswith("· idle"), 10, lambda: f"'idle' last in {status_lines(proxy)}")
     said = len(status_lines(proxy))
     time.sleep(2.5)
     assert len(status_lines(proxy)) == said
@@ -129,7 +121,7 @@ def test_mitmweb_lists_each_flow_with_what_the_proxy_did(sim, web, harness_env):
         got = [f for f in web.flows() if not f["request"]["path"].startswith("/_interceptor/")]
         return got if len(got) == 5 else None
 
-    turn1, turn2, replay, refused, local = wait_for(model_flows)
+    turn1, turn2, replay, refused, local = wait_until(model_flows, 20, "the five model flows in mitmweb")
     sid = s["id"]
     assert turn1["marked"] == turn2["marked"] == "🟢"
     assert turn1["comment"].startswith(f"interceptor: session {sid} · turn 1 · call 1 (")
@@ -152,7 +144,8 @@ def test_a_session_model_shows_as_a_rewrite(sim, web, harness_env):
     harness_env(s["env"])
     oai, _ = session_clients(s)
     oai.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}], temperature=1.0)
-    flow = wait_for(lambda: next((f for f in web.flows() if f["request"]["path"] == "/v1/chat/completions"), None))
+    flow = wait_until(lambda: next((f for f in web.flows() if f["request"]["path"] == "/v1/chat/completions"), None),
+                      20, "the chat flow in mitmweb")
     assert "rewritten: model, temperature" in flow["comment"]
 
 

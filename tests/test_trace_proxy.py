@@ -12,7 +12,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from mitm import ROOT, MitmProcess
 from provider import ProviderSimulator, Reply, ToolCall
 from provider import tokens as sim_tokens
 from provider.turn import Turn
+from waiting import wait_until
 
 REPLAY = [sys.executable, str(ROOT / "scripts" / "replay_trace.py")]
 SYSTEM = "You are a careful coding agent."
@@ -483,13 +483,6 @@ def settled(path, turns: int):
     return lambda: kinds(path) == ["header"] + ["turn", "rewrite"] * turns
 
 
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def test_kill_9_between_turns_keeps_every_turn(sim, harness_env, tmp_path):
     sim.strict = False  # a vLLM upstream (return_token_ids): OpenAI's rules are not its rules
     proc, s = start_crash_proxy(sim)
@@ -500,7 +493,7 @@ def test_kill_9_between_turns_keeps_every_turn(sim, harness_env, tmp_path):
         chat_loop(oai, 6, stream=True)
         # The writer thread appends after the turn is committed; give it its moment, as a
         # harness's own next step would, then kill without any chance to clean up.
-        wait_for(settled(s["trace_path"], 6))
+        wait_until(settled(s["trace_path"], 6), 10, "six turns and their rewrites on disk")
         proc.stop(signal.SIGKILL)
         trace, torn = read_with_warnings(s["trace_path"])
         assert torn == []
@@ -543,10 +536,10 @@ def test_kill_9_in_the_middle_of_a_write(sim, harness_env):
         sim.default = FakeVLLM([step_reply(k, 99) for k in range(4)])
         oai, _ = session_clients(s)
         history, _ = chat_loop(oai, 3, stream=True)
-        wait_for(settled(path, 3), timeout=30)
+        wait_until(settled(path, 3), 30, "three turns and their rewrites on disk")
         size = path.stat().st_size
         chat_loop(oai, 1, stream=False, messages=history)  # its turn record is being written:
-        wait_for(lambda: path.stat().st_size > size, timeout=10)  # half of it is on disk
+        wait_until(lambda: path.stat().st_size > size, 10, "part of the fourth turn on disk")  # half of it
         proc.stop(signal.SIGKILL)
         trace, torn = read_with_warnings(path)
         assert len(torn) == 1 and "torn last record" in str(torn[0].message)

@@ -36,6 +36,7 @@ from interceptor.trace import store as store_module
 from interceptor.trace.store import TraceExistsError
 from interceptor.trace.verify import problems
 from test_trace import Rollout, tool_turns
+from waiting import wait_until
 
 REPLAY = Path(__file__).resolve().parent.parent / "scripts" / "replay_trace.py"
 
@@ -245,10 +246,7 @@ def test_turn_fsyncs_are_grouped_and_none_waits_longer_than_the_interval(tmp_pat
         r.send(prompt, reply)
         time.sleep(0.005)
     written = time.monotonic()
-    deadline = written + 5
-    while not (seen and seen[-1][1] == r.path.stat().st_size) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert seen and seen[-1][1] == r.path.stat().st_size, seen
+    wait_until(lambda: seen and seen[-1][1] == r.path.stat().st_size, 5, lambda: f"an fsync of the whole file in {seen}")
     # Well under the writer's idle wake-up (RETRY_INTERVAL, 1 s), which alone would also get
     # there; the margin is for a loaded machine.
     assert seen[-1][0] - written < 0.2 + 0.5
@@ -260,13 +258,11 @@ def test_an_interval_of_0_fsyncs_after_each_write(tmp_path, monkeypatch):
     seen = _watch_fsyncs(monkeypatch)
     store = Store(fsync_interval=0)
     r = Rollout(tmp_path / "z.msgpack", store=store)
-    time.sleep(0.2)  # the header alone
+    wait_until(lambda: seen, 5, "the header's fsync")  # the header alone
     for prompt, reply in tool_turns(3):
         before = len(seen)
         r.send(prompt, reply)
-        deadline = time.monotonic() + 5
-        while len(seen) == before and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until(lambda: len(seen) > before, 5, "this turn's fsync")
         assert len(seen) == before + 1 and seen[-1][1] == r.path.stat().st_size  # this turn's, at once
     assert len(seen) == 4  # the header and each turn, each on its own write
     sealed_whole(r, store, turns=3)
@@ -281,9 +277,7 @@ def test_the_footer_is_fsynced_at_once_whatever_the_interval(tmp_path, monkeypat
     for prompt, reply in tool_turns(3):
         r.send(prompt, reply)
     r.recorder.seal("done")
-    deadline = time.monotonic() + 5
-    while not seen and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: seen, 5, "the footer's fsync")
     assert len(seen) == 1 and seen[0][1] == r.path.stat().st_size
     assert read_trace(r.path).num_turns == 3
     store.close()
@@ -307,10 +301,8 @@ def test_a_failed_fsync_writes_everything_since_the_last_one_again(tmp_path, mon
     assert health.held == 3 and "Input/output error" in health.error
     for prompt, reply in tool_turns(4)[2:]:
         r.send(prompt, reply)
-    deadline = time.monotonic() + 5
-    while not store.health(r.path).ok and time.monotonic() < deadline:
-        time.sleep(0.01)  # the writer retries on its own
-    assert store.health(r.path).ok and store.health(r.path).late == 3  # the header and both turns
+    wait_until(lambda: store.health(r.path).ok, 5, "the file healthy again (the writer retries on its own)")
+    assert store.health(r.path).late == 3  # the header and both turns
     assert "Input/output error" in store.errors[r.path]
     sealed_whole(r, store, turns=4)
     kinds = [record["kind"] for _, record in iter_records(r.path)]
@@ -362,10 +354,8 @@ def test_a_bug_in_a_write_holds_the_records_and_the_writer_carries_on(tmp_path, 
     assert health.held >= 1 and "ValueError: a bug in the writer" in health.error
     assert store.stopped is None
     failing[0] = False
-    deadline = time.monotonic() + 10
-    while not store.health(r.path).ok and time.monotonic() < deadline:
-        time.sleep(0.02)  # the writer retries on its own
-    assert store.health(r.path).ok and store.health(r.path).late >= 1
+    wait_until(lambda: store.health(r.path).ok, 10, "the file healthy again (the writer retries on its own)")
+    assert store.health(r.path).late >= 1
     sealed_whole(r, store, turns=1)
 
 
@@ -416,8 +406,7 @@ def test_a_write_that_takes_too_long_is_reported_as_stalled(tmp_path, monkeypatc
     store = Store()
     r = Rollout(tmp_path / "s.msgpack", store=store)
     assert store.trouble is None
-    time.sleep(0.4)
-    assert f"writing {r.path} for" in store.trouble
+    assert f"writing {r.path} for" in wait_until(lambda: store.trouble, 5, "the stalled write reported")
     release.set()
     store.flush(timeout=10)
     assert store.trouble is None

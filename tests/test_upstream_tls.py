@@ -17,7 +17,6 @@ connection from an earlier test could hide a handshake.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 
 import anthropic
@@ -30,6 +29,7 @@ from interceptor.trace import read_trace
 from mitm import MitmProcess
 from provider import ProviderSimulator, Reply, TestCA
 from test_feedback import ask, unknown_model
+from waiting import wait_until
 from wsclient import Rejected, WSClient
 
 APIS = [(api, stream) for api in ("chat", "responses", "messages") for stream in (False, True)]
@@ -128,9 +128,7 @@ def _no_credentials(proxy: MitmProcess, session: dict, *texts: str) -> None:
 
 def _failures(sim: ProviderSimulator, count: int) -> int:
     """The simulator counts a refused handshake in its connection's thread: wait for it."""
-    deadline = time.monotonic() + 5
-    while sim.connections()["handshake_failures"] < count and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: sim.connections()["handshake_failures"] >= count, 5, f"{count} refused handshakes")
     return sim.connections()["handshake_failures"]
 
 

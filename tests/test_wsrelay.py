@@ -5,7 +5,6 @@ previous_response_id resolved to the whole conversation)."""
 
 from __future__ import annotations
 
-import time
 
 import openai
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from interceptor.trace import read_trace
 from clients import REAL_KEY
 from provider import Reply, ToolCall
+from waiting import wait_until
 from wsclient import Rejected, WSClient
 
 SESSION = {"model": "ws-imposed-model", "sampling": {"temperature": 0.25, "max_tokens": 321}}
@@ -140,9 +140,7 @@ def test_a_socket_closed_mid_answer_is_an_error_on_the_record(proxy, new_session
         ws.send_json(_create(input=[USER]))
         with pytest.raises(ConnectionError):
             ws.until("response.completed")
-    deadline = time.time() + 5
-    while proxy.api("GET", f"sessions/{session['id']}")[1]["calls"] < 1 and time.time() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: proxy.api("GET", f"sessions/{session['id']}")[1]["calls"] >= 1, 5, "the call on the record")
     trace = _sealed(proxy, session)
     assert trace.num_turns == 0 and len(trace.calls) == 1
     assert trace.calls[0].error.type == "incomplete_stream"
