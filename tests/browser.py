@@ -15,7 +15,6 @@ import json
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from wsclient import WSClient
+from waiting import wait_until
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -46,13 +46,19 @@ class Browser:
             [chromium_bin(), *FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
              "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         port_file = profile / "DevToolsActivePort"
-        deadline = time.time() + 30
-        while not (port_file.exists() and port_file.read_text().strip()):
-            if self.proc.poll() is not None or time.time() > deadline:
-                err = self.proc.stderr.read().decode(errors="replace") if self.proc.poll() is not None else ""
+
+        def listening() -> bool:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode(errors="replace")
                 self.close()
                 raise RuntimeError(f"chromium did not start its DevTools endpoint:\n{err[-2000:]}")
-            time.sleep(0.05)
+            return port_file.exists() and bool(port_file.read_text().strip())
+
+        try:
+            wait_until(listening, 30, "chromium's DevTools endpoint")
+        except AssertionError:
+            self.close()
+            raise
         port = int(port_file.read_text().split()[0])
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
             page = next(t for t in json.load(r) if t["type"] == "page")
@@ -85,14 +91,8 @@ class Browser:
         return result["result"].get("value")
 
     def wait(self, expression: str, timeout: float = 30) -> Any:
-        deadline = time.time() + timeout
-        while True:
-            value = self.eval(f"(() => {{ try {{ return {expression}; }} catch (e) {{ return false; }} }})()")
-            if value:
-                return value
-            if time.time() > deadline:
-                raise TimeoutError(f"page never satisfied: {expression}")
-            time.sleep(0.05)
+        return wait_until(lambda: self.eval(f"(() => {{ try {{ return {expression}; }} catch (e) {{ return false; }} }})()"),
+                          timeout, f"the page satisfying {expression}")
 
     def click(self, selector: str) -> None:
         found = self.eval(f"(() => {{ const e = document.querySelector({json.dumps(selector)}); "

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 import weakref
@@ -23,6 +22,7 @@ from typing import Any, ClassVar
 from interceptor.trace.store import UNPACKABLE
 from interceptor.client.proxy import PROXY_VARIABLES, free_port, mitmdump_bin, stop_process  # one definition of each
 from interceptor.client.proxy import call as control_api
+from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "addons" / "interception.py"
@@ -99,19 +99,24 @@ class MitmProcess:
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir,
                                      start_new_session=self.new_session)
         MitmProcess.live[id(self)] = self
-        deadline = time.time() + timeout
-        while time.time() < deadline:
+
+        def settled() -> bool:  # exited (what expect_failure wants) or ready (what it does not)
             if self.proc.poll() is not None:
                 if expect_failure:
-                    return self
+                    return True
                 raise RuntimeError(f"mitmdump exited with {self.proc.returncode}:\n{self.log()}")
             if self._ready():
                 if expect_failure:
                     raise RuntimeError(f"mitmdump started but was expected to fail:\n{self.log()}")
-                return self
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"mitmdump did not become ready in {timeout}s:\n{self.log()}")
+                return True
+            return False
+
+        try:
+            wait_until(settled, timeout, lambda: f"mitmdump ready:\n{self.log()}")
+        except AssertionError:
+            self.stop()
+            raise
+        return self
 
     def _ready(self) -> bool:
         if not self.port:
