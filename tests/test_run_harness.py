@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from interceptor.trace import read_trace
 from clients import KEY_ENV, REAL_KEY
 from harness import RUN_HARNESS, node_harness
 from provider import Reply
+from waiting import wait_until
 
 # Prints what a harness would see, then asks the model through the OpenAI SDK (its default
 # base URL: only HTTPS_PROXY and the CA bundle lead it to the proxy).
@@ -114,12 +116,23 @@ def test_the_harness_status_is_the_exit_status(tmp_path, code):
     assert result.returncode == code, result.stderr
 
 
+def _in_group(pgid: int, argv: list[str]) -> bool:
+    """Whether a process of group ``pgid`` runs ``argv`` (read from /proc)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            group = int(stat.read_text().rpartition(")")[2].split()[2])  # after the name: state, ppid, pgrp
+            if group == pgid and (stat.parent / "cmdline").read_bytes().split(b"\0")[:-1] == [a.encode() for a in argv]:
+                return True
+        except (OSError, ValueError, IndexError):  # a process that ended meanwhile
+            continue
+    return False
+
+
 def test_an_interrupt_still_seals_and_prints_the_summary(tmp_path):
     """^C at the terminal reaches the whole foreground group: run_harness and the harness. The
     proxy it started is in a session of its own, so it is still there to seal and summarise."""
     import os
     import signal
-    import time
 
     proc = subprocess.Popen([sys.executable, str(RUN_HARNESS), "--trace-dir", str(tmp_path), "--summary-json",
                              str(tmp_path / "summary.json"), "--", "sleep", "60"],
@@ -128,10 +141,8 @@ def test_an_interrupt_still_seals_and_prints_the_summary(tmp_path):
                             # background job of a non-interactive shell (`pytest &` ignores SIGINT,
                             # and that is inherited: the ^C would then reach nothing)
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not list(tmp_path.glob("*.msgpack")):
-        time.sleep(0.2)  # the session exists: the harness is starting
-    time.sleep(1)
+    wait_until(lambda: list(tmp_path.glob("*.msgpack")), 60, "the session's trace")  # the harness is starting
+    wait_until(lambda: _in_group(proc.pid, ["sleep", "60"]), 30, "the harness (sleep 60) in the foreground group")
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert "(interrupted)" in err and "(sealed)" in err, err

@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import anthropic
@@ -32,6 +31,7 @@ from interceptor.client.proxy import call, with_userinfo
 from interceptor.scripts.serve import Deployment, haproxy_bin, haproxy_config
 from interceptor.trace import read_trace
 from provider import ProviderSimulator, Reply
+from waiting import wait_until
 
 pytestmark = pytest.mark.proxy
 
@@ -199,10 +199,7 @@ def test_kill_9_of_one_worker_loses_only_its_own_turns(msim, tmp_path):
 
         t = threading.Thread(target=doomed)
         t.start()
-        deadline = time.monotonic() + 60
-        while len(got) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(got) >= 3, "the slow stream never started"
+        wait_until(lambda: len(got) >= 3, 60, "the slow stream started")
         pid = victim.proc.pid
         os.kill(pid, signal.SIGKILL)
         t.join(60)
@@ -224,18 +221,17 @@ def test_kill_9_of_one_worker_loses_only_its_own_turns(msim, tmp_path):
             _chat(a, "after the kill")
 
         # the supervisor starts the worker again on its port; new sessions land there too
-        deadline = time.monotonic() + 120
-        while (victim.proc.pid == pid or victim.proc.poll() is not None) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert victim.proc.pid != pid and victim.starts == 2
+        wait_until(lambda: victim.proc.pid != pid and victim.proc.poll() is None, 120, "the worker started again")
+        assert victim.starts == 2
         tags = set()
-        deadline = time.monotonic() + 120
-        while len(tags) < 2 and time.monotonic() < deadline:
+
+        def on_both_workers() -> bool:
             s = proxy.session(upstream="sim")
             tags.add(s.id.split("-")[0])
             assert _chat(s, "fresh").endswith("fresh")
             s.close()
-            time.sleep(0.5)
+            return len(tags) >= 2
+        wait_until(on_both_workers, 120, lambda: f"new sessions on both workers, not only {tags}")
         assert victim.tag in tags
     finally:
         dep.stop()
