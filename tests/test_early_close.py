@@ -205,8 +205,9 @@ def test_a_pooled_connection_the_upstream_closed_is_not_used_and_a_hang_up_on_on
     assert ask("second").choices[0].message.content == "two"  # on the pooled connection
     assert opened() == first
     sim.keep_alive = 0.3
+    closed = sim.connections()["closed"]
     assert ask("third").choices[0].message.content == "three"  # the pooled one, then idle...
-    time.sleep(1.5)  # ... and closed by the upstream
+    wait_until(lambda: sim.connections()["closed"] > closed, 10, "the upstream closing the idle connection")  # ... and closed
     with pytest.raises(openai.InternalServerError) as e:
         ask("fourth")  # a new connection (the closed one is not used), which the upstream hangs up
     assert "closed the connection without answering" in e.value.body["message"]

@@ -158,8 +158,10 @@ class ProviderSimulator:
         self._contexts: dict[tuple[Any, Any], ssl.SSLContext] = {}
         # What the simulator's socket saw: TCP connections accepted, TLS handshakes completed
         # and failed (a client that refused the certificate), connections closed before a
-        # ClientHello (a reachability probe, addons/mitm/reach.py).
+        # ClientHello (a reachability probe, addons/mitm/reach.py), and connections it closed
+        # (for any reason: its keep-alive timeout, a hang-up, the client's close).
         self.accepted = 0
+        self.closed = 0
         self.handshakes = 0
         self.handshake_failures = 0
         self.probes = 0
@@ -308,10 +310,10 @@ class ProviderSimulator:
                 self._lock.wait(left)
 
     def connections(self) -> dict[str, int]:
-        """The socket-level counts: accepted, handshakes, handshake_failures, probes."""
+        """The socket-level counts: accepted, handshakes, handshake_failures, probes, closed."""
         with self._lock:
             return {"accepted": self.accepted, "handshakes": self.handshakes,
-                    "handshake_failures": self.handshake_failures, "probes": self.probes}
+                    "handshake_failures": self.handshake_failures, "probes": self.probes, "closed": self.closed}
 
     def _count(self, what: str) -> None:
         with self._lock:
@@ -372,6 +374,10 @@ class _Server(ThreadingHTTPServer):
     def process_request(self, request: Any, client_address: Any) -> None:
         self.sim._count("accepted")
         super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        super().shutdown_request(request)  # the socket is closed: the client can see it
+        self.sim._count("closed")
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         """In the connection's own thread: the TLS handshake (if any), then HTTP."""
