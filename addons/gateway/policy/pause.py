@@ -92,6 +92,8 @@ class Pause:
             ex = exchange_of(held.key)
             if held.key.client_conn.id == client.id and ex is not None and ex.recorded is not None:
                 ex.recorded.left = True
+                log.info(f"interceptor: session {ex.session.id!r}: the harness left while its request waited for "
+                         f"the paused upstream; the same request from it is that request's retry")
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         ex = exchange_of(flow)
