@@ -14,7 +14,9 @@ with no HTTP client beyond the standard library's. The sync objects stay reachab
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,26 @@ class AsyncProxy:
 
     async def claim(self, session_id: str) -> AsyncSession:
         return AsyncSession(await asyncio.to_thread(self.sync.claim, session_id))
+
+    async def upstream(self, name: str) -> dict[str, Any]:
+        return await asyncio.to_thread(self.sync.upstream, name)
+
+    async def set_version(self, upstream: str, version: int | str) -> dict[str, Any]:
+        """As ``Proxy.set_version``."""
+        return await asyncio.to_thread(self.sync.set_version, upstream, version)
+
+    @contextlib.asynccontextmanager
+    async def paused(self, upstream: str, *, timeout: float = 60,
+                     version: int | str | None = None) -> AsyncIterator[dict[str, Any]]:
+        """As ``Proxy.paused``: the rollouts on the loop go on (their new requests wait at the
+        proxy) while the pause waits for the sent ones in a thread."""
+        answer = await asyncio.to_thread(self.sync.pause, upstream, timeout)
+        try:
+            yield answer
+            if version is not None:
+                await self.set_version(upstream, version)
+        finally:
+            await asyncio.shield(asyncio.to_thread(self.sync.resume, upstream))
 
 
 class AsyncSession:

@@ -21,6 +21,7 @@ its message.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import secrets
@@ -35,6 +36,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -277,6 +279,42 @@ class Proxy:
         """A session the proxy made itself (a sessions file, the default session): its
         secrets and environment, handed out by ``GET sessions/<id>/env``."""
         return Session(self, self.request("GET", f"sessions/{quote(session_id, safe='')}/env"), {})
+
+    # -- an upstream's weights: versions and pauses (docs/async-rl.md) ------------------------
+
+    def upstream(self, name: str) -> dict[str, Any]:
+        """A declared upstream as the proxy sees it: its weights ``version``, whether it is
+        ``paused``, and how many requests are ``held`` and ``in_flight``."""
+        return self.request("GET", f"upstreams/{quote(name, safe='')}")
+
+    def set_version(self, upstream: str, version: int | str) -> dict[str, Any]:
+        """Declare the weights version ``upstream`` serves from now on: every call sent after
+        it is stamped with it, and every live session of it gets a ``version`` record."""
+        return self.request("PUT", f"upstreams/{quote(upstream, safe='')}/version", {"version": version})
+
+    def pause(self, upstream: str, timeout: float = 60) -> dict[str, Any]:
+        """Hold new requests to ``upstream``; answers once the requests already sent finished
+        (``drained``) or after ``timeout`` seconds (``running`` lists those still running)."""
+        return self.request("POST", f"upstreams/{quote(upstream, safe='')}/pause", {"timeout": timeout},
+                            timeout=timeout + 15)
+
+    def resume(self, upstream: str) -> dict[str, Any]:
+        """Release the requests held for ``upstream``, in arrival order (``released``: how many)."""
+        return self.request("POST", f"upstreams/{quote(upstream, safe='')}/resume")
+
+    @contextlib.contextmanager
+    def paused(self, upstream: str, *, timeout: float = 60, version: int | str | None = None) -> Iterator[dict[str, Any]]:
+        """``with proxy.paused("vllm", version=8) as drain: swap()``: the upstream paused and
+        drained for the block (``drain`` is the pause's answer: check ``drain["drained"]``),
+        resumed when it ends, however it ends. ``version``: declared when the block ends
+        without an exception, before the held requests go, so they are stamped with it."""
+        answer = self.pause(upstream, timeout)
+        try:
+            yield answer
+            if version is not None:
+                self.set_version(upstream, version)
+        finally:
+            self.resume(upstream)
 
 
 def validate_session_config(config: dict[str, Any]) -> None:
