@@ -1,0 +1,75 @@
+"""An upstream's Weights in process: held requests go in arrival order, a hold limit gives
+the request up and its place, a drain reports what still runs, and versions order as
+declared (numbers as numbers, names by their first declaration, the unknown as older)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from interceptor.addons.gateway.sessions.weights import HoldExpired, Weights, parse_version
+
+
+def test_resume_releases_the_held_requests_in_the_order_they_arrived():
+    async def run() -> list[int]:
+        weights, order = Weights("vllm"), []
+
+        async def request(k: int) -> None:
+            await weights.hold(k, None)
+            order.append(k)
+
+        weights.pause()
+        tasks = []
+        for k in range(6):
+            tasks.append(asyncio.create_task(request(k)))
+            while len(weights.held) < k + 1:  # each is held before the next arrives
+                await asyncio.sleep(0)
+        assert weights.resume() == 6 and not weights.paused
+        await asyncio.gather(*tasks)
+        assert await weights.hold("after", None) is None  # not paused: no wait at all
+        return order
+
+    assert asyncio.run(run()) == list(range(6))
+
+
+def test_a_request_held_past_its_limit_gives_up_its_place():
+    async def run() -> None:
+        weights = Weights("vllm")
+        weights.pause()
+        with pytest.raises(HoldExpired):
+            await weights.hold("a", 0.01)
+        assert not weights.held and weights.resume() == 0
+
+    asyncio.run(run())
+
+
+def test_a_drain_waits_for_the_sent_requests_and_says_which_still_run():
+    async def run() -> None:
+        weights = Weights("vllm")
+        assert await weights.drained(5) == []  # idle: at once
+        weights.sent("c1", "s1")
+        weights.sent("c2", "s2")
+        draining = asyncio.create_task(weights.drained(30))
+        await asyncio.sleep(0)
+        weights.finished("c1")
+        assert not draining.done()
+        weights.finished("c2")
+        assert await draining == []
+        weights.sent("c3", "s3")
+        [running] = await weights.drained(0.01)
+        assert running["call"] == "c3" and running["session"] == "s3"
+
+    asyncio.run(run())
+
+
+def test_versions_order_as_declared():
+    weights = Weights("vllm")
+    for v in ("base", "ckpt-a", 5, "ckpt-b"):
+        weights.declare(v)
+    assert weights.older(3, 5) and not weights.older(5, 5) and not weights.older(6, 5)
+    assert weights.older("base", "ckpt-a") and weights.older("ckpt-a", "ckpt-b") and not weights.older("ckpt-b", "ckpt-a")
+    assert weights.older(5, "ckpt-b") and not weights.older("ckpt-b", 5)  # a number beside a name: by declaration
+    assert weights.older(None, 1) and weights.older("never-declared", "base") and weights.older("base", "never-declared")
+    assert not weights.older("never-declared", "never-declared")
+    assert parse_version(" 12 ") == 12 and parse_version("v12") == "v12"
