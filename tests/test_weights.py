@@ -73,3 +73,38 @@ def test_versions_order_as_declared():
     assert weights.older(None, 1) and weights.older("never-declared", "base") and weights.older("base", "never-declared")
     assert not weights.older("never-declared", "never-declared")
     assert parse_version(" 12 ") == 12 and parse_version("v12") == "v12"
+
+
+def test_a_harness_that_leaves_while_its_request_waits_makes_its_next_identical_request_that_requests_retry():
+    """Pause's ``client_disconnected``: the waiting request's Retry record says its client left,
+    so Retry's undelivered rule coalesces the harness's unflagged resend on it (not a second
+    sample); another client's leaving marks nothing."""
+    from types import SimpleNamespace
+
+    from mitmproxy.test import tflow
+
+    from interceptor.addons.gateway.exchange import KEY, Exchange
+    from interceptor.addons.gateway.policy.pause import Pause
+    from interceptor.addons.gateway.retry import Recorded
+    from interceptor.addons.gateway.sessions.weights import Fleet
+
+    async def run() -> None:
+        fleet = Fleet()
+        weights = fleet.of("vllm")
+        weights.pause()
+        flow = tflow.tflow()
+        ex = Exchange(session=SimpleNamespace(id="s"), route=None)
+        ex.recorded = Recorded(digest="d", call_id="c")
+        flow.metadata[KEY] = ex
+        waiting = asyncio.create_task(weights.hold(flow, None))
+        while not weights.held:
+            await asyncio.sleep(0)
+        pause = Pause(fleet)
+        pause.client_disconnected(tflow.tclient_conn())  # another harness
+        assert not ex.recorded.left
+        pause.client_disconnected(flow.client_conn)
+        assert ex.recorded.left
+        weights.resume()
+        assert await waiting is not None
+
+    asyncio.run(run())
