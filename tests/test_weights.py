@@ -108,3 +108,28 @@ def test_a_harness_that_leaves_while_its_request_waits_makes_its_next_identical_
         assert await waiting is not None
 
     asyncio.run(run())
+
+
+def test_an_answer_from_older_weights_than_the_session_accepts_is_an_error_on_the_record_however_it_came(tmp_path):
+    """The record's own rule (record.py's commit), for an answer Pause's header check did not
+    see (a WebSocket frame, an answer read on after the harness left): an error call, no turn."""
+    from mitmproxy.test import tflow
+
+    from interceptor.addons.gateway.exchange import Exchange
+    from interceptor.addons.gateway.record import commit
+    from interceptor.addons.gateway.sessions.session import Registry, SessionConfig
+    from interceptor.dialects import DIALECTS, Route
+    from interceptor.trace.messages import Message, Request, Response
+
+    registry = Registry()
+    registry.weights.of("default").declare(3)
+    for minimum, turns in ((4, 0), (3, 1)):
+        session = registry.create(SessionConfig(min_version=minimum), tmp_path, "never")
+        assert [v.version for v in session.recorder.trace.versions] == [3]
+        ex = Exchange(session=session, route=Route(DIALECTS["chat"], "model"))
+        ex.request = Request(messages=[Message(role="user", content="q")])
+        commit(ex, tflow.tflow(resp=True), Response(message=Message(role="assistant", content="a")))
+        trace = session.recorder.trace
+        assert trace.num_turns == turns and trace.calls[0].policy_version == 3
+        assert (trace.calls[0].error.type if trace.calls[0].error else None) == (None if turns else "stale_version")
+        registry.store.flush(timeout=10)

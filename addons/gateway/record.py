@@ -144,6 +144,14 @@ def commit(ex: Exchange, flow: http.HTTPFlow, response: Response | None, error: 
     if response is not None and response.error is not None and error is None:
         error = response.error
     call = make_call(ex, flow, response, error, status)
+    if error is None and ex.session.weights is not None:
+        # An answer from weights older than the session accepts is never a turn, however it
+        # came (Pause replaces it for the harness where it can: addons/gateway/policy/pause.py).
+        version = call.answered_version if call.answered_version is not None else call.policy_version
+        refused = ex.session.weights.refuses(version, ex.session.config.min_version, "answered with")
+        if refused is not None:
+            error = call.error = ResponseError(type="stale_version", message=f"{refused}; the answer is not a turn",
+                                               status=call.status)
     if withheld is not None:
         call.error, call.status, call.delivered = withheld, withheld.status, False
         ex.delivered = False

@@ -75,11 +75,10 @@ class Pause:
             return
         if waited is not None:
             ex.held_ms = int(waited * 1000)
-        minimum = session.config.min_version
-        if minimum is not None and weights.version is not None and weights.older(weights.version, minimum):
-            message = (f"the upstream {weights.name!r} serves weights version {weights.version!r}, older than the "
-                       f"session's min_version {minimum!r}; nothing was sent")
-            self._answer(flow, ex, STALE_STATUS, message, STALE, retry=False)
+        refused = weights.refuses(weights.version, session.config.min_version, "serves") \
+            if weights.version is not None else None
+        if refused is not None:
+            self._answer(flow, ex, STALE_STATUS, f"{refused}; nothing was sent", STALE, retry=False)
             return
         ex.policy_version = weights.version
         ex.weights = weights
@@ -99,15 +98,12 @@ class Pause:
         ex = exchange_of(flow)
         if ex is None or ex.committed or ex.weights is None or flow.response is None:
             return
-        minimum = ex.session.config.min_version
-        if minimum is None:
-            return
         answered = answered_version(ex, flow)
-        version = answered if answered is not None else ex.policy_version
-        if not ex.weights.older(version, minimum):
+        refused = ex.weights.refuses(answered if answered is not None else ex.policy_version,
+                                     ex.session.config.min_version, "answered with")
+        if refused is None:
             return
-        message = (f"the upstream {ex.weights.name!r} answered with weights version {version!r}, older than the "
-                   f"session's min_version {minimum!r}; the answer is not a turn")
+        message = f"{refused}; the answer is not a turn"
         commit(ex, flow, None, ResponseError(type=STALE, message=message, status=STALE_STATUS), status=STALE_STATUS)
         flow.metadata[_STALE_KEY] = message
         flow.response.stream = False  # read whole by mitmproxy, then replaced below: the harness gets none of it

@@ -77,6 +77,14 @@ class Weights:
             return version != than
         return self._order[version] < self._order[than]
 
+    def refuses(self, version: Version | None, minimum: Version | None, what: str) -> str | None:
+        """Why ``version`` is not one a session with ``minimum`` accepts (None: it is, or the
+        session sets no minimum); ``what``: how the version is known, for the message."""
+        if minimum is None or not self.older(version, minimum):
+            return None
+        return (f"the upstream {self.name!r} {what} weights version {version!r}, older than the session's "
+                f"min_version {minimum!r}")
+
     # -- in flight -----------------------------------------------------------------------
 
     def sent(self, call_id: str, session_id: str) -> None:
