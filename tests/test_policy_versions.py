@@ -15,7 +15,7 @@ import pytest
 
 from interceptor.trace import read_trace
 from interceptor.trace.export import read_parquet
-from clients import KEY_ENV
+from clients import KEY_ENV, REAL_KEY
 from mitm import ROOT
 from provider import Reply
 from test_trace_proxy import FakeVLLM
@@ -150,3 +150,23 @@ def test_a_minimum_version_refuses_an_older_one_as_an_error_not_a_turn(vllm, sim
     assert [(c.error.type if c.error else None, c.node is not None) for c in trace.calls] == [
         ("stale_version", False), ("stale_version", False), (None, True)]
     assert trace.num_turns == 1 and trace.calls[1].answered_version == 3
+
+
+def test_the_upstream_routes_answer_each_mistake_with_its_reason(vllm):
+    proxy, _ = vllm
+    status, listed = proxy.api("GET", "upstreams")
+    assert status == 200 and [u["name"] for u in listed["upstreams"]] == ["vllm", "default"]
+    assert listed["upstreams"][0]["version_header"] == "x-weights-version" and REAL_KEY not in json.dumps(listed)
+    assert proxy.api("GET", "upstreams", token="wrong")[0] == 401
+    assert proxy.api("PUT", "upstreams/vllm/version", {"version": 2}, token=None)[0] == 401
+    status, body = proxy.api("PUT", "upstreams/nope/version", {"version": 2})
+    assert status == 404 and "vllm" in body["error"]["message"]
+    for bad in ({}, {"version": ""}, {"version": -1}, {"version": 1, "extra": 2}):
+        status, body = proxy.api("PUT", "upstreams/vllm/version", bad)
+        assert status == 400 and "version" in body["error"]["message"], bad
+    assert proxy.api("POST", "upstreams/vllm/version", {"version": 2})[0] == 405
+    assert proxy.api("GET", "upstreams/vllm/pause")[0] == 405
+    assert proxy.api("POST", "upstreams/vllm/pause", {"timeout": -1})[0] == 400
+    assert proxy.api("POST", "upstreams/vllm/bogus")[0] == 404
+    status, resumed = proxy.api("POST", "upstreams/vllm/resume")  # not paused: nothing to do
+    assert status == 200 and resumed["released"] == 0 and proxy.api("GET", "upstreams/vllm")[1]["version"] is None

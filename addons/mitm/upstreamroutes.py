@@ -110,8 +110,11 @@ class UpstreamRoutes:
         return api_error(404, f"no such endpoint: {req.method} {req.path}")
 
     def _names(self) -> list[str]:
+        """The declared upstreams, and ``default``: the one the default session's options
+        declare, or else where a session without a declared upstream goes (the provider host
+        its harness addressed), whose weights it shares."""
         names = list(self.settings.upstreams)
-        return names if names else [DEFAULT]
+        return names if DEFAULT in names else [*names, DEFAULT]
 
     def _state(self, name: str) -> dict:
         declared = self.settings.upstreams.get(name)
