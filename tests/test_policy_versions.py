@@ -109,6 +109,21 @@ def test_a_version_change_mid_rollout_stamps_each_turn_and_its_tokens(vllm, sim,
     assert row["message_versions"] == branch.message_versions
     assert [m["role"] for m in row["messages"]] == [m.role for m in branch.messages]
 
+    # So do the interchange formats: each agent step of the ATIF trajectory, each call's span.
+    for fmt in ("atif", "otel"):
+        out = tmp_path / f"out.{fmt}.jsonl"
+        done = subprocess.run([*REPLAY, "export", s["trace_path"], "--format", fmt, "--out", str(out)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        rows[fmt] = json.loads(out.read_text())
+    agent = [step for step in rows["atif"]["steps"] if step["source"] == "agent"]
+    assert [step["extra"]["policy_version"] for step in agent] == [1, 1, 2]
+    spans = [span for scope in rows["otel"]["resourceSpans"][0]["scopeSpans"] for span in scope["spans"]
+             if span.get("parentSpanId")]
+    versions = [{a["key"]: a["value"] for a in span["attributes"]}.get("llm_interceptor.policy_version")
+                for span in sorted(spans, key=lambda span: int(span["startTimeUnixNano"]))]
+    assert versions == [{"intValue": "1"}, {"intValue": "1"}, {"intValue": "2"}]
+
 
 def test_an_upstream_that_answers_with_other_weights_than_declared_is_marked(vllm, sim):
     proxy, open_session = vllm

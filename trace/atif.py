@@ -61,10 +61,16 @@ def count(doc: dict[str, Any]) -> int:
 
 
 def policy_version(trace: Trace, call: ModelCall | None) -> Any:
-    """The version of the policy that sampled ``call``'s reply. The trace does not record one
-    yet; when it does, this returns it and every agent step carries it in
-    ``extra.policy_version``."""
-    return None
+    """The version of the policy that sampled ``call``'s reply: its sampled node's (the version
+    the upstream said answered, else the one declared when it was sent), else the call's own;
+    None when no version was declared. Every agent step carries it in ``extra.policy_version``."""
+    if call is None:
+        return None
+    if call.node is not None and 0 <= call.node < len(trace.nodes):
+        version = trace.nodes[call.node].policy_version
+        if version is not None:
+            return version
+    return call.answered_version if call.answered_version is not None else call.policy_version
 
 
 def _iso(ts: float) -> str | None:
@@ -295,6 +301,8 @@ class _Builder:
         version = policy_version(self.trace, call)
         if version is not None:
             extra["policy_version"] = version
+        if call.version_mismatch:
+            extra["version_mismatch"] = True  # the upstream answered with other weights than declared
         step["metrics"] = self._metrics(b, pos, i, call)
         step["extra"] = extra
         return step

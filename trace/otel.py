@@ -224,6 +224,11 @@ def _call_span(trace: Trace, k: int, call: ModelCall, parent: str, capture_conte
         "llm_interceptor.replayed_from": f"{call.replayed_from.trace}/{call.replayed_from.call}"
         if call.replayed_from else None,
         "llm_interceptor.delivered": None if call.delivered else False,
+        # The weights: declared when sent, reported by the upstream, and whether they differ.
+        "llm_interceptor.policy_version": call.policy_version,
+        "llm_interceptor.answered_version": call.answered_version,
+        "llm_interceptor.version_mismatch": True if call.version_mismatch else None,
+        "llm_interceptor.held_ms": call.held_ms,
     })
     if call.first_byte_at and call.started_at:
         attrs["llm_interceptor.time_to_first_byte"] = round(call.first_byte_at - call.started_at, 6)
