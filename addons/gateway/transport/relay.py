@@ -86,7 +86,6 @@ class Sent:
     """The request went out and its answer's head came back (``Drain._send``)."""
 
     resp: aiohttp.ClientResponse
-    method: bytes
     keep: bool  # the loopback may carry another request after this answer (its framing, both sides' wish)
 
     def close(self) -> None:
@@ -129,6 +128,21 @@ def _cancelling() -> bool:
     """The running task itself is being cancelled (not only a task it awaited)."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+def _piece(data: bytes, rechunk: bool) -> bytes:
+    """One read of the answer's body as it goes down the loopback: a chunk of a chunked body."""
+    return b"%x\r\n%b\r\n" % (len(data), data) if rechunk else data
+
+
+def _too_large(limit: int) -> str:
+    return f"the upstream's answer passed {limit} bytes (option intercept_max_answer); nothing of it was passed on"
+
+
+def _seen(task: asyncio.Future) -> None:
+    """A pump's failure is raised where it is awaited; one no one awaits any more is not logged."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _closes(headers) -> bool:
@@ -219,6 +233,8 @@ class Drain:
         self.down_alive = True
         self.resp: aiohttp.ClientResponse | None = None  # the upstream's answer, once its head came
         self._sending: asyncio.Future | None = None  # the request on its way, until its head came
+        self.pumping: asyncio.Future | None = None  # a stream's reader (``_pump``)
+        self.down: _Loopback | None = None  # the loopback the answer goes down, once mitmproxy asked for it
         self.sent: Sent | None = None  # Fetch sent the request and left the answer to the relay
         self.fetching = False  # Fetch has the exchange in mitmproxy's request hook
         self.fetched = False  # Fetch read the answer whole and gave it to mitmproxy
@@ -339,7 +355,7 @@ class Drain:
         finally:
             self._sending = None
         self.resp = resp
-        return Sent(resp, method, keep and keeps(resp.version, resp.raw_headers) and not close_delimited(method, resp))
+        return Sent(resp, keep and keeps(resp.version, resp.raw_headers) and not close_delimited(method, resp))
 
     async def run(self, down: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request, body: bytes) -> bool:
         """Serve the request mitmproxy sent to the relay; True if the connection to mitmproxy
@@ -361,12 +377,19 @@ class Drain:
             return await self._held(down, writer, sent)
         # The answer goes down as the upstream framed it, a chunked body one chunk per read.
         loop = _Loopback(writer)
+        rechunk = chunked(sent.resp)
+        pump = self.pumping or self._pump(sent)
         if self.taken:
             self._guarded(self._headers)
         else:
             self._pass_down(loop, answer_head(sent.resp))
         try:
-            await self._through(sent, loop)
+            if self.buf and not self.taken:  # what the pump read before the loopback was there, as one piece
+                self._pass_down(loop, _piece(bytes(self.buf), rechunk))
+            self.down = loop  # from here on the pump passes each piece down itself
+            await pump
+            if rechunk and not self.taken:
+                self._pass_down(loop, b"0\r\n\r\n")
         except BROKE as e:
             sent.close()
             self.broken = True
@@ -389,26 +412,40 @@ class Drain:
         # A close-delimited answer ends with the connection; so does one that says so.
         return self.down_alive and sent.keep
 
-    async def _through(self, sent: Sent, down: _Loopback) -> None:
-        """The answer down the loopback as it arrives, what arrived since the last read as one
-        piece (a chunked body: one chunk), its body kept for a takeover, or fed to the pipeline
-        once the Drain took over. A loopback that does not take what is written (mitmproxy
-        reads no faster than its harness) is drained before reading on, so the upstream's
-        reading pauses (aiohttp's buffer fills) rather than the proxy's memory growing."""
+    def _pump(self, sent: Sent) -> asyncio.Future:
+        """Read a streamed answer's body from its head on, in a task of the relay's own
+        (``_through``): what arrives is taken out of the client's buffer at once, because
+        aiohttp drops what it buffered unread when the connection breaks, and the harness must
+        get every byte the upstream sent before a cut (Fetch reads the head, and the loopback
+        comes a round trip later). Awaited by ``run`` or ``_read_rest``; its failure is theirs."""
+        self.pumping = pump = asyncio.ensure_future(self._through(sent))
+        pump.add_done_callback(_seen)
+        return pump
+
+    async def _through(self, sent: Sent) -> None:
+        """The answer as it arrives, what arrived since the last read as one piece: kept in
+        ``buf`` (for the loopback once there, and a takeover), passed down the loopback (a
+        chunked body: one chunk per piece), or fed to the pipeline once the Drain took over.
+        A loopback that does not take what is written (mitmproxy reads no faster than its
+        harness) is drained before reading on, so the upstream's reading pauses (aiohttp's
+        buffer fills) rather than the proxy's memory growing. An answer the harness left before
+        the loopback was there is read whole, bounded by ``intercept_max_answer``."""
         rechunk = chunked(sent.resp)
+        limit = getattr(self.relay.pipeline.bounds, "answer", 0)
         async for piece in sent.resp.content.iter_any():
             self.buf += piece
+            down = self.down
             if self.taken:
+                if down is None and limit and len(self.buf) > limit:
+                    raise AnswerTooLarge(_too_large(limit))
                 self._guarded(self._feed)
-            elif self.down_alive:
-                self._pass_down(down, b"%x\r\n%b\r\n" % (len(piece), piece) if rechunk else piece)
+            elif down is not None and self.down_alive:
+                self._pass_down(down, _piece(piece, rechunk))
                 if self.down_alive and down.full():
                     try:
                         await down.drain()
                     except OSError:
                         self.down_alive = False
-        if rechunk and not self.taken:
-            self._pass_down(down, b"0\r\n\r\n")
 
     # -- the fetch: an answer read whole in mitmproxy's request hook ------------------------
 
@@ -434,6 +471,7 @@ class Drain:
             if self.ex.wire.frames(resp.status, resp.headers.get("content-type", ""), self.ex.stream) is not None \
                     and not self.gone():
                 self.sent = sent  # a stream: the relay passes it down (``run``)
+                self._pump(sent)
                 self._lighten()
                 return
             self._answered(sent)
@@ -491,11 +529,13 @@ class Drain:
         Bounded by ``intercept_max_answer`` (the pipeline's): past it, ``cut`` says so."""
         limit = getattr(self.relay.pipeline.bounds, "answer", 0)
         try:
-            async for piece in sent.resp.content.iter_any():
-                self.buf += piece
-                if limit and len(self.buf) > limit:
-                    raise AnswerTooLarge(f"the upstream's answer passed {limit} bytes (option intercept_max_answer); "
-                                         "nothing of it was passed on")
+            if self.pumping is not None:  # a stream Fetch left to the relay: its reader has the rest
+                await self.pumping
+            else:
+                async for piece in sent.resp.content.iter_any():
+                    self.buf += piece
+                    if limit and len(self.buf) > limit:
+                        raise AnswerTooLarge(_too_large(limit))
         except BROKE as e:
             sent.close()
             self.broken = True
@@ -518,6 +558,8 @@ class Drain:
         left for the relay or a takeover to finish."""
         self.sent = None
         self.broken = True
+        if self.resp is not None:
+            self.resp.close()  # nothing will read it on
         self._answer(error_response(self.ex.wire, 500, f"the interceptor failed while fetching this answer "
                                                        f"({type(e).__name__}); it was not sent again", retry=False))
 
