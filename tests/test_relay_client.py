@@ -94,3 +94,29 @@ def test_an_answer_not_read_to_its_end_never_reuses_its_connection(sim, start_pr
     assert texts == [(200, "ok"), (502, None), (200, "after"), (200, "again")], texts
     assert opened() == first + 1  # after the cut answer only
     assert [m.json["messages"] for m in sim.model_requests()] == [MESSAGES * (k + 1) for k in range(4)]
+
+
+def test_no_cookie_is_kept_and_no_redirect_followed(sim, start_proxy):
+    """An upstream's Set-Cookie reaches the harness and is not sent back by the proxy on the
+    next request (a cookie jar shared by every session would carry one rollout's cookie into
+    another's request); a redirect reaches the harness as it came, not followed (the model
+    request is sent once, where the session's upstream is)."""
+    sim.script(Reply(text="ok", headers={"set-cookie": "sticky=1; Path=/"}),
+               Reply(raw=b"", status=307, content_type="application/json",
+                     headers={"location": sim.url("/v1/chat/completions")}),
+               Reply(text="last"))
+    # By name: a cookie jar keeps no cookie from an IP address; a provider is a name.
+    by_name = sim.url("/v1").replace("127.0.0.1", "localhost")
+    proxy = start_proxy({"intercept_upstream": by_name})
+    session = proxy.create_session(upstream={"base_url": by_name})
+    got = []
+    with bare(proxy) as client:
+        for k in range(3):
+            r = client.post(CHAT, json={"model": "gpt-4.1", "messages": MESSAGES * (k + 1)},
+                            headers={"authorization": f"Bearer {session['model_secret']}"})
+            got.append((r.status_code, r.headers.get("set-cookie"), r.headers.get("location")))
+            client.cookies.clear()  # the harness keeps none either: any cookie upstream is the proxy's
+    assert got[0][:2] == (200, "sticky=1; Path=/") and got[1][0] == 307 and got[1][2] and got[2][0] == 200, got
+    seen = sim.model_requests()
+    assert len(seen) == 3, [s.json["messages"] for s in seen]  # the 307 not followed
+    assert all("cookie" not in {k.lower() for k in s.headers} for s in seen), [sorted(s.headers) for s in seen]
