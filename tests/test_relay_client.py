@@ -120,3 +120,26 @@ def test_no_cookie_is_kept_and_no_redirect_followed(sim, start_proxy):
     seen = sim.model_requests()
     assert len(seen) == 3, [s.json["messages"] for s in seen]  # the 307 not followed
     assert all("cookie" not in {k.lower() for k in s.headers} for s in seen), [sorted(s.headers) for s in seen]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_a_header_the_client_cannot_send_byte_for_byte_is_refused_and_nothing_leaves(stream, sim, proxy, new_session):
+    """A header value that is not UTF-8 text (``caf\\xe9``): the upstream client writes header
+    values as UTF-8 and would drop or re-encode the byte, so the upstream would get a request
+    the harness never sent. It is refused instead, in the dialect's shape and not to be
+    retried (the same request fails the same way), naming the header, never its value; the
+    upstream gets nothing. A UTF-8 value goes byte for byte."""
+    sim.script(Reply(text="ok"))
+    session = new_session()
+    body = {"model": "gpt-4.1", "messages": MESSAGES, "stream": stream}
+    auth = (b"authorization", f"Bearer {session['model_secret']}".encode())
+    with httpx.Client(proxy=proxy.url, verify=str(proxy.ca_bundle), timeout=30) as client:
+        r = client.post(CHAT, json=body, headers=[auth, (b"x-name", b"caf\xe9")])
+        assert r.status_code == 502 and r.headers.get("x-should-retry") == "false", (r.status_code, r.text[:300])
+        message = r.json()["error"]["message"]
+        assert "x-name" in message and "caf" not in message, message
+        assert sim.model_requests() == []
+        r = client.post(CHAT, json=body, headers=[auth, (b"x-name", "café".encode())])
+        assert r.status_code == 200
+    [seen] = sim.model_requests()
+    assert seen.headers["x-name"].encode("latin-1") == "café".encode()

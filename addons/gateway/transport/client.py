@@ -58,10 +58,25 @@ class Target:
                          encoded=True)
 
 
+class Unsendable(ValueError):
+    """The request cannot be sent as the harness sent it; nothing was sent."""
+
+
 def _fields(headers, leave: set[bytes]) -> list[tuple[str, str]]:
-    """The request's headers in order, without the framing and ``leave`` (bytes as read)."""
-    return [(k.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for k, v in headers
-            if k.lower() not in leave]
+    """The request's headers in order, without the framing and ``leave`` (bytes as read).
+    aiohttp takes header values as text and writes them as UTF-8 (a byte that is not UTF-8
+    would be dropped or re-encoded), so a value that is not UTF-8 text is refused
+    (``Unsendable``, naming the header, never its value: it may be a credential)."""
+    out = []
+    for k, v in headers:
+        if k.lower() in leave:
+            continue
+        try:
+            out.append((k.decode("ascii"), v.decode("utf-8")))
+        except UnicodeDecodeError:
+            raise Unsendable(f"the request's {k.decode('latin-1')!r} header is not UTF-8 text, which the proxy's "
+                             "upstream client cannot send byte for byte; nothing was sent") from None
+    return out
 
 
 class Client:

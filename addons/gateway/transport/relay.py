@@ -55,8 +55,8 @@ from interceptor.addons.gateway.answers import error_response
 from interceptor.addons.gateway.exchange import KEY, Exchange, exchange_of
 from interceptor.addons.gateway.record import commit, mark_undelivered
 from interceptor.addons.gateway.transport.client import BROKE as CLIENT_BROKE
-from interceptor.addons.gateway.transport.client import (Client, Target, answer_head, chunked, close_delimited, keeps,
-                                                         reason, unreached, upstream_tls)
+from interceptor.addons.gateway.transport.client import (Client, Target, Unsendable, answer_head, chunked,
+                                                         close_delimited, keeps, reason, unreached, upstream_tls)
 from interceptor.addons.gateway.transport.modes import regular_mode
 from interceptor.dialects.base import drop, header
 from interceptor.trace.messages import ResponseError
@@ -352,6 +352,12 @@ class Drain:
                 return Refusal(*said)
             return Refusal(f"the session's upstream {self.target.where()} closed the connection without "
                            f"answering ({type(e).__name__})", expired=self.expired)
+        except Unsendable as e:
+            return Refusal(str(e), retry=False)
+        except Exception as e:  # noqa: BLE001 - fail closed, in the dialect's shape; it may have gone out
+            log.exception(f"interceptor: session {self.ex.session.id!r}: sending the request failed")
+            return Refusal(f"the interceptor failed while sending this exchange ({type(e).__name__}); "
+                           "it was not sent again", retry=False)
         finally:
             self._sending = None
         self.resp = resp
