@@ -119,7 +119,7 @@ $(LOWEST_STAMP): setup.cfg pyproject.toml trace/_version.py $(CONSTRAINTS) $(LOW
 	@test -n "$(PYTHON)" || { echo "error: no Python >= 3.12 found" >&2; exit 1; }
 	@test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
 	$(LOWEST)/bin/python -m pip install -q --upgrade pip
-	grep -v '^mitmproxy==' $(CONSTRAINTS) > $(LOWEST)/constraints.txt
+	grep -v -E '^(mitmproxy|aiohttp)==' $(CONSTRAINTS) > $(LOWEST)/constraints.txt
 	$(LOWEST)/bin/python -m pip install -q -c $(LOWEST)/constraints.txt -c $(LOWEST_CONSTRAINTS) -e '.[test,harness]'
 	@touch $@
 

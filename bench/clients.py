@@ -1,28 +1,21 @@
 """Upstream HTTP clients side by side: the CPU the proxy's own process spends per streamed
 event and per JSON request through each candidate for the gateway's one upstream client, in
-one run, rounds interleaved, as ratios to today's hand-written path.
+one run, rounds interleaved, as ratios to the first candidate (aiohttp, the gateway's client).
 
     .venv/bin/python bench/clients.py [--rounds 8] [--only sse500,paced,json,pool,handover,ws,tls]
 
 Candidates (each a pool shared by every concurrent exchange, kept alive, TLS verified
 against the run's own CA through one ``ssl.SSLContext``):
 
-- ``relay``: today's path, the product's own code as the relay calls it: ``Relay.checkout``
-  and ``checkin`` (its pool), ``relay._request`` (the request head), ``relay._answer_head``
-  (``framing.read_head``), ``framing.Body``; a stream then through ``relay._Through`` (the
-  transport-callback reader the relay runs, with the Drain and the loopback stubbed: each
-  read it would write down the loopback goes to the sink instead), a JSON answer through
-  ``relay._reads`` as ``Drain._read_rest`` reads it. The ~10 lines of ``Drain._send`` that
-  join them are reproduced here (a Drain needs a mitmproxy flow and exchange); no mitmproxy
-  runs. The TLS context is ``relay.upstream_tls`` with the run's CA as
-  ``ssl_verify_upstream_trusted_ca``.
 - ``httpcore2``: ``httpcore2.AsyncConnectionPool`` (http1 only), the httpcore the openai and
   anthropic SDKs install (through httpx2); ``resp.aiter_stream()``.
 - ``aiohttp``: ``ClientSession`` on a ``TCPConnector``, ``auto_decompress=False``,
-  ``resp.content.iter_any()``.
+  ``resp.content.iter_any()``, as ``addons/gateway/transport/client.py`` configures it. (The
+  hand-written client the gateway used before, which the page's first runs compared with, is
+  deleted; ``git log`` has this script's ``relay`` candidate.)
 - ``h11``: h11 on asyncio streams with a list of idle connections, the floor a library on h11
   starts from.
-- ``aiohttp-1MiB`` (only with ``--candidates``): aiohttp with the relay's read buffer.
+- ``aiohttp-1MiB`` (only with ``--candidates``): aiohttp with a 1 MiB read buffer.
 
 Every candidate hands each body piece it yields to the same sink (a count of pieces and
 bytes), so what differs is the client alone. The loopback write to mitmproxy that follows
@@ -54,7 +47,7 @@ CPU is the process's own (the sum of /proc/self/task/*/schedstat, ns on CPU: eve
 anyio's and the resolver's included), taken around each candidate's share of a round; the
 candidates take their turns in a rotated order each round, so each is loaded at the same
 moments of a shared machine. Reported per workload: each candidate's median over rounds,
-and its ratio to ``relay`` paired round by round (median, min..max over rounds).
+and its ratio to the first candidate's paired round by round (median, min..max over rounds).
 """
 
 from __future__ import annotations
@@ -70,7 +63,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,89 +186,6 @@ class Candidate:
         raise NotImplementedError
 
 
-class _DrainStub:
-    """The attributes of a Drain that ``relay._Through`` reads while nothing takes over: each
-    read it would write down the loopback goes to the sink."""
-
-    def __init__(self, sink: Sink) -> None:
-        self.buf = bytearray()
-        self.base = 0
-        self.taken = False
-        self.down_alive = True
-        self.sink = sink
-
-    def _pass_down(self, down: Any, data: bytes) -> None:
-        self.sink.feed(data)
-
-
-class _LoopbackStub:
-    def full(self) -> bool:
-        return False
-
-    async def drain(self) -> None:
-        return None
-
-
-class RelayPath(Candidate):
-    name = "relay"
-
-    async def open(self) -> None:
-        from interceptor.addons.gateway.transport import relay
-
-        self.r = relay
-        self.relay = relay.Relay(pipeline=None)
-        # Relay._tls_context reads mitmproxy's ctx.options; the same function on the same options.
-        self.relay._tls = relay.upstream_tls(SimpleNamespace(ssl_verify_upstream_trusted_ca=self.tls_ca,
-                                                             ssl_verify_upstream_trusted_confdir=None,
-                                                             ssl_insecure=False))
-        self.target = relay.Target("https", self.sim.host, self.sim.port)
-
-    async def close(self) -> None:
-        await self.relay.done()
-
-    async def _send(self, body: bytes, hdrs: list[tuple[str, str]]):
-        """``Drain._send`` and ``Drain._answered`` as the relay runs them for a Fetch."""
-        r = self.r
-        up = await self.relay.checkout(self.target)
-        fields = [(k.encode(), v.encode()) for k, v in hdrs]
-        head = r._request(b"POST", PATH.encode(), fields, body, self.target.host)
-        up.writer.writelines((head, body))
-        await up.writer.drain()
-        event, rest = await r._answer_head(up.reader)
-        frame = r.Body.of(b"POST", event.status_code, event.headers)
-        up.reusable = r._keep_alive(event) and frame.kind != r.CLOSE
-        return up, event, frame, rest
-
-    async def stream(self, body: bytes, hdrs: list[tuple[str, str]], sink: Sink) -> int:
-        up, event, frame, rest = await self._send(body, hdrs)
-        drain = _DrainStub(sink)
-        await self.r._Through(drain, up, frame, _LoopbackStub()).run(rest)
-        self.relay.checkin(self.target, up)
-        return event.status_code
-
-    async def begin(self, body: bytes, hdrs: list[tuple[str, str]]) -> tuple[bytes, Any]:
-        up, event, frame, rest = await self._send(body, hdrs)
-        buf = bytearray()
-        reads = self.r._reads(up, frame, rest, buf)
-        await anext(reads)
-        first = bytes(buf)
-
-        async def rest_of() -> bytes:
-            async for _ in reads:
-                pass
-            self.relay.checkin(self.target, up)
-            return bytes(buf)[len(first):]
-        return first, rest_of
-
-    async def post(self, body: bytes, hdrs: list[tuple[str, str]]) -> tuple[int, bytes]:
-        up, event, frame, rest = await self._send(body, hdrs)
-        buf = bytearray()
-        async for _ in self.r._reads(up, frame, rest, buf):
-            pass
-        self.relay.checkin(self.target, up)
-        return event.status_code, bytes(buf)
-
-
 class Httpcore(Candidate):
     name = "httpcore2"
 
@@ -353,8 +262,8 @@ class Aiohttp(Candidate):
 
 
 class AiohttpBig(Aiohttp):
-    """aiohttp with the relay's read buffer (the relay's StreamReader buffers up to 1 MiB
-    before it pauses, aiohttp's 64 KiB): how much of a gap in the unpaced cell is the buffer."""
+    """aiohttp with a 1 MiB read buffer (the hand-written client's StreamReader buffered up to
+    1 MiB before it paused, aiohttp's 64 KiB): how much of a gap in the unpaced cell is the buffer."""
 
     name = "aiohttp-1MiB"
 
@@ -439,7 +348,7 @@ class H11(Candidate):
         return await self._exchange(body, hdrs, None)
 
 
-CANDIDATES = (RelayPath, Httpcore, Aiohttp, H11)
+CANDIDATES = (Aiohttp, Httpcore, H11)
 EXTRA = (AiohttpBig,)
 
 
@@ -484,19 +393,6 @@ async def stream_shape(c: Candidate, events: int) -> tuple[int, bytes]:
     await c.stream(stream_body(), headers(events), Keep())
     body = b"".join(pieces)
     return body.count(b"\n\n"), body
-
-
-def _unchunk(data: bytes) -> bytes:
-    """The relay's pieces are chunk-framed for the loopback (``_Through``): their body."""
-    out, i = bytearray(), 0
-    while i < len(data):
-        j = data.index(b"\r\n", i)
-        size = int(data[i:j].split(b";")[0], 16)
-        if size == 0:
-            break
-        out += data[j + 2:j + 2 + size]
-        i = j + 2 + size + 2
-    return bytes(out)
 
 
 # -- WebSocket ------------------------------------------------------------------------------
@@ -609,9 +505,10 @@ async def run(args: argparse.Namespace) -> int:
     trusted = ssl.create_default_context(cafile=sim.ca)
     trusted.set_alpn_protocols(["http/1.1"])
     chosen = [cls for cls in (*CANDIDATES, *EXTRA) if cls.name in args.candidates.split(",")]
-    if not chosen or chosen[0] is not RelayPath:
-        raise SystemExit("--candidates: relay first (the ratios are to it), then any of "
-                         + ", ".join(cls.name for cls in (*CANDIDATES, *EXTRA)[1:]))
+    if not chosen:
+        raise SystemExit("--candidates: the first is the one the ratios are to, then any of "
+                         + ", ".join(cls.name for cls in (*CANDIDATES, *EXTRA)))
+    base = chosen[0].name
     cands = [make(cls, sim, trusted, sim.ca) for cls in chosen]
     names = [c.name for c in cands]
     failures: list[str] = []
@@ -619,16 +516,16 @@ async def run(args: argparse.Namespace) -> int:
     try:
         for c in cands:
             await c.open()
-        # Each candidate yields the same body; the relay's pieces carry the loopback's chunk framing.
+        # Each candidate yields the same body.
         shapes = {}
         for c in cands:
             n, body = await stream_shape(c, 500)
-            shapes[c.name] = (n, _unchunk(body) if c.name == "relay" else body)
+            shapes[c.name] = (n, body)
         bodies = {len(b) for _, b in shapes.values()}
-        events500 = shapes["relay"][0]
+        events500 = shapes[base][0]
         if len({n for n, _ in shapes.values()}) != 1 or len(bodies) != 1:
             failures.append(f"stream shapes differ: {({k: (n, len(b)) for k, (n, b) in shapes.items()})}")
-        events200 = (await stream_shape(cands[1], 200))[0]
+        events200 = (await stream_shape(cands[0], 200))[0]
 
         workloads = [w for w in ("sse500", "paced", "json") if w in only]
         rows: dict[str, dict[str, list[tuple[float, float, float]]]] = {w: {n: [] for n in names} for w in workloads}
@@ -655,13 +552,13 @@ async def run(args: argparse.Namespace) -> int:
         for w in workloads:
             r = rows[w]
             out.append(f"\n## {w}: CPU per {units_of[w]} ({args.rounds} rounds)\n")
-            out.append(f"| client | CPU per {units_of[w]}, µs (median, min..max) | ratio to relay, paired "
-                       f"(median, min..max) | pieces per {units_of[w]} | {units_of[w]}s/s, ratio to relay |")
+            out.append(f"| client | CPU per {units_of[w]}, µs (median, min..max) | ratio to {base}, paired "
+                       f"(median, min..max) | pieces per {units_of[w]} | {units_of[w]}s/s, ratio to {base} |")
             out.append("|---|---|---|---|---|")
             for n in names:
                 cpu = [x[0] / 1e3 for x in r[n]]
-                ratio = [a[0] / b[0] for a, b in zip(r[n], r["relay"])]
-                rate = [a[2] / b[2] for a, b in zip(r[n], r["relay"])]
+                ratio = [a[0] / b[0] for a, b in zip(r[n], r[base])]
+                rate = [a[2] / b[2] for a, b in zip(r[n], r[base])]
                 out.append(f"| {n} | {statistics.median(cpu):.1f} ({min(cpu):.1f}..{max(cpu):.1f}) | "
                            f"{fmt_ratio(ratio)} | {statistics.median(x[1] for x in r[n]):.2f} | {fmt_ratio(rate)} |")
 
@@ -720,8 +617,6 @@ async def run(args: argparse.Namespace) -> int:
             certifi_only = ssl.create_default_context()
             for cls in chosen:
                 c = make(cls, sim, certifi_only, "")
-                if cls is RelayPath:
-                    c.tls_ca = None  # upstream_tls falls back to certifi
                 await c.open()
                 try:
                     await c.post(json_body(0), headers())
@@ -770,7 +665,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--candidates", default=",".join(cls.name for cls in CANDIDATES),
-                    help="relay first, then any of httpcore2, aiohttp, h11, aiohttp-1MiB (default: %(default)s)")
+                    help="the first is the one the ratios are to; any of aiohttp, httpcore2, h11, aiohttp-1MiB "
+                         "(default: %(default)s)")
     ap.add_argument("--only", default="sse500,paced,json,pool,handover,ws,tls")
     return asyncio.run(run(ap.parse_args()))
 

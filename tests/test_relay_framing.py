@@ -1,26 +1,20 @@
-"""The relay passes an upstream's answer on as it arrives (addons/gateway/transport/framing.py).
-
-The relay does not decode and re-encode an answer's chunks one by one: it tracks
-where the body ends itself and passes each read's body bytes on, a chunked body as one chunk
-per read. What must hold whatever the framing:
+"""The relay passes an upstream's answer on as it arrives (addons/gateway/transport/relay.py),
+whatever its framing: what the upstream client read since the last read as one piece, a
+chunked body as one chunk per piece. What must hold whatever the framing:
 the harness gets the whole answer, the turn is recorded whole, a kept-alive upstream connection
 is reused (a close-delimited one is not), an answer the harness abandons is still read to its
-end and recorded from the tracked body, and a malformed body breaks the exchange instead of
-reaching the harness as a whole answer. The tracker's own edge cases are checked in process
-over every split of the bytes (a read can end anywhere).
+end and recorded, and a malformed body breaks the exchange instead of reaching the harness as a
+whole answer. Parsing the answer's head and framing is the client library's (aiohttp).
 """
 
 from __future__ import annotations
 
 import json
 
-import h11
 import httpx2 as httpx
 import pytest
-from hypothesis import given, settings, strategies as st
 
 from clients import session_clients
-from interceptor.addons.gateway.transport.framing import CHUNKED, CLOSE, LENGTH, Body, FramingError, read_head
 from interceptor.addons.gateway.transport.relay import DOWN_READ
 from interceptor.trace import read_trace
 from provider import Reply
@@ -29,225 +23,6 @@ from waiting import wait_until
 MESSAGES = [{"role": "user", "content": "count"}]
 FRAMINGS = [None, "extensions", "split", "close"]
 PIECES = ["one ", "two ", "three ", "four"]
-
-
-# -- the tracker, in process ---------------------------------------------------------------
-
-CHUNKED_BODY = (b"4\r\nWiki\r\n5;name=value;q=\"a b\"\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n"
-                b"0;end\r\nx-trailer: 1\r\nx-other: two\r\n\r\n")
-
-
-def fed(frame: Body, wire: bytes, cuts: list[int], passed: bytearray | None = None) -> tuple[bytes, int]:
-    """Feed ``wire`` cut at ``cuts``: the body tracked, and the bytes that belonged to the
-    answer; what is passed on appended to ``passed``."""
-    body, used, start = bytearray(), 0, 0
-    for end in [*cuts, len(wire)]:
-        n = frame.feed(wire[start:end], body)
-        if passed is not None:
-            passed += frame.passed(wire[start:end], n)
-        used += n
-        start = end
-    return bytes(body), used
-
-
-@pytest.mark.parametrize("tail", [b"", b"HTTP/1.1 200 OK\r\n"])
-def test_every_split_of_a_chunked_body_tracks_the_same_body_and_end(tail):
-    """Extensions, trailers, a chunk that contains CRLF; the answer's end found at every
-    split into two or three reads, nothing after it taken (a pipelined next answer), and what
-    is passed on the wire as sent but for the trailers (mitmproxy cannot read them)."""
-    wire = CHUNKED_BODY + tail
-    n = len(wire)
-    splits = [[i] for i in range(n + 1)] + [[i, j] for i in range(0, n, 3) for j in range(i, n + 1, 5)]
-    for cuts in splits:
-        frame, passed = Body(CHUNKED), bytearray()
-        body, used = fed(frame, wire, cuts, passed)
-        assert frame.done, cuts
-        assert (body, used) == (b"Wikipedia in\r\n\r\nchunks.", len(CHUNKED_BODY)), cuts
-        assert bytes(passed) == CHUNKED_BODY[:CHUNKED_BODY.index(b"x-trailer")] + b"\r\n", cuts
-    plain = CHUNKED_BODY[:CHUNKED_BODY.index(b"x-trailer")] + b"\r\n"
-    for cut in range(len(plain) + 1):
-        passed = bytearray()
-        fed(Body(CHUNKED), plain, [cut], passed)
-        assert bytes(passed) == plain, cut
-
-
-def test_one_byte_at_a_time():
-    frame, body = Body(CHUNKED), bytearray()
-    for i in range(len(CHUNKED_BODY)):
-        assert not frame.done
-        assert frame.feed(CHUNKED_BODY[i:i + 1], body) == 1
-    assert frame.done and bytes(body) == b"Wikipedia in\r\n\r\nchunks."
-    assert frame.passed(b"\n", 1) == b"\r\n"  # the blank line that ends it, in the trailers' place
-
-
-def test_a_read_of_many_whole_chunks_is_the_same_as_a_byte_at_a_time():
-    """A stream's usual read (many whole chunks, one event each, an extension, a chunk with
-    CRLF in it, the last chunk) takes the tracker's shortcut: the same body, end and bytes
-    passed on as when every byte is a read of its own (the general steps)."""
-    events = [b'data: {"delta":"w%d "}\n\n' % k for k in range(40)] + [b"a\r\n\r\nb", b"data: [DONE]\n\n"]
-    wire = b"".join(b"%x%s\r\n%s\r\n" % (len(e), b";x=1" if k == 7 else b"", e) for k, e in enumerate(events))
-    wire += b"0\r\n\r\n"
-    whole, passed = Body(CHUNKED), bytearray()
-    body, used = fed(whole, wire, [], passed)
-    assert whole.done and (body, used) == (b"".join(events), len(wire)) and bytes(passed) == wire
-    assert fed(Body(CHUNKED), wire, list(range(1, len(wire)))) == (body, used)
-    # a read that ends inside a chunk, or right after its data (before its CRLF)
-    for cut in (5, len(wire) // 2, wire.index(b"\r\n", 30) - 1, wire.index(b"\r\n", 30)):
-        assert fed(Body(CHUNKED), wire, [cut]) == (body, used), cut
-
-
-def test_whole_counts_a_read_of_whole_chunks_only():
-    """``whole``: the chunks of a read that was whole chunks from a chunk's start to a chunk's
-    end (the relay passes a read of one such chunk on as it came, a paced stream's usual read,
-    instead of framing its body again); 0 for a read that cuts a chunk, starts inside one,
-    holds the last chunk, or follows a read that ended inside one."""
-    one, two = b"5\r\nhello\r\n", b"3;x=1\r\nabc\r\n"
-    frame, body = Body(CHUNKED), bytearray()
-    seen = []
-    for read in (one, one + two, one[:4], one[4:], two, two[:-1], b"\n", one + b"0\r\n\r\n"):
-        frame.feed(read, body)
-        seen.append(frame.whole)
-    assert seen == [1, 2, 0, 0, 1, 0, 0, 0] and frame.done
-    assert bytes(body) == b"hello" * 2 + b"abc" + b"hello" + b"abc" * 2 + b"hello"
-
-
-@pytest.mark.parametrize("wire", [
-    b"4x\r\nWiki\r\n0\r\n\r\n",  # not hex
-    b"\r\nWiki\r\n0\r\n\r\n",  # no size
-    b"4 \r\nWiki\r\n0\r\n\r\n",  # whitespace h11 refuses
-    b"4\r\nWikiXY0\r\n\r\n",  # the chunk does not end with CRLF
-    b"4\nWiki\r\n0\r\n\r\n",  # a bare LF
-    b"4\r\nWiki\r\n0\r\nnot a header\r\n\r\n",  # a trailer without a colon
-    b"123456789012345678901\r\n",  # more than 20 hex digits
-])
-def test_a_malformed_chunked_body_is_a_framing_error(wire):
-    for cut in range(len(wire) + 1):
-        with pytest.raises(FramingError):
-            fed(Body(CHUNKED), wire, [cut])
-
-
-def test_an_endless_chunk_header_is_refused():
-    frame = Body(CHUNKED)
-    with pytest.raises(FramingError):
-        for _ in range(100):
-            frame.feed(b"a" * 1000, bytearray())
-
-
-def test_content_length_stops_at_its_length_and_a_cut_is_an_error():
-    frame = Body(LENGTH, 10)
-    assert fed(frame, b"0123456789HTTP/1.1", [3, 7]) == (b"0123456789", 10) and frame.done
-    short = Body(LENGTH, 10)
-    fed(short, b"01234", [2])
-    with pytest.raises(FramingError):
-        short.eof()
-    cut = Body(CHUNKED)
-    fed(cut, CHUNKED_BODY[:-3], [])
-    with pytest.raises(FramingError):
-        cut.eof()
-
-
-def test_a_close_delimited_body_ends_with_the_connection():
-    frame = Body(CLOSE)
-    assert fed(frame, b"all of it", [3]) == (b"all of it", 9) and not frame.done
-    frame.eof()
-    assert frame.done
-
-
-@pytest.mark.parametrize(("method", "status", "headers", "kind", "length"), [
-    (b"POST", 200, [(b"transfer-encoding", b"chunked"), (b"content-length", b"5")], CHUNKED, 0),
-    (b"POST", 200, [(b"content-length", b"5")], LENGTH, 5),
-    (b"POST", 200, [(b"content-type", b"text/event-stream")], CLOSE, 0),
-    (b"POST", 204, [(b"content-length", b"5")], LENGTH, 0),
-    (b"POST", 304, [(b"transfer-encoding", b"chunked")], LENGTH, 0),
-    (b"HEAD", 200, [(b"content-length", b"5")], LENGTH, 0),
-])
-def test_the_framing_is_h11s(method, status, headers, kind, length):
-    frame = Body.of(method, status, headers)
-    assert (frame.kind, frame.left) == (kind, length)
-    assert frame.done == (kind == LENGTH and length == 0)
-
-
-# -- the head, against h11 -------------------------------------------------------------------
-
-def h11_head(data: bytes, limit: int):
-    """What h11 reads from ``data`` as a client's answer: ("head", version, status, reason,
-    lower-case headers, raw headers, the bytes after it), "incomplete", or "error"."""
-    conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=limit)
-    conn.send(h11.Request(method=b"POST", target=b"/", headers=[(b"host", b"relay")]))
-    if data:  # b"" would tell it the connection closed
-        conn.receive_data(data)
-    try:
-        event = conn.next_event()
-    except h11.ProtocolError:
-        return "error"
-    if event is h11.NEED_DATA:
-        return "incomplete"
-    return ("head", event.http_version, event.status_code, event.reason, list(event.headers),
-            list(event.headers.raw_items()), conn.trailing_data[0])
-
-
-def our_head(data: bytes, limit: int):
-    try:
-        got = read_head(data, limit)
-    except FramingError:
-        return "error"
-    if got is None:
-        return "incomplete"
-    head, used = got
-    return ("head", head.http_version, head.status_code, head.reason, head.headers, head.fields, data[used:])
-
-
-NAMES = [b"Content-Length", b"content-length", b"Transfer-Encoding", b"Content-Type", b"X-Req", b"x y", b"",
-         b"a\x00", b"Connection", b"x-\xc3\xa9"]
-VALUES = [b"5", b"5, 5", b"5,6", b" 7 ", b"-1", b"", b"chunked", b"Chunked", b"gzip, chunked", b"a  b",
-          b"text/event-stream", b"x\x00y", b"\xc3\xa9t\xc3\xa9", b"close", b"1" * 21, b"a\tb", b"a\rb"]
-STATUS = [b"HTTP/1.1 200 OK", b"HTTP/1.0 200 OK", b"HTTP/1.1 204", b"HTTP/1.1 200 ", b"HTTP/2.0 200 OK",
-          b"HTTP/1.1 99 X", b"HTTP/1.1 100 Continue", b"HTTP/1.1 101 Switching", b"HTTP/1.1 999 Odd",
-          b"HTTP/1.1 20 OK", b"HTTP/1.1  200 OK", b"http/1.1 200 OK", b"HTTP/1.1 200 r\xc3\xa9ason\tx",
-          b" HTTP/1.1 200 OK", b"HTTP/1.1 200 OK\x00", b"ICY 200 OK"]
-line_st = st.one_of(
-    st.builds(lambda n, sep, v: n + sep + v, st.sampled_from(NAMES), st.sampled_from([b": ", b":", b" : ", b":\t"]),
-              st.sampled_from(VALUES)),
-    st.sampled_from([b" folded", b"\tfolded too", b"no colon"]),
-)
-
-
-@settings(max_examples=400, deadline=None)
-@given(status=st.sampled_from(STATUS), lines=st.lists(line_st, max_size=6),
-       eol=st.sampled_from([b"\r\n", b"\n"]), lead=st.sampled_from([b"", b"\r\n"]),
-       tail=st.sampled_from([b"", b"body", b"HTTP/1.1 200 OK\r\n\r\n"]), cut=st.integers(0, 400))
-def test_the_head_is_read_as_h11_reads_it(status, lines, eol, lead, tail, cut):
-    """Generated heads, valid and broken (bad names, values, folding, conflicting lengths,
-    transfer codings, status lines, bare LF endings), whole or cut short: read_head and
-    h11 agree on every field, on what follows the head, on "incomplete" and on "error"."""
-    data = lead + status + eol + b"".join(line + eol for line in lines) + eol + tail
-    for piece in (data, data[:cut]):
-        assert our_head(piece, 1 << 20) == h11_head(piece, 1 << 20), piece
-
-
-@pytest.mark.parametrize("fields", [
-    [b"Content-Length: 5"], [b"Content-Length: -1"], [b"Content-Length: 5, 5"], [b"Content-Length: 5, 6"],
-    [b"Content-Length: 5", b"content-length: 5"], [b"Content-Length: 5", b"Content-Length: 6"],
-    [b"Content-Length: " + b"1" * 21], [b"Content-Length: 0x5"], [b"Content-Length:"],
-    [b"Transfer-Encoding: chunked"], [b"Transfer-Encoding: Chunked"], [b"Transfer-Encoding: gzip, chunked"],
-    [b"Transfer-Encoding: chunked", b"Transfer-Encoding: chunked"], [b"Transfer-Encoding: chunked", b"Content-Length: 5"],
-    [b" folded first"], [b"X-A: one", b" two", b"\tthree"], [b"X-A : one"], [b"X-A: o\x00ne"], [b"X A: one"],
-    [b"X-A:   spaced   "], [b"X-A: r\xc3\xa9sum\xc3\xa9"], [b"X-A: a\x0bb"], [b":no-name"],
-])
-@pytest.mark.parametrize("status", [b"HTTP/1.1 200 OK", b"HTTP/1.1 101 Switching Protocols", b"HTTP/1.1 099 X",
-                                    b"HTTP/1.1 100 Continue", b"HTTP/1.0 304"])
-def test_each_check_of_the_head_is_h11s(status, fields):
-    """Each rule spelt out once (the generated heads above rarely combine a valid head with
-    exactly one broken field): read_head and h11 give the same head or both refuse."""
-    for eol in (b"\r\n", b"\n"):
-        data = status + eol + b"".join(f + eol for f in fields) + eol + b"rest"
-        assert our_head(data, 1 << 20) == h11_head(data, 1 << 20), data
-
-
-def test_a_head_over_the_limit_is_refused_while_incomplete():
-    head = b"HTTP/1.1 200 OK\r\n" + b"x-pad: " + b"a" * 5000 + b"\r\n"
-    assert our_head(head, 4096) == h11_head(head, 4096) == "error"
-    assert our_head(head, 1 << 20) == h11_head(head, 1 << 20) == "incomplete"
 
 
 # -- through a real mitmdump -----------------------------------------------------------------

@@ -38,7 +38,7 @@ from mitmproxy import ctx, http
 
 from interceptor.addons.gateway.exchange import Exchange, exchange_of
 from interceptor.addons.gateway.record import commit
-from interceptor.addons.gateway.transport.relay import upstream_tls
+from interceptor.addons.gateway.transport.client import upstream_tls
 from interceptor.dialects.common import NETWORK_POLICY, PROVIDER_REJECTED, related, undo
 from interceptor.trace.ids import new_id
 

@@ -8,23 +8,25 @@ model was still generating would be lost and each SDK retry would make it genera
 hook can keep that connection, and patching mitmproxy's layers would tie the proxy to their
 private internals.
 
-So for a model POST the proxy owns the upstream connection (TLS verified as mitmproxy would:
-``ssl_insecure``, ``ssl_verify_upstream_trusted_ca``, ``ssl_verify_upstream_trusted_confdir``,
-else certifi; idle connections pooled per address and shared by every session), and mitmproxy
-stays what it is: it runs the answer's hooks (``addons/gateway/answer/pipeline.py``) and observers see the
-real upstream. An answer that is not a stream is read whole in the request hook and becomes
-the flow's answer (``Fetch``); a stream comes back through a loopback hop, a plain HTTP/1.1
-server in the proxy's own event loop that mitmproxy reads as its upstream (``Drain``,
-``_Through``). A client that goes away is seen, and the answer is read on through the same
-pipeline (at most ``intercept_drain_timeout`` seconds) and committed as undelivered. An
-upstream that cannot be reached or closes without answering gets a 502 in the dialect's shape
-(mitmproxy's own is an HTML page no SDK reads as a provider error), retryable.
+So for a model POST the proxy sends the request with its own upstream client
+(``addons/gateway/transport/client.py``: aiohttp, pooled per address and shared by every
+session, TLS verified as mitmproxy would), and mitmproxy stays what it is: it runs the answer's
+hooks (``addons/gateway/answer/pipeline.py``) and observers see the real upstream. An answer
+that is not a stream is read whole in the request hook and becomes the flow's answer
+(``Fetch``); a stream comes back through a loopback hop, a plain HTTP/1.1 server (h11) in the
+proxy's own event loop that mitmproxy reads as its upstream (``Drain``). The upstream is read
+only in tasks of the proxy's own (mitmproxy's hook tasks, the loopback server's, ``_read_on``),
+never in one mitmproxy cancels when the client goes: a read cancelled mid-answer loses its
+connection and the answer with it. A client that goes away is seen, and the answer is read on
+through the same pipeline (at most ``intercept_drain_timeout`` seconds) and committed as
+undelivered. An upstream that cannot be reached or closes without answering gets a 502 in the
+dialect's shape (mitmproxy's own is an HTML page no SDK reads as a provider error), retryable.
 
-The harness reads the upstream's bytes as sent: the head as the upstream sent it
-(``framing.read_head``, to h11's rules), the body as it framed it, except that a chunked body
-goes down as one chunk per read of the upstream (chunk boundaries carry no meaning in HTTP).
-mitmproxy's per-chunk work is paid once per chunk it reads, so events that arrived together
-travel together, and an event that arrives alone still goes at once.
+The harness reads the upstream's answer as sent: its status, reason and headers in order, its
+body in its content encoding, framed as the upstream framed it, except that a chunked body
+goes down as one chunk per read (what arrived since the last read; chunk boundaries carry no
+meaning in HTTP). mitmproxy's per-chunk work is paid once per chunk it reads, so events that
+arrived together travel together, and an event that arrives alone still goes at once.
 ``intercept_drain_timeout=0`` turns the relay off (an answer the client abandons is lost);
 upstream-proxy modes and client certificates are left to mitmproxy (the relay would bypass
 them).
@@ -42,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import certifi
+import aiohttp
 import h11
 from mitmproxy import ctx, exceptions, http
 from mitmproxy import flow as mflow
@@ -51,8 +53,10 @@ from mitmproxy.connection import ConnectionState
 from interceptor.addons.gateway.answer import hold
 from interceptor.addons.gateway.answers import error_response
 from interceptor.addons.gateway.exchange import KEY, Exchange, exchange_of
-from interceptor.addons.gateway.transport.framing import CHUNKED, CLOSE, Body, FramingError, Head, read_head
 from interceptor.addons.gateway.record import commit, mark_undelivered
+from interceptor.addons.gateway.transport.client import BROKE as CLIENT_BROKE
+from interceptor.addons.gateway.transport.client import (Client, Target, Unsendable, answer_head, chunked,
+                                                         close_delimited, keeps, reason, unreached, upstream_tls)
 from interceptor.addons.gateway.transport.modes import regular_mode
 from interceptor.dialects.base import drop, header
 from interceptor.trace.messages import ResponseError
@@ -63,28 +67,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TICKET = "x-interceptor-relay"
-CONNECT_TIMEOUT = 30.0
-IDLE = 60.0  # seconds an idle upstream connection is kept for reuse
-# Idle upstream connections kept per address, shared by every session: enough for the sessions
-# that run at once (each turn's connection comes back when its answer ends), so a turn reuses
-# one instead of paying TCP's and TLS's round trips again (docs/benchmarks.md, bench/connections.py).
-POOL = 256
-READ = 1 << 16
 # The request from mitmproxy (on loopback, already whole in mitmproxy's memory) is read in
 # reads this large, and the relay's side of that connection buffers as much before it stops
-# reading: a long history's body in one or two reads, not one per ``READ``, each a pass of the
-# event loop and of h11.
+# reading: a long history's body in one or two reads, each a pass of the event loop and of h11.
 DOWN_READ = 1 << 20
 TRIM = 1 << 16  # consumed bytes kept before the buffer is cut
-MAX_HEAD = 1 << 20  # request/response head size accepted (above h11's smaller default)
+MAX_HEAD = 1 << 20  # request head size accepted from mitmproxy (above h11's smaller default)
 WATCH = 0.25  # seconds between looks at the client's connection while an answer is fetched
 
 
-class UpstreamBroke(Exception):
-    """The upstream connection failed before the answer ended."""
-
-
-class AnswerTooLarge(UpstreamBroke):
+class AnswerTooLarge(Exception):
     """An answer read whole (Fetch's, an abandoned one) passed ``intercept_max_answer``: it is
     read no further, and its connection is closed (``Drain._read_rest``)."""
 
@@ -93,11 +85,17 @@ class AnswerTooLarge(UpstreamBroke):
 class Sent:
     """The request went out and its answer's head came back (``Drain._send``)."""
 
-    up: Upstream
-    event: Head
-    frame: Body
-    rest: bytes  # the body's first bytes, read with the head
-    reusable: bool  # both sides keep the connection, and the answer's end is not its close
+    resp: aiohttp.ClientResponse
+    keep: bool  # the loopback may carry another request after this answer (its framing, both sides' wish)
+
+    def close(self) -> None:
+        """The answer is read no further: its connection is closed, never pooled."""
+        self.resp.close()
+
+    def release(self) -> None:
+        """The answer was read to its end: its connection goes back to the pool (aiohttp closes
+        one that either side said close, or whose body ended with it)."""
+        self.resp.release()
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,57 +107,7 @@ class Refusal:
     expired: bool = False  # intercept_drain_timeout ran out after the client left
 
 
-@dataclass(eq=False)
-class Target:
-    scheme: str
-    host: str
-    port: int
-
-    @property
-    def key(self) -> tuple[str, str, int]:
-        return (self.scheme, self.host, self.port)
-
-    def where(self) -> str:
-        return f"{self.scheme}://{self.host}:{self.port}"
-
-
-@dataclass(eq=False)
-class Upstream:
-    """One connection to an upstream; pooled between exchanges. Each exchange parses its
-    answer's head with ``framing.read_head``, and its body with ``framing.Body``."""
-
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    idle_since: float = 0.0
-    reusable: bool = False  # the last answer ended cleanly and both sides keep the connection
-
-    def usable(self) -> bool:
-        return (not self.writer.is_closing() and not self.reader.at_eof()
-                and time.monotonic() - self.idle_since < IDLE)
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-async def _answer_head(reader: asyncio.StreamReader) -> tuple[Head, bytes]:
-    """The upstream's answer head (``framing.read_head``: h11's grammar and checks), the
-    informational answers before it skipped, and the bytes read after it."""
-    buf = b""
-    while True:
-        got = read_head(buf, MAX_HEAD)
-        if got is None:
-            data = await reader.read(READ)
-            if not data:
-                raise UpstreamBroke("ConnectionClosed")
-            buf += data
-            continue
-        head, used = got
-        buf = buf[used:]
-        if head.status_code >= 200:
-            return head, buf
-
-
-async def _next(conn: h11.Connection, reader: asyncio.StreamReader, size: int = READ):
+async def _next(conn: h11.Connection, reader: asyncio.StreamReader, size: int = DOWN_READ):
     while True:
         event = conn.next_event()
         if event is not h11.NEED_DATA:
@@ -167,43 +115,39 @@ async def _next(conn: h11.Connection, reader: asyncio.StreamReader, size: int = 
         conn.receive_data(await reader.read(size))
 
 
-# What ends an exchange with the upstream early: its connection, its head or body (framing),
-# mitmproxy's request to the relay (h11).
-BROKE = (OSError, h11.ProtocolError, UpstreamBroke, FramingError)
+# What ends an exchange with the upstream early: its connection or framing, or its size.
+BROKE = (*CLIENT_BROKE, AnswerTooLarge)
+
+
+def _version(version: bytes) -> tuple[int, int]:
+    major, _, minor = version.partition(b".")
+    return int(major), int(minor or 0)
+
+
+def _cancelling() -> bool:
+    """The running task itself is being cancelled (not only a task it awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _piece(data: bytes, rechunk: bool) -> bytes:
+    """One read of the answer's body as it goes down the loopback: a chunk of a chunked body."""
+    return b"%x\r\n%b\r\n" % (len(data), data) if rechunk else data
+
+
+def _too_large(limit: int) -> str:
+    return f"the upstream's answer passed {limit} bytes (option intercept_max_answer); nothing of it was passed on"
+
+
+def _seen(task: asyncio.Future) -> None:
+    """A pump's failure is raised where it is awaited; one no one awaits any more is not logged."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _closes(headers) -> bool:
     """A ``Connection: close`` among these (name, value) pairs (h11's, or mitmproxy's fields)."""
     return any(k.lower() == b"connection" and b"close" in v.lower() for k, v in headers)
-
-
-def _keep_alive(event: h11.Request | Head) -> bool:
-    """h11's rule: HTTP/1.1 and no ``Connection: close``."""
-    return event.http_version >= b"1.1" and not _closes(event.headers)
-
-
-def _request(method: bytes, target: bytes, headers, body: bytes, host: str) -> bytes:
-    """The head of the request for the upstream, as mitmproxy sent it to the relay (h11 read
-    and checked it) or as the flow holds it (``Fetch``): the ticket left out, a Host if it had
-    none, its length said again (the body is whole, whatever its framing was); ``body`` goes
-    after it as it is (not copied into one buffer with the head). Written here: building an
-    h11 event for it checks every header a second time, which cost more than the rest of the
-    request's way through the relay."""
-    lines = [b"%s %s HTTP/1.1\r\n" % (method, target)]
-    has_host = False
-    for k, v in headers:
-        name = k.lower()
-        if name in _NOT_SENT:
-            continue
-        has_host = has_host or name == b"host"
-        lines.append(k + b": " + v + b"\r\n")
-    if not has_host:
-        lines.insert(1, b"host: " + host.encode() + b"\r\n")
-    lines.append(b"content-length: %d\r\n\r\n" % len(body))
-    return b"".join(lines)
-
-
-_NOT_SENT = {TICKET.encode(), b"content-length", b"transfer-encoding"}
 
 
 def _response(status: int, reason: bytes, fields: Any, *, version: bytes = b"HTTP/1.1",
@@ -214,185 +158,6 @@ def _response(status: int, reason: bytes, fields: Any, *, version: bytes = b"HTT
     release, the flow holds one it made itself, its fields checked by mitmproxy's own rules."""
     return http.Response(http_version=version, status_code=status, reason=reason, headers=http.Headers(fields),
                          content=None, trailers=None, timestamp_start=started, timestamp_end=ended)
-
-
-def _chunk(buf: bytearray, start: int, end: int, last: bool) -> bytes:
-    """A chunked answer's body bytes ``buf[start:end]`` (one read's) as one chunk, and the
-    last chunk after them if the answer ended in that read; nothing for a read that carried
-    only framing (a zero-size chunk would end the answer)."""
-    data = b"%x\r\n%b\r\n" % (end - start, buf[start:end]) if end > start else b""
-    return data + b"0\r\n\r\n" if last else data
-
-
-def _head(event: Head) -> bytes:
-    """The upstream's status line and headers as it sent them (framing headers included:
-    its body follows as it framed it)."""
-    lines = [b"HTTP/%s %d %s\r\n" % (event.http_version, event.status_code, event.reason)]
-    lines += [k + b": " + v + b"\r\n" for k, v in event.fields]
-    lines.append(b"\r\n")
-    return b"".join(lines)
-
-
-def _pass_on(up: Upstream, frame: Body, data: bytes, body: bytearray) -> bytes:
-    """One read of the answer (``b""``: the upstream closed): the body it carries appended to
-    ``body``, and its bytes to pass on (up to the answer's end); UpstreamBroke (or
-    FramingError) if it breaks. Bytes after the answer's end make the connection unusable."""
-    if not data:
-        frame.eof()
-        if not frame.done:
-            raise UpstreamBroke("ConnectionClosed")
-        return b""
-    used = frame.feed(data, body)
-    if used < len(data):
-        up.reusable = False
-    return frame.passed(data, used)
-
-
-async def _reads(up: Upstream, frame: Body, data: bytes, body: bytearray):
-    """The answer's raw bytes a read at a time, to its end (``data``: what came with its
-    head), each through ``_pass_on`` first."""
-    while True:
-        if data:
-            data = _pass_on(up, frame, data, body)
-            if data:
-                yield data
-        if frame.done:
-            return
-        data = await up.reader.read(READ)
-        if not data:
-            _pass_on(up, frame, data, body)
-
-
-class _Through(asyncio.Protocol):
-    """An answer on its way down the loopback (``Drain.run``), one read of the upstream at a
-    time: framed (``framing.Body``), its body kept for the Drain, and sent down, or fed to the
-    pipeline once the Drain took over.
-
-    Once the StreamReader holds nothing more (a read of it came back short), this is the
-    upstream transport's protocol until the answer ends: each read is handled in the
-    transport's own callback, so it costs no StreamReader buffer, future or task wake-up (at
-    a provider's pace every event is a read of its own). Only public transport methods are
-    used (``get_protocol``, ``set_protocol``, ``pause_reading``, ``resume_reading``). The
-    StreamReader's protocol is put back at the end, for the connection's next exchange from
-    the pool; a connection lost meanwhile is passed on to it, so its reader is at EOF and its
-    writer closing, as if it had read the end itself. A loopback that does not take what is
-    written (mitmproxy not reading) pauses the upstream's reading until it drains, as the
-    StreamReader loop's ``drain()`` did."""
-
-    def __init__(self, drain: Drain, up: Upstream, frame: Body, down: _Loopback) -> None:
-        self.drain, self.up, self.frame, self.down = drain, up, frame, down
-        self.rechunk = frame.kind == CHUNKED
-        self.mark = drain.base + len(drain.buf)  # the body's bytes read so far (the buffer's trims keep the sum)
-        self.ended: asyncio.Future = asyncio.get_running_loop().create_future()  # set: the end; an exception: it broke
-        self.original: asyncio.BaseProtocol | None = None  # the StreamReader's, while this one reads
-        self.draining: asyncio.Future | None = None  # the upstream paused until the loopback drains
-
-    def step(self, data: bytes) -> None:
-        """One read of the upstream; ``b""``: its end. Raises UpstreamBroke, FramingError."""
-        d, frame = self.drain, self.frame
-        data = _pass_on(self.up, frame, data, d.buf)
-        if data:
-            if d.taken:
-                d._guarded(d._feed)
-            elif d.down_alive:
-                if self.rechunk:  # the read's body bytes as one chunk (the module docstring)
-                    end = d.base + len(d.buf)
-                    if frame.whole != 1:  # one whole chunk (a paced stream's usual read) goes as it came
-                        data = _chunk(d.buf, self.mark - d.base, end - d.base, frame.done)
-                    self.mark = end
-                d._pass_down(self.down, data)
-        if frame.done and not self.ended.done():
-            self.ended.set_result(None)
-
-    def _full(self) -> bool:
-        """The loopback holds bytes not yet sent (mitmproxy reads no faster than its harness
-        does): drain it before reading on (not once taken over: nothing more goes down then)."""
-        d = self.drain
-        return not d.taken and d.down_alive and self.down.full()
-
-    async def _drain_down(self) -> None:
-        try:
-            await self.down.drain()
-        except OSError:
-            self.drain.down_alive = False
-
-    async def run(self, rest: bytes) -> None:
-        """Pass the answer on from ``rest`` (read with its head) to its end."""
-        if rest:
-            self.step(rest)
-        reader = self.up.reader
-        while not self.frame.done:
-            if self._full():
-                await self._drain_down()
-            data = await reader.read(READ)
-            self.step(data)
-            if len(data) < READ and not reader.at_eof() and reader.exception() is None:
-                # The reader's buffer is empty: the transport's callbacks come here now. Not
-                # once the reader has seen the end or a failure: the transport told its
-                # protocol already and will not tell this one (a cut answer whose every byte
-                # and end were buffered before the relay read them hung here until the
-                # client gave up; its retries coalesced on it and hung too).
-                break
-        if self.frame.done:
-            return
-        transport = self.up.writer.transport
-        self.original = transport.get_protocol()
-        transport.set_protocol(self)
-        try:
-            if self._full():
-                self._pause(transport)
-            await self.ended
-        finally:
-            if self.draining is not None:  # bytes still queued for the loopback go out in order anyway
-                self.draining.cancel()
-            if self.original is not None:
-                transport.set_protocol(self.original)
-                self.original = None
-                if not transport.is_closing() and not transport.is_reading():
-                    transport.resume_reading()
-
-    def _pause(self, transport: asyncio.Transport) -> None:
-        transport.pause_reading()
-
-        async def unblock() -> None:
-            await self._drain_down()
-            self.draining = None
-            if not self.ended.done() and not transport.is_closing():
-                transport.resume_reading()
-        self.draining = asyncio.ensure_future(unblock())
-
-    def data_received(self, data: bytes) -> None:
-        if self.ended.done():
-            self.up.reusable = False  # bytes after the answer's end
-            return
-        try:
-            self.step(data)
-        except Exception as e:  # noqa: BLE001 - run() raises it: BROKE, or a bug, as the loop's read would
-            self.ended.set_exception(e)
-            return
-        if self.draining is None and not self.ended.done() and self._full():
-            self._pause(self.up.writer.transport)
-
-    def eof_received(self) -> bool:
-        self._input_ended(None)
-        return False  # the transport closes
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._input_ended(exc)
-        original, self.original = self.original, None
-        if original is not None:
-            original.connection_lost(exc)
-
-    def _input_ended(self, exc: Exception | None) -> None:
-        if self.ended.done():
-            return
-        if exc is not None:
-            self.ended.set_exception(exc)
-            return
-        try:
-            self.step(b"")
-        except Exception as e:  # noqa: BLE001 - as in data_received
-            self.ended.set_exception(e)
 
 
 class _Loopback:
@@ -466,7 +231,10 @@ class Drain:
         self.finished = False
         self.expired = False  # intercept_drain_timeout ran out after the client left
         self.down_alive = True
-        self.up: Upstream | None = None
+        self.resp: aiohttp.ClientResponse | None = None  # the upstream's answer, once its head came
+        self._sending: asyncio.Future | None = None  # the request on its way, until its head came
+        self.pumping: asyncio.Future | None = None  # a stream's reader (``_pump``)
+        self.down: _Loopback | None = None  # the loopback the answer goes down, once mitmproxy asked for it
         self.sent: Sent | None = None  # Fetch sent the request and left the answer to the relay
         self.fetching = False  # Fetch has the exchange in mitmproxy's request hook
         self.fetched = False  # Fetch read the answer whole and gave it to mitmproxy
@@ -560,34 +328,40 @@ class Drain:
 
     # -- the relay's side -------------------------------------------------------------------
 
-    async def _send(self, method: bytes, head: bytes, body: bytes, keep: bool) -> Sent | Refusal:
+    async def _send(self, method: bytes, path: bytes, headers, body: bytes, keep: bool) -> Sent | Refusal:
         """Send the request to the upstream and read its answer's head; what went wrong
         otherwise, in words for the harness and the record."""
         # Never sent twice: a model POST sent again may be sampled again. A pooled connection
-        # the upstream closed meanwhile is never used (``Relay.checkout`` sees its close before
-        # anything is written, and takes another); one that fails anyway (the close was in
-        # flight as the request left: the upstream may have read it) is the retryable 502
-        # below, which the harness's SDK retries itself.
+        # the upstream closed meanwhile is not used (``client.Client.send``); one that fails
+        # anyway (the close was in flight as the request left: the upstream may have read it)
+        # is the retryable 502 below, which the harness's SDK retries itself (aiohttp retries
+        # it only for idempotent methods).
         self.started = True
+        # A task of the relay's own, so ``_expire`` can end the wait for a head that never comes.
+        self._sending = sending = asyncio.ensure_future(self.relay.client.send(
+            self.target, method, path, headers, body, {TICKET.encode()}, self.relay.tls(self.target)))
         try:
-            self.up = up = await self.relay.checkout(self.target)
-        except ssl.SSLCertVerificationError as e:
-            # Not retryable: the same certificate fails the same way; the operator must act.
-            return Refusal(tls_refusal(self.target.where(), e), retry=False)
-        except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
-            reason = type(e).__name__ if isinstance(e, asyncio.TimeoutError) else (getattr(e, "strerror", None) or str(e))
-            return Refusal(f"the session's upstream {self.target.where()} is unreachable ({reason})")
-        try:
-            up.writer.writelines((head, body))  # the body is not copied into one buffer with the head
-            await up.writer.drain()
-            event, rest = await _answer_head(up.reader)
-            frame = Body.of(method, event.status_code, event.headers)
+            resp = await sending
+        except asyncio.CancelledError:
+            if not (self.expired and sending.cancelled()) or _cancelling():
+                raise
+            return Refusal(self._expiry(), expired=True)
         except BROKE as e:
-            up.close()
+            said = unreached(self.target.where(), e)
+            if said is not None:
+                return Refusal(*said)
             return Refusal(f"the session's upstream {self.target.where()} closed the connection without "
                            f"answering ({type(e).__name__})", expired=self.expired)
-        # ``rest``: the body's first bytes, read with the head.
-        return Sent(up, event, frame, rest, keep and _keep_alive(event) and frame.kind != CLOSE)
+        except Unsendable as e:
+            return Refusal(str(e), retry=False)
+        except Exception as e:  # noqa: BLE001 - fail closed, in the dialect's shape; it may have gone out
+            log.exception(f"interceptor: session {self.ex.session.id!r}: sending the request failed")
+            return Refusal(f"the interceptor failed while sending this exchange ({type(e).__name__}); "
+                           "it was not sent again", retry=False)
+        finally:
+            self._sending = None
+        self.resp = resp
+        return Sent(resp, keep and keeps(resp.version, resp.raw_headers) and not close_delimited(method, resp))
 
     async def run(self, down: h11.Connection, writer: asyncio.StreamWriter, request: h11.Request, body: bytes) -> bool:
         """Serve the request mitmproxy sent to the relay; True if the connection to mitmproxy
@@ -597,29 +371,33 @@ class Drain:
             if self.started:  # Fetch sent it and failed: never sent twice
                 return await self._refuse(down, writer, "the interceptor failed while sending this exchange; "
                                                         "it was not sent again", retry=False)
-            sent = await self._send(request.method, _request(request.method, request.target,
-                                                             request.headers.raw_items(), body, self.target.host),
-                                    body, _keep_alive(request))
+            sent = await self._send(request.method, request.target, request.headers.raw_items(), body,
+                                    keeps(_version(request.http_version), request.headers))
         if isinstance(sent, Refusal):
             if sent.expired:
                 self._give_up(self._expiry())
                 return False
             return await self._refuse(down, writer, sent.message, retry=sent.retry)
         self._answered(sent)
-        up, event, frame, rest = sent.up, sent.event, sent.frame, sent.rest
         if self.ex.hold is not None:
-            return await self._held(down, writer, up, frame, rest)
-        # The answer goes down as the upstream framed it, a chunked body one chunk per read
-        # (``_chunk``; ``addons/gateway/transport/framing.py`` takes the body out); the Drain keeps the body.
-        down = _Loopback(writer)
+            return await self._held(down, writer, sent)
+        # The answer goes down as the upstream framed it, a chunked body one chunk per read.
+        loop = _Loopback(writer)
+        rechunk = chunked(sent.resp)
+        pump = self.pumping or self._pump(sent)
         if self.taken:
             self._guarded(self._headers)
         else:
-            self._pass_down(down, _head(event))
+            self._pass_down(loop, answer_head(sent.resp))
         try:
-            await _Through(self, up, frame, down).run(rest)
+            if self.buf and not self.taken:  # what the pump read before the loopback was there, as one piece
+                self._pass_down(loop, _piece(bytes(self.buf), rechunk))
+            self.down = loop  # from here on the pump passes each piece down itself
+            await pump
+            if rechunk and not self.taken:
+                self._pass_down(loop, b"0\r\n\r\n")
         except BROKE as e:
-            up.close()
+            sent.close()
             self.broken = True
             self._give_up(self._expiry() if self.expired else f"the upstream connection broke ({type(e).__name__})")
             return False  # not taken over: mitmproxy sees the body cut, as it would have from the upstream
@@ -628,17 +406,52 @@ class Drain:
             # would read the upstream on, and a drain that took over would wait its whole
             # ``intercept_drain_timeout`` without ever recording the exchange (its retries with it).
             log.exception(f"interceptor: session {self.ex.session.id!r}: passing the answer on failed")
-            up.close()
+            sent.close()
             self.broken = True
             self._give_up(f"passing it on failed ({type(e).__name__})")
             return False
         self.upstream_done = True
-        self.relay.checkin(self.target, up)
+        sent.release()
         if self.taken:
             self._guarded(self._finish)
             return False
         # A close-delimited answer ends with the connection; so does one that says so.
-        return self.down_alive and up.reusable
+        return self.down_alive and sent.keep
+
+    def _pump(self, sent: Sent) -> asyncio.Future:
+        """Read a streamed answer's body from its head on, in a task of the relay's own
+        (``_through``): what arrives is taken out of the client's buffer at once, because
+        aiohttp drops what it buffered unread when the connection breaks, and the harness must
+        get every byte the upstream sent before a cut (Fetch reads the head, and the loopback
+        comes a round trip later). Awaited by ``run`` or ``_read_rest``; its failure is theirs."""
+        self.pumping = pump = asyncio.ensure_future(self._through(sent))
+        pump.add_done_callback(_seen)
+        return pump
+
+    async def _through(self, sent: Sent) -> None:
+        """The answer as it arrives, what arrived since the last read as one piece: kept in
+        ``buf`` (for the loopback once there, and a takeover), passed down the loopback (a
+        chunked body: one chunk per piece), or fed to the pipeline once the Drain took over.
+        A loopback that does not take what is written (mitmproxy reads no faster than its
+        harness) is drained before reading on, so the upstream's reading pauses (aiohttp's
+        buffer fills) rather than the proxy's memory growing. An answer the harness left before
+        the loopback was there is read whole, bounded by ``intercept_max_answer``."""
+        rechunk = chunked(sent.resp)
+        limit = getattr(self.relay.pipeline.bounds, "answer", 0)
+        async for piece in sent.resp.content.iter_any():
+            self.buf += piece
+            down = self.down
+            if self.taken:
+                if down is None and limit and len(self.buf) > limit:
+                    raise AnswerTooLarge(_too_large(limit))
+                self._guarded(self._feed)
+            elif down is not None and self.down_alive:
+                self._pass_down(down, _piece(piece, rechunk))
+                if self.down_alive and down.full():
+                    try:
+                        await down.drain()
+                    except OSError:
+                        self.down_alive = False
 
     # -- the fetch: an answer read whole in mitmproxy's request hook ------------------------
 
@@ -654,17 +467,17 @@ class Drain:
         waiting = self.relay.fetching.setdefault(flow.client_conn.id, set())
         waiting.add(self)
         try:
-            body = req.raw_content or b""
-            head = _request(req.data.method, req.data.path, req.headers.fields, body, req.authority or self.target.host)
-            sent = await self._send(req.data.method, head, body, not _closes(req.headers.fields))
+            sent = await self._send(req.data.method, req.data.path, req.headers.fields, req.raw_content or b"",
+                                    not _closes(req.headers.fields))
             if isinstance(sent, Refusal):
                 self.broken = True
                 self._refused(self._expiry() if sent.expired else sent.message, sent.retry)
                 return
-            event = sent.event
-            ctype = next((v.decode("latin-1") for k, v in event.headers if k == b"content-type"), "")
-            if self.ex.wire.frames(event.status_code, ctype, self.ex.stream) is not None and not self.gone():
+            resp = sent.resp
+            if self.ex.wire.frames(resp.status, resp.headers.get("content-type", ""), self.ex.stream) is not None \
+                    and not self.gone():
                 self.sent = sent  # a stream: the relay passes it down (``run``)
+                self._pump(sent)
                 self._lighten()
                 return
             self._answered(sent)
@@ -679,7 +492,8 @@ class Drain:
                 self._close_out(self._finish)
                 return
             self.fetched = True
-            response = _response(event.status_code, event.reason, event.fields, version=b"HTTP/" + event.http_version,
+            response = _response(resp.status, reason(resp), resp.raw_headers,
+                                 version=b"HTTP/%d.%d" % (resp.version.major, resp.version.minor),
                                  started=started, ended=time.time())
             response.raw_content = bytes(self.buf)
             self.buf = bytearray()
@@ -700,7 +514,7 @@ class Drain:
             broke = await self._read_rest(sent)
         except Exception as e:  # noqa: BLE001 - a task of its own: no one else would see it, and Retry must settle
             log.exception(f"interceptor: session {self.ex.session.id!r}: reading the abandoned answer failed")
-            sent.up.close()
+            sent.close()
             self._give_up(f"reading it failed ({type(e).__name__})")
             return
         if broke is not None:
@@ -710,9 +524,8 @@ class Drain:
 
     def _answered(self, sent: Sent) -> None:
         """The upstream answered: its head kept for the pipeline, its connection's fate known."""
-        event = sent.event
-        self.head = (event.status_code, event.reason, list(event.headers))
-        sent.up.reusable = sent.reusable
+        resp = sent.resp
+        self.head = (resp.status, reason(resp), list(resp.raw_headers))
         if self.relay.reached is not None:
             self.relay.reached(self.target.host, self.target.port)
 
@@ -722,18 +535,21 @@ class Drain:
         Bounded by ``intercept_max_answer`` (the pipeline's): past it, ``cut`` says so."""
         limit = getattr(self.relay.pipeline.bounds, "answer", 0)
         try:
-            async for _ in _reads(sent.up, sent.frame, sent.rest, self.buf):
-                if limit and len(self.buf) > limit:
-                    raise AnswerTooLarge(f"the upstream's answer passed {limit} bytes (option intercept_max_answer); "
-                                         "nothing of it was passed on")
+            if self.pumping is not None:  # a stream Fetch left to the relay: its reader has the rest
+                await self.pumping
+            else:
+                async for piece in sent.resp.content.iter_any():
+                    self.buf += piece
+                    if limit and len(self.buf) > limit:
+                        raise AnswerTooLarge(_too_large(limit))
         except BROKE as e:
-            sent.up.close()
+            sent.close()
             self.broken = True
             if isinstance(e, AnswerTooLarge):
                 self.cut, self.buf = str(e), bytearray()
             return type(e).__name__
         self.upstream_done = True
-        self.relay.checkin(self.target, sent.up)
+        sent.release()
         return None
 
     def _answer(self, response: http.Response) -> None:
@@ -748,6 +564,8 @@ class Drain:
         left for the relay or a takeover to finish."""
         self.sent = None
         self.broken = True
+        if self.resp is not None:
+            self.resp.close()  # nothing will read it on
         self._answer(error_response(self.ex.wire, 500, f"the interceptor failed while fetching this answer "
                                                        f"({type(e).__name__}); it was not sent again", retry=False))
 
@@ -787,8 +605,7 @@ class Drain:
         if self.fetching and not self.gone():
             self._watching = asyncio.get_running_loop().call_later(WATCH, self._watch)
 
-    async def _held(self, down: h11.Connection, writer: asyncio.StreamWriter, up: Upstream, frame: Body,
-                    rest: bytes) -> bool:
+    async def _held(self, down: h11.Connection, writer: asyncio.StreamWriter, sent: Sent) -> bool:
         """A held answer (``addons/gateway/answer/hold.py``): collected through the pipeline up to the hold,
         decided, then sent to mitmproxy (or, the harness gone, handed to the stages after it)."""
         held = self.ex.hold
@@ -803,26 +620,22 @@ class Drain:
             self._down(writer, down.send(h11.Response(status_code=200, headers=_framed(flow.response.headers.fields))))
             ticker = asyncio.ensure_future(self._keepalive(down, writer, held.keepalive))
         try:
-            piece = bytearray()
             try:
-                async for _ in _reads(up, frame, rest, piece):
-                    if not piece:
-                        continue  # framing only (b"" would end the stream)
+                async for piece in sent.resp.content.iter_any():
                     with self._exchange():
                         if callable(stream):
-                            stream(bytes(piece))
+                            stream(piece)
                         else:
                             self.buf += piece
-                    piece.clear()
             except BROKE as e:
-                up.close()
+                sent.close()
                 self.broken = True
-                reason = self._expiry() if self.expired else f"the upstream connection broke ({type(e).__name__})"
+                why = self._expiry() if self.expired else f"the upstream connection broke ({type(e).__name__})"
                 with self._exchange():
-                    delivery = hold.broken(self.ex, flow, reason)
+                    delivery = hold.broken(self.ex, flow, why)
             else:
                 self.upstream_done = True
-                self.relay.checkin(self.target, up)
+                sent.release()
                 with self._exchange():
                     if callable(stream):
                         stream(b"")
@@ -835,7 +648,7 @@ class Drain:
         except Exception as e:  # noqa: BLE001 - the proxy's own failure: fail closed, on the record
             log.exception(f"interceptor: session {self.ex.session.id!r}: holding the answer failed")
             if not self.upstream_done:
-                up.close()
+                sent.close()
                 self.broken = True
             with self._exchange():
                 delivery = hold.failed(self.ex, flow, f"holding the answer failed ({type(e).__name__})")
@@ -880,9 +693,11 @@ class Drain:
         if self.finished:
             return
         self.expired = True
-        if self.up is not None:
-            self.up.close()  # the read in flight ends, and run() (or fetch()) gives up
-        elif not self.fetching:  # fetch(): the connect's own timeout ends it
+        if self.resp is not None:
+            self.resp.close()  # the read in flight ends, and run() (or fetch()) gives up
+        elif self._sending is not None:
+            self._sending.cancel()  # the connect, or the wait for the head, ends: ``_send`` gives up
+        elif not self.fetching:
             self._give_up(self._expiry())
 
     def _down(self, writer: asyncio.StreamWriter, data: bytes) -> None:
@@ -983,35 +798,6 @@ def _framed(fields) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in fields if k.lower() not in (b"content-length", b"transfer-encoding")]
 
 
-def upstream_tls(options: Any) -> ssl.SSLContext:
-    """TLS to a provider verified as mitmproxy verifies its upstreams (``ssl_insecure``,
-    ``ssl_verify_upstream_trusted_ca``, ``ssl_verify_upstream_trusted_confdir``, else certifi,
-    mitmproxy's own default), for every connection the proxy opens itself: the relay's and
-    provider feedback's second attempt. Loads a CA bundle: build it off the event loop or once."""
-    tls = ssl.create_default_context(cafile=getattr(options, "ssl_verify_upstream_trusted_ca", None)
-                                     or certifi.where())
-    if getattr(options, "ssl_verify_upstream_trusted_confdir", None):
-        tls.load_verify_locations(capath=options.ssl_verify_upstream_trusted_confdir)
-    if getattr(options, "ssl_insecure", False):
-        tls.check_hostname = False
-        tls.verify_mode = ssl.CERT_NONE
-    tls.set_alpn_protocols(["http/1.1"])
-    return tls
-
-
-NAME_MISMATCH = {62, 64}  # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
-
-
-def tls_refusal(where: str, error: ssl.SSLCertVerificationError) -> str:
-    """What the harness and the record are told when an upstream's certificate is refused."""
-    reason = (error.verify_message or str(error)).rstrip(".")
-    if error.verify_code in NAME_MISMATCH:
-        fix = "declare the upstream by a name its certificate holds, or set ssl_insecure"
-    else:
-        fix = "trust the CA that signed its certificate with ssl_verify_upstream_trusted_ca, or set ssl_insecure"
-    return f"the session's upstream {where} failed TLS verification ({reason}): {fix}"
-
-
 class Relay:
     """The addon: options, the relay server, the tickets, the upstream connection pool."""
 
@@ -1026,7 +812,7 @@ class Relay:
         self.port = 0
         self._tickets: dict[str, Drain] = {}
         self.fetching: dict[str, set[Drain]] = {}  # client connection id -> the drains Fetch is reading
-        self._idle: dict[tuple[str, str, int], list[Upstream]] = {}
+        self.client = Client()  # the upstream connections, pooled per address and shared by every session
         self._tls: ssl.SSLContext | None = None
 
     def load(self, loader) -> None:
@@ -1070,6 +856,7 @@ class Relay:
 
     async def running(self) -> None:
         if self.server is None:
+            self.client.start()
             self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0, limit=DOWN_READ)
             self.port = self.server.sockets[0].getsockname()[1]
 
@@ -1077,10 +864,7 @@ class Relay:
         if self.server is not None:
             self.server.close()
             self.server = None
-        for conns in self._idle.values():
-            for c in conns:
-                c.close()
-        self._idle.clear()
+        await self.client.close()
 
     # -- request: point the flow at the relay -----------------------------------------------
 
@@ -1158,38 +942,14 @@ class Relay:
 
     # -- upstream connections ---------------------------------------------------------------
 
-    def _tls_context(self) -> ssl.SSLContext:
+    def tls(self, target: Target) -> ssl.SSLContext | None:
+        """The TLS context for an https upstream (``upstream_tls``), made again once the options
+        it reads changed."""
+        if target.scheme != "https":
+            return None
         if self._tls is None:
             self._tls = upstream_tls(ctx.options)
         return self._tls
-
-    async def checkout(self, target: Target) -> Upstream:
-        """An idle pooled connection to the target (the most recently used first), or a new one."""
-        idle = self._idle.get(target.key, [])
-        if idle:
-            # One turn of the loop first: a close the upstream sent (its idle timeout) that has
-            # arrived but not been read yet marks its connection at EOF, so it is not used.
-            await asyncio.sleep(0)
-        while idle:
-            up = idle.pop()
-            if up.usable():
-                return up
-            up.close()
-        tls = self._tls_context() if target.scheme == "https" else None
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(target.host, target.port, ssl=tls, server_hostname=target.host if tls else None,
-                                    limit=MAX_HEAD),
-            CONNECT_TIMEOUT)
-        return Upstream(reader, writer)
-
-    def checkin(self, target: Target, up: Upstream) -> None:
-        if up.reusable:
-            up.idle_since = time.monotonic()
-            idle = self._idle.setdefault(target.key, [])
-            if len(idle) < POOL:
-                idle.append(up)
-                return
-        up.close()
 
 
 class Fetch:
