@@ -72,11 +72,8 @@ LAYERS_ALLOWED: dict[str, str] = {}
 _EXCHANGE = ("removed by the redesign: the shared exchange names addons' private types (type-only); "
              "a stage's state lives in that stage")
 CYCLES_ALLOWED: dict[tuple[str, str], str] = {
-    ("addons.gateway.exchange", "addons.gateway.answer.hold"): _EXCHANGE,
     ("addons.gateway.exchange", "addons.gateway.transport.relay"): _EXCHANGE,
-    ("addons.gateway.exchange", "addons.gateway.retry"): _EXCHANGE,
     ("addons.gateway.exchange", "addons.gateway.sessions.session"): _EXCHANGE,
-    ("addons.gateway.exchange", "addons.gateway.answer.tee"): _EXCHANGE,
     ("addons.gateway.transport.relay", "addons.gateway.answer.pipeline"): "removed by the redesign (one answer pipeline in the gateway): "
                                          "the relay names the Pipeline it feeds (type-only)",
 }

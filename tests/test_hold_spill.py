@@ -11,7 +11,7 @@ import itertools
 
 import pytest
 
-from interceptor.addons.gateway.answer.hold import Held
+from interceptor.addons.gateway.answer.held import Held
 
 
 def on_disk(held: Held) -> bool:

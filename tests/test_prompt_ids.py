@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from interceptor.dialects import prompt_ids
 from interceptor.dialects.prompt_ids import Pending, Prior
+from interceptor.addons.gateway.answer.tee import TEE_KEY
 from interceptor.addons.gateway.exchange import exchange_of
 from interceptor.addons.gateway.sessions.session import PROMPTS_KEPT
 from interceptor.dialects.sse import SSEEvent
@@ -273,7 +274,7 @@ def test_each_turn_extends_the_list_the_last_one_carried(world, monkeypatch):
         flow.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
         world.tee.responseheaders(flow)
         flow.response.stream(_answer(prompts[-1], "ok", True)[1][0])  # the ids: read past the last answer's
-        assert type(exchange_of(flow).tee.assembler.prompt_token_ids) is Pending
+        assert type(exchange_of(flow).own[TEE_KEY].assembler.prompt_token_ids) is Pending
         flows.append(flow)
     for flow, prompt in zip(flows, prompts):
         for chunk in [*_answer(prompt, "ok", True)[1][1:], b""]:
@@ -481,7 +482,7 @@ def test_a_stream_whose_prior_ids_left_the_record_before_its_end_reads_them_whol
     flow.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
     world.tee.responseheaders(flow)
     flow.response.stream(events[0])  # the ids: read past the last prompt's, not joined yet
-    assert type(exchange_of(flow).tee.assembler.prompt_token_ids) is Pending
+    assert type(exchange_of(flow).own[TEE_KEY].assembler.prompt_token_ids) is Pending
     nodes = session.recorder.trace.nodes
     leaf = session.last_prompts[0].leaf
     nodes[leaf] = nodes[leaf].model_copy()  # what a rollback and a new node leave there

@@ -85,7 +85,7 @@ def test_a_harness_that_leaves_while_its_request_waits_makes_its_next_identical_
 
     from interceptor.addons.gateway.exchange import KEY, Exchange
     from interceptor.addons.gateway.policy.pause import Pause
-    from interceptor.addons.gateway.retry import Recorded
+    from interceptor.addons.gateway.retry import RECORDED_KEY, Recorded
     from interceptor.addons.gateway.sessions.weights import Fleet
 
     async def run() -> None:
@@ -94,16 +94,16 @@ def test_a_harness_that_leaves_while_its_request_waits_makes_its_next_identical_
         weights.pause()
         flow = tflow.tflow()
         ex = Exchange(session=SimpleNamespace(id="s"), route=None)
-        ex.recorded = Recorded(digest="d", call_id="c")
+        recorded = ex.own[RECORDED_KEY] = Recorded(digest="d", call_id="c")
         flow.metadata[KEY] = ex
         waiting = asyncio.create_task(weights.hold(flow, None))
         while not weights.held:
             await asyncio.sleep(0)
         pause = Pause(fleet)
         pause.client_disconnected(tflow.tclient_conn())  # another harness
-        assert not ex.recorded.left
+        assert not recorded.left
         pause.client_disconnected(flow.client_conn)
-        assert ex.recorded.left
+        assert recorded.left
         weights.resume()
         assert await waiting is not None
 

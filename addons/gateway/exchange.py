@@ -23,15 +23,13 @@ from interceptor.trace.prefix import Listed
 if TYPE_CHECKING:
     from mitmproxy import http
 
-    from interceptor.addons.gateway.answer.hold import Held
+    from interceptor.addons.gateway.answer.held import Held
     from interceptor.addons.gateway.transport.relay import Drain
     from interceptor.addons.gateway.policy.memory import Remembered
     from interceptor.dialects.body import Body, Edit
     from interceptor.dialects.prompt_ids import PromptRead
-    from interceptor.addons.gateway.retry import Recorded
     from interceptor.addons.gateway.sessions.session import Session
     from interceptor.addons.gateway.sessions.weights import Weights
-    from interceptor.addons.gateway.answer.tee import StreamTee
     from interceptor.dialects.translate import Translation
 
 KEY = "interceptor"
@@ -107,10 +105,8 @@ class Exchange:
     replay_of: str | None = None  # answered from the record of this call, not sampled (Retry)
     replayed_from: ReplaySource | None = None  # answered from a replay source's trace (Replay)
     retry_reason: str | None = None  # why an unflagged request counts as a retry (Retry)
-    recorded: Recorded | None = None  # the answer as the harness receives it, kept for replay (Retry)
     collect: TokenFields | None = None  # the token fields the proxy asked for, to strip (Collect)
     prompt_read: PromptRead | None = None  # how vLLM's prompt ids read (Tee), kept with the turn (Record)
-    tee: StreamTee | None = None  # the streamed answer's assembler (Tee)
     drain: Drain | None = None  # the proxy's own read of the upstream answer (Relay)
     delivered: bool = True  # False once the harness went away before the answer's end (Relay)
     # The answer's end (a JSON body, the terminal event of a stream) was handed to the client
@@ -146,6 +142,12 @@ class Exchange:
     unwritten: bool = False
     # For sessions with response hooks only: the answer held back until they decide (Hold).
     hold: Held | None = None
+    # Each stage's own state on this exchange, under that stage's key, read and written only
+    # through the stage's own functions (Retry's ``recorded_of``, the Tee's assembler): the
+    # exchange stays the one object every stage shares without naming any stage's types.
+    # (Not ``flow.metadata``: Redact makes that plain at the flow's error, while the relay may
+    # still finish the answer through the pipeline.)
+    own: dict[str, Any] = field(default_factory=dict)
     # The upstream's weights version declared when the request was let go (Pause), how long
     # it waited for a paused upstream, and the upstream's Weights that count it in flight
     # until its commit (record.py), so a pause knows when every request sent has finished.

@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 # accidental collision between two bodies of one session as likely as sha256's would be, nil.
 HASH_OFF_LOOP = 32 << 20  # bodies above this are hashed in a worker thread (only there is the hop worth it)
 HOP_BY_HOP = {"transfer-encoding", "connection", "content-length", "keep-alive"}
+# Retry's own state on an exchange (``Exchange.own``): what it keeps of the answer for a replay.
+RECORDED_KEY = "retry"
 
 
 @dataclass(eq=False)
@@ -206,7 +208,7 @@ class Retry:
             book.last = None  # a fresh turn: its retries must coalesce on it, not replay the old one
         rec = Recorded(digest=digest, call_id=new_id())
         ex.call_id = rec.call_id
-        ex.recorded = rec
+        ex.own[RECORDED_KEY] = rec
         book.inflight[digest] = rec
         ex.done |= Step.DECIDED
 
@@ -225,15 +227,15 @@ class Retry:
 
     def on_headers(self, flow: http.HTTPFlow, stream):
         ex = exchange_of(flow)
-        rec = ex.recorded if ex is not None else None
-        if rec is None or flow.response is None:
+        rec = recorded_of(flow)
+        if ex is None or rec is None or flow.response is None:
             return stream
         rec.status = flow.response.status_code
         rec.headers = list(flow.response.headers.fields)
         return _Capture(stream, rec, ex) if stream else stream
 
     def on_response(self, flow: http.HTTPFlow) -> None:
-        rec = self._recorded(flow)
+        rec = recorded_of(flow)
         if rec is None or flow.response is None:
             return
         ex = exchange_of(flow)
@@ -256,7 +258,7 @@ class Retry:
             self._settle(flow, rec)
 
     def on_error(self, flow: http.HTTPFlow) -> None:
-        rec = self._recorded(flow)
+        rec = recorded_of(flow)
         if rec is None:
             return
         ex = exchange_of(flow)
@@ -274,11 +276,8 @@ class Retry:
             self._settle(flow, rec)
 
     def on_client_gone(self, flow: http.HTTPFlow) -> None:
-        """The harness went away and the Relay reads the answer on: the same body from it
-        now is a retry, to coalesce on this exchange (see ``request``)."""
-        ex = exchange_of(flow)
-        if ex is not None and ex.recorded is not None and not ex.handed:
-            ex.recorded.left = True
+        """The harness went away and the Relay reads the answer on (see ``mark_left``)."""
+        mark_left(flow)
 
     def _settle(self, flow: http.HTTPFlow, rec: Recorded) -> None:
         ex = exchange_of(flow)
@@ -291,7 +290,21 @@ class Retry:
             book.last = rec
         rec.done.set()
 
-    @staticmethod
-    def _recorded(flow: http.HTTPFlow) -> Recorded | None:
-        ex = exchange_of(flow)
-        return ex.recorded if ex else None
+
+def recorded_of(flow: http.HTTPFlow) -> Recorded | None:
+    """What Retry keeps of this flow's answer for a replay (its own state on the exchange):
+    set when the request was decided a fresh turn."""
+    ex = exchange_of(flow)
+    rec = ex.own.get(RECORDED_KEY) if ex is not None else None
+    return rec if isinstance(rec, Recorded) else None
+
+
+def mark_left(flow: http.HTTPFlow) -> bool:
+    """The harness went away before this exchange's answer reached it (the Relay reads it on,
+    or a paused upstream still holds it): the same body from it next is this exchange's retry,
+    to coalesce on it (the undelivered rule). An answer already handed over was delivered."""
+    ex, rec = exchange_of(flow), recorded_of(flow)
+    if ex is None or rec is None or ex.handed:
+        return False
+    rec.left = True
+    return True

@@ -33,10 +33,8 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
 
 from mitmproxy import http
 
@@ -47,11 +45,11 @@ from interceptor.addons.gateway.policy.hookrun import HookFailure
 from interceptor.addons.gateway.policy.limits import Stop
 from interceptor.addons.gateway.record import commit, endpoint
 from interceptor.addons.gateway.policy.stops import HOOK_ERROR, STOPPED, hook_failed, stop_message
+from interceptor.addons.gateway.answer.held import Held
 from interceptor.trace.messages import Response, ResponseError
 
 log = logging.getLogger(__name__)
 
-CHUNK = 1 << 16
 KEEPALIVE = b": interceptor holds the answer for the session's response hooks\n\n"
 
 
@@ -59,51 +57,6 @@ def holds(ex: Exchange) -> bool:
     """Whether this exchange's answer is held back for the session's response hooks."""
     hooks = ex.session.hooks
     return hooks is not None and hooks.holds_responses and ex.route.kind == "model"
-
-
-@dataclass(eq=False)
-class Held:
-    """One held answer; ``Exchange.hold``."""
-
-    spill_bytes: int = 1 << 20
-    keepalive: float = 0.0
-    phase: Literal["collect", "deliver"] = "collect"
-    sampled: Response | None = None  # the assembled answer, its commit deferred to ``settle``
-    sse: bool = False
-    spill: tempfile.SpooledTemporaryFile | None = None
-    size: int = 0
-    body: bytes = b""  # a JSON answer as the harness would have received it
-    head_sent: bool = False  # keepalive: the 200 and headers went out before the decision
-    replaced: bool = False  # the harness got the proxy's answer, not the upstream's bytes
-
-    def keep(self, data: bytes) -> None:
-        if not data:
-            return
-        if self.spill is None:
-            self.spill = tempfile.SpooledTemporaryFile(max_size=self.spill_bytes, prefix="interceptor-held-")
-        self.spill.write(data)
-        self.size += len(data)
-
-    def spilled(self) -> bool:
-        """Whether the held bytes went to disk: a spooled file rolls over once its size
-        exceeds ``max_size`` (0: never), and every byte kept is counted in ``size``."""
-        return self.spill is not None and 0 < self.spill_bytes < self.size
-
-    def chunks(self) -> Iterator[bytes]:
-        """The held bytes, a chunk at a time (the spill file is read back, then closed)."""
-        if self.spill is None:
-            return
-        try:
-            self.spill.seek(0)
-            while data := self.spill.read(CHUNK):
-                yield data
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        if self.spill is not None:
-            self.spill.close()
-            self.spill = None
 
 
 class HeldStream:

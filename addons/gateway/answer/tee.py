@@ -56,6 +56,9 @@ from interceptor.trace.messages import ResponseError
 
 log = logging.getLogger(__name__)
 
+# The Tee's own state on an exchange (``Exchange.own``): the streamed answer's assembler.
+TEE_KEY = "tee"
+
 MAX_ANSWER, MAX_EVENT = "64m", "16m"  # the options' defaults
 # Deflate's largest ratio, 1032:1 (zlib's technical details, https://zlib.net/zlib_tech.html);
 # brotli's and zstd's have no such small bound.
@@ -226,8 +229,8 @@ class Assemble:
         if frames is not None:
             try:
                 ex.clock = EventClock()
-                ex.tee = StreamTee(ex, flow, encoding, frames, ex.clock, self.bounds)
-                return ex.tee
+                tee = ex.own[TEE_KEY] = StreamTee(ex, flow, encoding, frames, ex.clock, self.bounds)
+                return tee
             except ValueError as e:  # an encoding we cannot read: forward, record the gap
                 commit(ex, flow, None, ResponseError(type="unsupported_encoding", message=str(e), status=200))
                 return True
@@ -268,8 +271,9 @@ class Assemble:
         ex = exchange_of(flow)
         if ex is None or ex.route.kind != "model" or ex.committed or flow.response is None:
             return
-        if ex.tee is not None:
-            ex.tee.finish()
+        tee = ex.own.get(TEE_KEY)
+        if isinstance(tee, StreamTee):
+            tee.finish()
             return
         status = flow.response.status_code
         frames = ex.dialect.frames(status, header(flow.response.headers, "content-type", ""), ex.stream)
@@ -330,8 +334,9 @@ class Assemble:
         if ex is None or ex.route.kind != "model" or ex.committed:
             return
         message = flow.error.msg if flow.error else "connection error"
-        if ex.tee is not None:
-            ex.tee.finish(f"the stream broke: {message}")
+        tee = ex.own.get(TEE_KEY)
+        if isinstance(tee, StreamTee):
+            tee.finish(f"the stream broke: {message}")
         else:
             commit(ex, flow, None, ResponseError(type=_failed_side(flow), message=message, status=None))
 

@@ -27,6 +27,7 @@ from mitmproxy import ctx, exceptions, http
 from interceptor.addons.gateway.answers import error_response
 from interceptor.addons.gateway.exchange import Exchange, exchange_of
 from interceptor.addons.gateway.record import answered_version, commit
+from interceptor.addons.gateway.retry import mark_left
 from interceptor.addons.gateway.sessions.weights import Fleet, HoldExpired
 from interceptor.trace.messages import ResponseError
 
@@ -89,8 +90,7 @@ class Pause:
         request's retry (Retry's undelivered rule), to coalesce on it when it is sent."""
         for held in [h for w in self.fleet.all() for h in w.held]:
             ex = exchange_of(held.key)
-            if held.key.client_conn.id == client.id and ex is not None and ex.recorded is not None:
-                ex.recorded.left = True
+            if held.key.client_conn.id == client.id and ex is not None and mark_left(held.key):
                 log.info(f"interceptor: session {ex.session.id!r}: the harness left while its request waited for "
                          f"the paused upstream; the same request from it is that request's retry")
 

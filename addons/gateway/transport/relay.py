@@ -51,6 +51,7 @@ from mitmproxy import flow as mflow
 from mitmproxy.connection import ConnectionState
 
 from interceptor.addons.gateway.answer import hold
+from interceptor.addons.gateway.answer.held import Held
 from interceptor.addons.gateway.answers import error_response
 from interceptor.addons.gateway.exchange import KEY, Exchange, exchange_of
 from interceptor.addons.gateway.record import commit, mark_undelivered
@@ -884,7 +885,7 @@ class Relay:
                 commit(ex, flow, None, ResponseError(type="hold_unavailable", message=message, status=500))
             return
         if held:
-            ex.hold = hold.Held(spill_bytes=self.spill, keepalive=self.keepalive)
+            ex.hold = Held(spill_bytes=self.spill, keepalive=self.keepalive)
         drain = Drain(self, flow, ex, Target(flow.request.scheme, flow.request.host, flow.request.port))
         self._tickets[drain.ticket] = drain
         ex.drain = drain
