@@ -74,8 +74,6 @@ _EXCHANGE = ("removed by the redesign: the shared exchange names addons' private
 CYCLES_ALLOWED: dict[tuple[str, str], str] = {
     ("addons.gateway.exchange", "addons.gateway.transport.relay"): _EXCHANGE,
     ("addons.gateway.exchange", "addons.gateway.sessions.session"): _EXCHANGE,
-    ("addons.gateway.transport.relay", "addons.gateway.answer.pipeline"): "removed by the redesign (one answer pipeline in the gateway): "
-                                         "the relay names the Pipeline it feeds (type-only)",
 }
 
 # ---------------------------------------------------------------------------------------------

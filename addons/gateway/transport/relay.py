@@ -42,7 +42,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 import h11
@@ -62,8 +62,22 @@ from interceptor.addons.gateway.transport.modes import regular_mode
 from interceptor.dialects.base import drop, header
 from interceptor.trace.messages import ResponseError
 
-if TYPE_CHECKING:
-    from interceptor.addons.gateway.answer.pipeline import Pipeline
+
+class Stages(Protocol):
+    """What the relay feeds an answer through: the answer's pipeline
+    (``addons/gateway/answer/pipeline.py``), named by what the relay calls, so the relay does
+    not import the stages it carries."""
+
+    bounds: Any
+
+    def responseheaders(self, flow: http.HTTPFlow, collect: bool = False) -> None: ...
+
+    def response(self, flow: http.HTTPFlow, collect: bool = False) -> None: ...
+
+    def error(self, flow: http.HTTPFlow) -> None: ...
+
+    def client_gone(self, flow: http.HTTPFlow) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -802,7 +816,7 @@ def _framed(fields) -> list[tuple[bytes, bytes]]:
 class Relay:
     """The addon: options, the relay server, the tickets, the upstream connection pool."""
 
-    def __init__(self, pipeline: Pipeline, reached: Callable[[str, int], None] | None = None) -> None:
+    def __init__(self, pipeline: Stages, reached: Callable[[str, int], None] | None = None) -> None:
         self.pipeline = pipeline
         self.reached = reached  # Reach's: the upstream answered on a connection of ours
         self.timeout = 300.0
