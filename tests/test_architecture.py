@@ -73,7 +73,6 @@ _EXCHANGE = ("removed by the redesign: the shared exchange names addons' private
              "a stage's state lives in that stage")
 CYCLES_ALLOWED: dict[tuple[str, str], str] = {
     ("addons.gateway.exchange", "addons.gateway.transport.relay"): _EXCHANGE,
-    ("addons.gateway.exchange", "addons.gateway.sessions.session"): _EXCHANGE,
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from interceptor.addons.gateway.policy.limits import Limits, in_flight, output_cap, reached
+from interceptor.addons.gateway.policy.limits import Limits, output_cap, reached
+from interceptor.addons.gateway.policy.stops import in_flight
 from interceptor.dialects import DIALECTS
 from interceptor.trace import Message, MessageNode, ModelCall, Trace, Usage
 from interceptor.trace.messages import ResponseError

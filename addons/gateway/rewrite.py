@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import re
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,18 +23,19 @@ from urllib.parse import urlsplit
 
 from mitmproxy import http
 
-from interceptor.addons.gateway.answers import error_response, refuse
+from interceptor.addons.gateway.answers import error_response, json_response, refuse
 from interceptor.addons.gateway.exchange import Exchange, Step, exchange_of
 from interceptor.addons.gateway.feedback import Refused
 from interceptor.addons.gateway.answer.hold import holds
 from interceptor.addons.gateway.transport.wsrelay import is_upgrade
-from interceptor.addons.gateway.policy.network import answer_search_only, mediate
+from interceptor.addons.gateway.policy.network import SEARCH_UNAVAILABLE, mediate
+from interceptor.addons.gateway.record import make_call
 from interceptor.addons.gateway.policy.limits import output_cap
 from interceptor.addons.gateway.sessions.session import SessionConfig
 from interceptor.dialects.base import Dialect, Override, drop
 from interceptor.dialects.body import Body, parse_body
 from interceptor.dialects.translate import TRANSLATION, Translation, translation
-from interceptor.trace.messages import Request
+from interceptor.trace.messages import Message, Request, Response, Usage
 from interceptor.trace.prefix import Listed, Prefixes, touches
 
 log = logging.getLogger(__name__)
@@ -373,3 +375,25 @@ class Rewrite:
             req.authority = hostport
         req.path = ex.wire.upstream_path(path, req.path)
         req.host_header = hostport
+
+
+def answer_search_only(flow: http.HTTPFlow, ex: Exchange) -> None:
+    """Answer a search-only request here, in the dialect's shape (its stream when it asked
+    for one), and put the call on the record; nothing goes upstream."""
+    dialect = ex.dialect
+    model = ex.dialect.requested_model(ex.body, flow.request.path)
+    response = Response(id=f"interceptor-{uuid.uuid4().hex[:24]}", model=model,
+                        message=Message(role="assistant", content=SEARCH_UNAVAILABLE),
+                        finish_reason="stop", usage=Usage(input_tokens=0, output_tokens=0))
+    if ex.stream:
+        data = b"".join(e.encode() for e in dialect.stream_events(response))
+        flow.response = http.Response.make(200, data, {"content-type": "text/event-stream",
+                                                       "cache-control": "no-cache"})
+    else:
+        flow.response = json_response(200, dialect.json_body(response))
+    flow.response.headers["x-interceptor-local"] = "search_unavailable"
+    ex.committed = True
+    call = make_call(ex, flow, response, None, status=200)
+    ex.session.recorder.record_call(call)
+    log.info(f"interceptor: session {ex.session.id!r}: a search-only request was answered locally "
+             "(network policy); nothing was forwarded")

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, PositiveFloat, PositiveInt, model_validator
 
 if TYPE_CHECKING:
-    from interceptor.addons.gateway.exchange import Exchange
     from interceptor.trace.model import Trace
 
 StopBy = Literal["limit", "hook", "upstream", "tool", "control", "shutdown"]  # tool: a tool server's POST /stop
@@ -68,12 +67,6 @@ class Stop:
         if self.call is not None:
             out["call"] = self.call
         return out
-
-
-def in_flight(admitted: list[Exchange]) -> int:
-    """Admitted exchanges not yet on the record; the finished ones are let go here."""
-    admitted[:] = [ex for ex in admitted if not ex.committed]
-    return len(admitted)
 
 
 # Calls the proxy answered itself: they never reached the model, so no budget counts them.

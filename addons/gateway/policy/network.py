@@ -26,23 +26,14 @@ in ``egress.py``): this covers what honours ``HTTPS_PROXY``; it is not a sandbox
 from __future__ import annotations
 
 import ipaddress
-import logging
 import re
 import socket
-import uuid
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from mitmproxy import http
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from interceptor.dialects.base import Dialect, Mediation
 from interceptor.dialects.common import NETWORK_POLICY
-from interceptor.trace.messages import Message, Response, Usage
-
-if TYPE_CHECKING:
-    from interceptor.addons.gateway.exchange import Exchange
-
-log = logging.getLogger(__name__)
 
 REASON = NETWORK_POLICY  # never undone by Feedback: a provider's 400 does not reopen the network
 NOTICE = ("Note: this environment's network is restricted. Web search, web fetch, code execution "
@@ -165,28 +156,3 @@ def mediate(dialect: Dialect, body: dict, policy: NetworkPolicy | None, *, known
     for o in out.overrides:
         o.reason = REASON
     return out
-
-
-def answer_search_only(flow: http.HTTPFlow, ex: Exchange) -> None:
-    """Answer a search-only request here, in the dialect's shape (its stream when it asked
-    for one), and put the call on the record; nothing goes upstream."""
-    from interceptor.addons.gateway.answers import json_response
-    from interceptor.addons.gateway.record import make_call
-
-    dialect = ex.dialect
-    model = ex.dialect.requested_model(ex.body, flow.request.path)
-    response = Response(id=f"interceptor-{uuid.uuid4().hex[:24]}", model=model,
-                        message=Message(role="assistant", content=SEARCH_UNAVAILABLE),
-                        finish_reason="stop", usage=Usage(input_tokens=0, output_tokens=0))
-    if ex.stream:
-        data = b"".join(e.encode() for e in dialect.stream_events(response))
-        flow.response = http.Response.make(200, data, {"content-type": "text/event-stream",
-                                                       "cache-control": "no-cache"})
-    else:
-        flow.response = json_response(200, dialect.json_body(response))
-    flow.response.headers["x-interceptor-local"] = "search_unavailable"
-    ex.committed = True
-    call = make_call(ex, flow, response, None, status=200)
-    ex.session.recorder.record_call(call)
-    log.info(f"interceptor: session {ex.session.id!r}: a search-only request was answered locally "
-             "(network policy); nothing was forwarded")

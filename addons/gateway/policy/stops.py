@@ -24,7 +24,7 @@ from interceptor.addons.gateway.policy import intercept
 from interceptor.addons.gateway.answers import json_response
 from interceptor.addons.gateway.exchange import Exchange, Step, exchange_of
 from interceptor.addons.gateway.policy.hookrun import HookFailure, context, first_stop
-from interceptor.addons.gateway.policy.limits import Stop, in_flight, reached
+from interceptor.addons.gateway.policy.limits import Stop, reached
 from interceptor.addons.gateway.record import first_carried, make_call
 from interceptor.dialects.base import CONTEXT_LENGTH
 from interceptor.trace.ids import new_id
@@ -34,6 +34,12 @@ log = logging.getLogger(__name__)
 
 STOPPED = "interceptor_stopped"
 HOOK_ERROR = "hook_error"
+
+
+def in_flight(admitted: list[Exchange]) -> int:
+    """Admitted exchanges not yet on the record; the finished ones are let go here."""
+    admitted[:] = [ex for ex in admitted if not ex.committed]
+    return len(admitted)
 
 
 def stop_message(stop: Stop) -> str:
