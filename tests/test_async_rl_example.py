@@ -61,7 +61,7 @@ def test_proxy_paused_resumes_however_the_block_ends_and_declares_the_version_on
     import pytest
 
     from interceptor.client import Proxy
-    from test_pause import wait_for
+    from waiting import wait_until
 
     with Proxy(upstreams={"vllm": {"base_url": sim.url("/v1"), "api_key_env": KEY_ENV}},
                env={KEY_ENV: REAL_KEY}) as proxy:
@@ -76,7 +76,7 @@ def test_proxy_paused_resumes_however_the_block_ends_and_declares_the_version_on
                 asking = threading.Thread(target=lambda: got.append(client.chat.completions.create(
                     model="m", messages=[{"role": "user", "content": "hi"}]).choices[0].message.content))
                 asking.start()
-                wait_for(lambda: proxy.upstream("vllm")["held"] == 1)
+                wait_until(lambda: proxy.upstream("vllm")["held"] == 1, 60, "the request held")
                 raise RuntimeError("the swap failed")
         asking.join(30)
         assert got and proxy.upstream("vllm")["version"] == "ckpt-1" and not proxy.upstream("vllm")["paused"]

@@ -149,13 +149,13 @@ RUNS_A_TOOL = f"import subprocess, sys; sys.exit(subprocess.call([sys.executable
 # A harness that leaves a daemon behind (its own session, so no process group ties it), says
 # so on stdout, then waits (for a SIGKILL of the runner) or exits.
 LINGERS = r"""
-import subprocess, sys, time
+import signal, subprocess, sys
 token, mode = sys.argv[1], sys.argv[2]
-subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", token], start_new_session=True,
+subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()", token], start_new_session=True,
                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 print("ready", flush=True)
 if mode == "wait":
-    time.sleep(3600)
+    signal.pause()  # until a signal ends it (the runner's SIGKILL ends the namespace)
 """
 
 

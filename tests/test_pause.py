@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import anthropic
 import httpx
@@ -21,19 +20,9 @@ from interceptor.trace import read_trace
 from clients import KEY_ENV
 from provider import Reply
 from test_retry import disconnects
+from waiting import wait_until
 
 SESSIONS = 8
-
-
-def wait_for(predicate, timeout: float = 60.0):
-    """Poll what the proxy exposes (its control API) until ``predicate`` holds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting for the proxy's state")
 
 
 @pytest.fixture
@@ -100,13 +89,13 @@ def test_a_pause_holds_new_requests_drains_the_sent_ones_and_resume_completes_ev
         zip(("status", "body"), control_api(proxy.url, proxy.admin_token, "POST", "upstreams/vllm/pause",
                                             {"timeout": 120}, timeout=150))))
     pausing.start()
-    wait_for(lambda: state()["paused"] and state()["in_flight"] == SESSIONS)
+    wait_until(lambda: state()["paused"] and state()["in_flight"] == SESSIONS, 60, "every session in flight")
     assert pausing.is_alive() and not answer  # eight answers are still streaming: not drained
 
     midway.set()  # the sent answers finish; each client asks its next turn at once, and it waits
     pausing.join(150)
     assert answer["status"] == 200 and answer["body"]["drained"] is True and answer["body"]["running"] == []
-    wait_for(lambda: state()["held"] == SESSIONS)
+    wait_until(lambda: state()["held"] == SESSIONS, 60, "every request held")
     assert len(sim.model_requests()) == SESSIONS  # nothing reached the upstream while paused
     for s in sessions:  # the answers in flight at the pause were recorded whole
         assert proxy.api("GET", f"sessions/{s['id']}")[1]["turns"] == 1
@@ -155,7 +144,8 @@ def test_a_request_held_past_its_limit_is_told_to_retry_and_its_retry_waits_and_
     asking = threading.Thread(target=ask)
     asking.start()
     # The first attempt waited past the limit and was told to retry; the SDK's retry waits again.
-    wait_for(lambda: proxy.api("GET", f"sessions/{s['id']}")[1]["errors"] >= 1 and state()["held"] == 1)
+    wait_until(lambda: proxy.api("GET", f"sessions/{s['id']}")[1]["errors"] >= 1 and state()["held"] == 1, 60,
+               "the hold limit's answer on the record and the retry held")
     assert sim.model_requests() == []
     proxy.api("POST", "upstreams/vllm/resume")
     asking.join(60)
@@ -192,8 +182,8 @@ def test_a_client_that_left_while_its_request_waited_gets_its_answer_on_the_retr
     before = disconnects(proxy)
     with pytest.raises(httpx.ReadTimeout):  # the client gives up on the waiting request and goes
         post(0, httpx.Timeout(20, read=0.5))
-    wait_for(lambda: disconnects(proxy) > before and state()["held"] == 1
-             and "left while its request waited" in proxy.log())
+    wait_until(lambda: disconnects(proxy) > before and state()["held"] == 1
+               and "left while its request waited" in proxy.log(), 60, "the harness's leaving seen by Pause")
 
     answer: list = []
     retrying = threading.Thread(target=lambda: answer.append(post(retry_count, httpx.Timeout(60))))

@@ -15,7 +15,7 @@ from harness import hproxy, hsim, sim  # noqa: F401 (this module's fixtures)
 from interceptor.client.proxy import call as control_api
 from provider import Reply
 from test_harness_claude import SESSION, _task
-from test_pause import wait_for
+from waiting import wait_until
 
 
 @pytest.fixture
@@ -49,13 +49,13 @@ def test_claude_code_through_a_pause_finishes_its_stream_waits_and_completes_aft
     pausing = threading.Thread(target=lambda: answer.append(control_api(
         hproxy.url, hproxy.admin_token, "POST", "upstreams/default/pause", {"timeout": 120}, timeout=150)))
     pausing.start()
-    wait_for(lambda: upstream(hproxy)["paused"] and upstream(hproxy)["in_flight"] == 1)
+    wait_until(lambda: upstream(hproxy)["paused"] and upstream(hproxy)["in_flight"] == 1, 60, "Claude Code's turn in flight")
     assert pausing.is_alive()
     midway.set()
     pausing.join(150)
     status, body = answer[0]
     assert status == 200 and body["drained"] and body["running"] == []
-    wait_for(lambda: upstream(hproxy)["held"] == 1, timeout=120)  # it ran the tool, and asks again: held
+    wait_until(lambda: upstream(hproxy)["held"] == 1, 120, "Claude Code's next request held")  # it ran the tool, and asks again: held
     assert len(sim.model_requests()) == 1
     assert hproxy.api("POST", "upstreams/default/resume")[1]["released"] == 1
     thread.join(240)
@@ -74,8 +74,8 @@ def test_claude_code_held_past_the_limit_retries_and_is_answered_once(hproxy, si
     try:
         thread, result = run_in_thread(hproxy, sim, claude, tmp_path, sid, {**SESSION, "pause_limit": 1.0})
         # Told to retry once at least (an upstream_paused call on the record), and its retry waits again.
-        wait_for(lambda: (hproxy.api("GET", f"sessions/{sid}")[1] or {}).get("errors", 0) >= 1
-                 and upstream(hproxy)["held"] == 1, timeout=120)
+        wait_until(lambda: (hproxy.api("GET", f"sessions/{sid}")[1] or {}).get("errors", 0) >= 1
+                   and upstream(hproxy)["held"] == 1, 120, "the hold limit's answer on the record and the retry held")
         assert sim.model_requests() == []
     finally:
         hproxy.api("POST", "upstreams/default/resume")
